@@ -1,0 +1,110 @@
+//! Connecting to Postgres, creating the database, and migrating it.
+//!
+//! Migrations are safe to run from many processes at once: each migrator
+//! holds a Postgres advisory lock while it works, and creating the database
+//! tolerates losing the race to another process.
+
+use std::time::Duration;
+
+use sqlx::migrate::MigrateDatabase;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{PgPool, Postgres};
+
+#[derive(Debug, thiserror::Error)]
+pub enum DbError {
+    #[error("DATABASE_URL is not a valid Postgres URL: {0}")]
+    BadUrl(String),
+    #[error(
+        "cannot reach Postgres at {target}: {reason}. Start one (e.g. `docker compose up -d postgres`, or install the postgresql package) or point DATABASE_URL at one"
+    )]
+    Unreachable { target: String, reason: String },
+    #[error("cannot create database {name}: {reason}")]
+    CreateDatabase { name: String, reason: String },
+    #[error("migration failed: {0}")]
+    Migrate(String),
+    #[error("database: {0}")]
+    Query(#[from] sqlx::Error),
+}
+
+/// Host, port and database of a URL, without user or password, for messages.
+pub fn describe_url(url: &str) -> String {
+    match url.parse::<PgConnectOptions>() {
+        Ok(o) => format!(
+            "{}:{}/{}",
+            o.get_host(),
+            o.get_port(),
+            o.get_database().unwrap_or("")
+        ),
+        Err(_) => "<unparseable DATABASE_URL>".to_string(),
+    }
+}
+
+pub fn check_url(url: &str) -> Result<PgConnectOptions, DbError> {
+    if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+        return Err(DbError::BadUrl(
+            "it must start with postgres:// or postgresql://".into(),
+        ));
+    }
+    url.parse::<PgConnectOptions>()
+        .map_err(|e| DbError::BadUrl(e.to_string()))
+}
+
+/// Creates the database named in `url` when it does not exist yet.
+pub async fn ensure_database(url: &str) -> Result<(), DbError> {
+    let options = check_url(url)?;
+    let name = options.get_database().unwrap_or("postgres").to_string();
+    let exists = Postgres::database_exists(url)
+        .await
+        .map_err(|e| unreachable(url, &e))?;
+    if exists {
+        return Ok(());
+    }
+    match Postgres::create_database(url).await {
+        Ok(()) => Ok(()),
+        // Another process created it between our check and our create.
+        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42P04") => Ok(()),
+        Err(e) => Err(DbError::CreateDatabase {
+            name,
+            reason: e.to_string(),
+        }),
+    }
+}
+
+fn unreachable(url: &str, e: &sqlx::Error) -> DbError {
+    DbError::Unreachable {
+        target: describe_url(url),
+        reason: e.to_string(),
+    }
+}
+
+/// A pool for `url`. `max_connections` bounds what this process holds.
+pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, DbError> {
+    let options = check_url(url)?.application_name("shepherd");
+    PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect_with(options)
+        .await
+        .map_err(|e| unreachable(url, &e))
+}
+
+/// shepherd's own migrations, tracked in their own table so they live beside
+/// apalis's (which keeps `apalis._sqlx_migrations`).
+pub fn migrator() -> sqlx::migrate::Migrator {
+    let mut m = sqlx::migrate!("./migrations");
+    m.dangerous_set_table_name("shepherd._sqlx_migrations");
+    m.create_schema("shepherd");
+    m
+}
+
+/// Applies the job queue's schema, then shepherd's (whose operator views
+/// read the queue's tables).
+pub async fn migrate(pool: &PgPool) -> Result<(), DbError> {
+    apalis_postgres::PostgresStorage::<()>::setup(pool)
+        .await
+        .map_err(|e| DbError::Migrate(format!("job queue schema: {e}")))?;
+    migrator()
+        .run(pool)
+        .await
+        .map_err(|e| DbError::Migrate(e.to_string()))
+}

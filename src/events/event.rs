@@ -1,0 +1,241 @@
+//! Every outcome shepherd records, as one enum.
+//!
+//! A row stores the type name, a schema version and a JSON body. Writing
+//! always uses the current version; reading accepts every version ever
+//! written (older bodies are upcast here) and keeps a type this build does
+//! not know as [`Event::Unknown`], so a newer writer never breaks an older
+//! reader or a rebuild.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use uuid::Uuid;
+
+use crate::metal::ErrorClass;
+
+/// Where an event belongs: the thing it is about.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Stream {
+    Reservation(Uuid),
+    Device(Uuid),
+    Reconcile(Uuid),
+    SshKey(String),
+    Operator,
+}
+
+impl Stream {
+    pub fn name(&self) -> String {
+        match self {
+            Stream::Reservation(id) => format!("reservation/{id}"),
+            Stream::Device(id) => format!("device/{id}"),
+            Stream::Reconcile(id) => format!("reconcile/{id}"),
+            Stream::SshKey(label) => format!("ssh_key/{label}"),
+            Stream::Operator => "operator/controls".to_string(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReservationCounts {
+    pub total: u64,
+    pub available: u64,
+    pub in_use: u64,
+    pub not_provisionable: u64,
+    pub penalised: u64,
+    #[serde(default)]
+    pub in_flight: u64,
+}
+
+macro_rules! events {
+    ($( $(#[$doc:meta])* $variant:ident = $name:literal, $version:literal { $( $(#[$fdoc:meta])* $field:ident : $ty:ty),* $(,)? } )*) => {
+        $(
+            $(#[$doc])*
+            #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+            pub struct $variant { $( $(#[$fdoc])* pub $field: $ty),* }
+
+            impl From<$variant> for Event {
+                fn from(e: $variant) -> Event { Event::$variant(e) }
+            }
+        )*
+
+        #[derive(Debug, Clone, PartialEq)]
+        pub enum Event {
+            $( $variant($variant), )*
+            /// A type (or a version) this build does not know; kept verbatim.
+            Unknown { event_type: String, schema_version: i32, body: Value },
+        }
+
+        impl Event {
+            pub fn type_name(&self) -> &str {
+                match self {
+                    $( Event::$variant(_) => $name, )*
+                    Event::Unknown { event_type, .. } => event_type,
+                }
+            }
+
+            pub fn schema_version(&self) -> i32 {
+                match self {
+                    $( Event::$variant(_) => $version, )*
+                    Event::Unknown { schema_version, .. } => *schema_version,
+                }
+            }
+
+            pub fn body(&self) -> Value {
+                let encoded = match self {
+                    $( Event::$variant(e) => serde_json::to_value(e), )*
+                    Event::Unknown { body, .. } => Ok(body.clone()),
+                };
+                encoded.expect("event bodies are plain data")
+            }
+
+            /// Decodes a stored row; `Err` only for a body that does not fit
+            /// the type and version it claims.
+            pub fn decode(event_type: &str, schema_version: i32, body: Value) -> Result<Event, serde_json::Error> {
+                let body = upcast(event_type, schema_version, body);
+                match (event_type, schema_version) {
+                    $( ($name, v) if v <= $version => Ok(Event::$variant(serde_json::from_value(body)?)), )*
+                    _ => Ok(Event::Unknown { event_type: event_type.to_string(), schema_version, body }),
+                }
+            }
+
+            pub const TYPE_NAMES: &'static [&'static str] = &[$($name),*];
+        }
+    };
+}
+
+events! {
+    /// A reconcile pass began.
+    ReconcileStarted = "reconcile_started", 1 { run: Uuid, max_machines: u64, chunk_size: u64 }
+    /// What the pass listed, by class.
+    ReservationsListed = "reservations_listed", 1 { run: Uuid, counts: ReservationCounts }
+    /// Provider and shepherd disagree about which machines exist.
+    DiscrepancyFound = "discrepancy_found", 1 {
+        run: Uuid,
+        /// Prefixed devices nobody manages and nothing witnessed.
+        unknown_devices: Vec<Uuid>,
+        /// Managed machines whose device is gone from the provider.
+        missing_devices: Vec<Uuid>,
+    }
+    /// The pass did no work, and why.
+    ReconcileRefused = "reconcile_refused", 1 { run: Uuid, reason: String }
+    /// The pass enqueued creations for these reservations.
+    CreationsEnqueued = "creations_enqueued", 1 { run: Uuid, reservations: Vec<Uuid> }
+    /// The pass ended.
+    ReconcileFinished = "reconcile_finished", 1 { run: Uuid, managed: u64, in_flight: u64, enqueued: u64, at_limit: bool }
+    /// A creation job was enqueued for a reservation (by a pass or by hand).
+    CreationRequested = "creation_requested", 1 { reservation: Uuid, job_id: String, manual: bool }
+    /// One attempt to create a device failed; the job will try again.
+    CreationAttemptFailed = "creation_attempt_failed", 1 { reservation: Uuid, class: ErrorClass, message: String, attempt: u32 }
+    /// A device now exists for the reservation.
+    DeviceCreated = "device_created", 1 {
+        reservation: Uuid,
+        device: Uuid,
+        hostname: String,
+        witness: String,
+        /// Found after an ambiguous answer or a crash rather than returned by the create.
+        recovered: bool,
+    }
+    /// The creation job ended without a device.
+    CreationGivenUp = "creation_given_up", 1 { reservation: Uuid, class: ErrorClass, message: String }
+    /// Another party took the reservation.
+    RaceLost = "race_lost", 1 { reservation: Uuid, other_device: Option<Uuid> }
+    /// The reservation is skipped until `until`.
+    ReservationPenalised = "reservation_penalised", 2 { reservation: Uuid, until: DateTime<Utc>, cause: String, class: Option<ErrorClass> }
+    /// An operator lifted a penalty early.
+    PenaltyCleared = "penalty_cleared", 1 { reservation: Uuid, by: String, reason: String }
+    /// A device became a managed machine.
+    MachineAssimilated = "machine_assimilated", 1 {
+        machine_id: Uuid,
+        provider: String,
+        provider_id: String,
+        reservation: Option<Uuid>,
+        hostname: Option<String>,
+    }
+    /// Assimilation found the device already managed.
+    AssimilationSkipped = "assimilation_skipped", 1 { device: Uuid, machine_id: Uuid }
+    /// Assimilation refused the device (unknown to the provider, or not ours).
+    AssimilationRejected = "assimilation_rejected", 1 { device: Uuid, reason: String }
+    /// The managed SSH key exists with the configured public key.
+    SshKeyEnsured = "ssh_key_ensured", 1 { label: String, key_id: Uuid }
+}
+
+/// Brings an older body to the current version's shape.
+fn upcast(event_type: &str, version: i32, mut body: Value) -> Value {
+    if let ("reservation_penalised", 1) = (event_type, version) {
+        // v1 had no error class; it is unknown for those rows.
+        if let Some(map) = body.as_object_mut() {
+            map.entry("class").or_insert(Value::Null);
+        }
+    }
+    body
+}
+
+impl Event {
+    /// The stream an event belongs to.
+    pub fn stream(&self) -> Stream {
+        match self {
+            Event::ReconcileStarted(e) => Stream::Reconcile(e.run),
+            Event::ReservationsListed(e) => Stream::Reconcile(e.run),
+            Event::DiscrepancyFound(e) => Stream::Reconcile(e.run),
+            Event::ReconcileRefused(e) => Stream::Reconcile(e.run),
+            Event::CreationsEnqueued(e) => Stream::Reconcile(e.run),
+            Event::ReconcileFinished(e) => Stream::Reconcile(e.run),
+            Event::CreationRequested(e) => Stream::Reservation(e.reservation),
+            Event::CreationAttemptFailed(e) => Stream::Reservation(e.reservation),
+            Event::DeviceCreated(e) => Stream::Reservation(e.reservation),
+            Event::CreationGivenUp(e) => Stream::Reservation(e.reservation),
+            Event::RaceLost(e) => Stream::Reservation(e.reservation),
+            Event::ReservationPenalised(e) => Stream::Reservation(e.reservation),
+            Event::PenaltyCleared(e) => Stream::Reservation(e.reservation),
+            Event::MachineAssimilated(e) => match e.provider_id.parse() {
+                Ok(id) => Stream::Device(id),
+                Err(_) => Stream::Operator,
+            },
+            Event::AssimilationSkipped(e) => Stream::Device(e.device),
+            Event::AssimilationRejected(e) => Stream::Device(e.device),
+            Event::SshKeyEnsured(e) => Stream::SshKey(e.label.clone()),
+            Event::Unknown { .. } => Stream::Operator,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_v1_penalty_still_decodes() {
+        let body = serde_json::json!({
+            "reservation": "2b0f6b1c-0d3a-4e8a-9a4b-1d2c3e4f5a6b",
+            "until": "2026-12-01T10:00:00Z",
+            "cause": "createDevice: rejected as invalid (422)"
+        });
+        let e = Event::decode("reservation_penalised", 1, body).unwrap();
+        match e {
+            Event::ReservationPenalised(p) => assert_eq!(p.class, None),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_unknown_type_or_a_future_version_is_kept_not_refused() {
+        let e = Event::decode("machine_teleported", 1, serde_json::json!({"x": 1})).unwrap();
+        assert_eq!(e.type_name(), "machine_teleported");
+        let e = Event::decode("race_lost", 9, serde_json::json!({"new": true})).unwrap();
+        assert!(matches!(
+            e,
+            Event::Unknown {
+                schema_version: 9,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn type_names_are_unique() {
+        let mut names = Event::TYPE_NAMES.to_vec();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), Event::TYPE_NAMES.len());
+    }
+}

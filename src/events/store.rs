@@ -1,0 +1,277 @@
+//! Appending to the log and reading it back.
+//!
+//! Appends run inside the caller's transaction, so a job's events, its view
+//! changes and the jobs it enqueues commit together or not at all. Readers
+//! that follow the log order it by `(tx_id, position)` and only read rows
+//! whose transaction id is below the reader's snapshot `xmin`: every
+//! transaction below that horizon has finished, so no row can still appear
+//! behind the cursor. (Following by position alone skips rows that commit
+//! late; that lost about 15 % of events with four writers.)
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::{PgConnection, PgPool, Row};
+use uuid::Uuid;
+
+use super::event::Event;
+use super::views;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("database: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error("event {position} ({event_type} v{version}) does not decode: {source}")]
+    Corrupt {
+        position: i64,
+        event_type: String,
+        version: i32,
+        source: serde_json::Error,
+    },
+}
+
+/// An event about to be appended.
+#[derive(Debug, Clone)]
+pub struct NewEvent {
+    /// Chosen by the writer; a retried append with the same id is stored once.
+    pub event_id: Uuid,
+    pub event: Event,
+    pub job_id: Option<String>,
+}
+
+impl NewEvent {
+    pub fn new(event: impl Into<Event>) -> Self {
+        NewEvent {
+            event_id: Uuid::new_v4(),
+            event: event.into(),
+            job_id: None,
+        }
+    }
+
+    pub fn caused_by(mut self, job_id: impl Into<String>) -> Self {
+        self.job_id = Some(job_id.into());
+        self
+    }
+
+    /// A deterministic id, for appends that must be stored once however
+    /// often the caller runs (e.g. derived from a job id and a step).
+    pub fn with_id(mut self, event_id: Uuid) -> Self {
+        self.event_id = event_id;
+        self
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredEvent {
+    pub position: i64,
+    pub event_id: Uuid,
+    pub stream: String,
+    pub event: Event,
+    pub job_id: Option<String>,
+    pub recorded_at: DateTime<Utc>,
+    pub tx_id: i64,
+}
+
+/// Appends events and applies them to the views, in the caller's
+/// transaction. Returns the events actually stored (a retried event id is
+/// skipped, and not applied twice).
+///
+/// The per-key locks are taken before the insert so that, for any one
+/// reservation or device, log order equals the order the views saw: a
+/// rebuild by position then reproduces the live views exactly. The insert is
+/// the transaction's first write, which keeps a stream's order in the feed.
+pub async fn record(
+    conn: &mut PgConnection,
+    events: Vec<NewEvent>,
+) -> Result<Vec<StoredEvent>, StoreError> {
+    if events.is_empty() {
+        return Ok(vec![]);
+    }
+    let keys = views::Keys::of(events.iter().map(|e| &e.event));
+    keys.lock(conn).await?;
+    let stored = append(conn, events).await?;
+    views::apply_live(conn, &keys, &stored).await?;
+    Ok(stored)
+}
+
+/// Inserts events without touching the views. Only for callers that update
+/// the views themselves (the rebuild tests); jobs use [`record`].
+pub async fn append(
+    conn: &mut PgConnection,
+    events: Vec<NewEvent>,
+) -> Result<Vec<StoredEvent>, StoreError> {
+    let mut ids = Vec::with_capacity(events.len());
+    let mut streams = Vec::with_capacity(events.len());
+    let mut types = Vec::with_capacity(events.len());
+    let mut versions = Vec::with_capacity(events.len());
+    let mut bodies = Vec::with_capacity(events.len());
+    let mut jobs = Vec::with_capacity(events.len());
+    for e in &events {
+        ids.push(e.event_id);
+        streams.push(e.event.stream().name());
+        types.push(e.event.type_name().to_string());
+        versions.push(e.event.schema_version());
+        bodies.push(e.event.body());
+        jobs.push(e.job_id.clone());
+    }
+    let rows = sqlx::query(
+        "insert into shepherd.events (event_id, stream, event_type, schema_version, body, job_id)
+         select * from unnest($1::uuid[], $2::text[], $3::text[], $4::int[], $5::jsonb[], $6::text[])
+         on conflict (event_id) do nothing
+         returning position, event_id, recorded_at, tx_id::text::bigint as tx_id",
+    )
+    .bind(&ids)
+    .bind(&streams)
+    .bind(&types)
+    .bind(&versions)
+    .bind(&bodies)
+    .bind(&jobs)
+    .fetch_all(&mut *conn)
+    .await?;
+    let mut by_id: std::collections::HashMap<Uuid, NewEvent> =
+        events.into_iter().map(|e| (e.event_id, e)).collect();
+    let mut stored: Vec<StoredEvent> = rows
+        .into_iter()
+        .filter_map(|row| {
+            let id: Uuid = row.get("event_id");
+            let e = by_id.remove(&id)?;
+            Some(StoredEvent {
+                position: row.get("position"),
+                event_id: id,
+                stream: e.event.stream().name(),
+                event: e.event,
+                job_id: e.job_id,
+                recorded_at: row.get("recorded_at"),
+                tx_id: row.get("tx_id"),
+            })
+        })
+        .collect();
+    stored.sort_by_key(|e| e.position);
+    Ok(stored)
+}
+
+macro_rules! columns {
+    () => {
+        "position, event_id, stream, event_type, schema_version, body, job_id, \
+         recorded_at, tx_id::text::bigint as tx_id"
+    };
+}
+
+fn decode_row(row: &sqlx::postgres::PgRow) -> Result<StoredEvent, StoreError> {
+    let position: i64 = row.get("position");
+    let event_type: String = row.get("event_type");
+    let version: i32 = row.get("schema_version");
+    let body: Value = row.get("body");
+    let event =
+        Event::decode(&event_type, version, body).map_err(|source| StoreError::Corrupt {
+            position,
+            event_type: event_type.clone(),
+            version,
+            source,
+        })?;
+    Ok(StoredEvent {
+        position,
+        event_id: row.get("event_id"),
+        stream: row.get("stream"),
+        event,
+        job_id: row.get("job_id"),
+        recorded_at: row.get("recorded_at"),
+        tx_id: row.get("tx_id"),
+    })
+}
+
+/// One stream's events in the order they were written.
+pub async fn read_stream(pool: &PgPool, stream: &str) -> Result<Vec<StoredEvent>, StoreError> {
+    let rows = sqlx::query(concat!(
+        "select ",
+        columns!(),
+        " from shepherd.events where stream = $1 order by position"
+    ))
+    .bind(stream)
+    .fetch_all(pool)
+    .await?;
+    rows.iter().map(decode_row).collect()
+}
+
+/// The last `limit` events, oldest first.
+pub async fn read_recent(pool: &PgPool, limit: i64) -> Result<Vec<StoredEvent>, StoreError> {
+    let rows = sqlx::query(concat!(
+        "select * from (select ",
+        columns!(),
+        " from shepherd.events order by position desc limit $1) e order by position"
+    ))
+    .bind(limit)
+    .fetch_all(pool)
+    .await?;
+    rows.iter().map(decode_row).collect()
+}
+
+/// A position in the feed: the last `(tx_id, position)` a follower saw.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Cursor {
+    pub tx_id: i64,
+    pub position: i64,
+}
+
+/// Reads the log in commit-safe order, never skipping a late commit.
+#[derive(Debug, Clone)]
+pub struct Follower {
+    cursor: Cursor,
+    stream: Option<String>,
+    batch: i64,
+}
+
+impl Follower {
+    /// From the start of the log.
+    pub fn from_start() -> Self {
+        Follower {
+            cursor: Cursor::default(),
+            stream: None,
+            batch: 1000,
+        }
+    }
+
+    pub fn from_cursor(cursor: Cursor) -> Self {
+        Follower {
+            cursor,
+            ..Follower::from_start()
+        }
+    }
+
+    /// Only one stream's events.
+    pub fn stream(mut self, stream: impl Into<String>) -> Self {
+        self.stream = Some(stream.into());
+        self
+    }
+
+    pub fn cursor(&self) -> Cursor {
+        self.cursor
+    }
+
+    /// The next events that are safe to hand out; empty when caught up.
+    pub async fn poll(&mut self, pool: &PgPool) -> Result<Vec<StoredEvent>, StoreError> {
+        let rows = sqlx::query(concat!(
+            "select ",
+            columns!(),
+            " from shepherd.events
+             where (tx_id, position) > ($1::bigint::text::xid8, $2)
+               and tx_id < pg_snapshot_xmin(pg_current_snapshot())
+               and ($3::text is null or stream = $3)
+             order by tx_id, position
+             limit $4"
+        ))
+        .bind(self.cursor.tx_id)
+        .bind(self.cursor.position)
+        .bind(&self.stream)
+        .bind(self.batch)
+        .fetch_all(pool)
+        .await?;
+        let events = rows.iter().map(decode_row).collect::<Result<Vec<_>, _>>()?;
+        if let Some(last) = events.last() {
+            self.cursor = Cursor {
+                tx_id: last.tx_id,
+                position: last.position,
+            };
+        }
+        Ok(events)
+    }
+}

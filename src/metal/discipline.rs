@@ -1,0 +1,261 @@
+//! Call discipline: how many calls may be in flight, how far apart they
+//! start, how long one attempt may take, and how failures are retried.
+//!
+//! The seed declared `api_rate` but never applied it, and retried 4xx answers
+//! for fifteen minutes. Here every attempt passes the same gate: a semaphore
+//! bounds calls in flight, a [`Pacer`] spaces their starts, and only errors
+//! whose [`ErrorClass`](super::error::ErrorClass) says so are retried, with
+//! the seed's exponential backoff parameters.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::AtomicI64;
+use std::time::Duration;
+
+use backoff::ExponentialBackoff;
+use backoff::backoff::Backoff;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+
+use super::error::MetalError;
+
+/// The seed's `equinix_parallelism` default.
+pub const PARALLELISM_DEFAULT: usize = 3;
+/// The seed's `api_rate` default, applied here for real.
+pub const API_RATE_DEFAULT: Duration = Duration::from_secs(2);
+/// Long enough for a slow listing page, short enough that a hung connection
+/// does not hold one of the few in-flight slots for minutes.
+pub const ATTEMPT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
+
+/// Exponential backoff for transient failures. Defaults are cenkalti/backoff's,
+/// which the seed used: 500 ms, x1.5, ±50 %, at most 60 s apart, 15 min in all.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RetrySettings {
+    pub initial_interval: Duration,
+    pub multiplier: f64,
+    pub randomization_factor: f64,
+    pub max_interval: Duration,
+    pub max_elapsed: Duration,
+}
+
+impl Default for RetrySettings {
+    fn default() -> Self {
+        RetrySettings {
+            initial_interval: Duration::from_millis(500),
+            multiplier: 1.5,
+            randomization_factor: 0.5,
+            max_interval: Duration::from_secs(60),
+            max_elapsed: Duration::from_secs(15 * 60),
+        }
+    }
+}
+
+impl RetrySettings {
+    pub fn backoff(&self) -> ExponentialBackoff {
+        backoff::ExponentialBackoffBuilder::new()
+            .with_initial_interval(self.initial_interval)
+            .with_multiplier(self.multiplier)
+            .with_randomization_factor(self.randomization_factor)
+            .with_max_interval(self.max_interval)
+            .with_max_elapsed_time(Some(self.max_elapsed))
+            .build()
+    }
+}
+
+pub type PacerFuture<'a> = Pin<Box<dyn Future<Output = Result<(), MetalError>> + Send + 'a>>;
+
+/// Spaces the starts of API calls. The in-process pacer serves one process;
+/// a cluster-wide one keeps its clock in Postgres.
+pub trait Pacer: Send + Sync + 'static {
+    /// Resolves when the caller may start its call. Dropping the future gives
+    /// up the wait.
+    fn wait_turn(&self) -> PacerFuture<'_>;
+}
+
+/// Hands out start times at least `interval` apart, first come first served.
+#[derive(Debug)]
+pub struct LocalPacer {
+    interval: Duration,
+    next: Mutex<Instant>,
+}
+
+impl LocalPacer {
+    pub fn new(interval: Duration) -> Self {
+        LocalPacer {
+            interval,
+            next: Mutex::new(Instant::now()),
+        }
+    }
+}
+
+impl Pacer for LocalPacer {
+    fn wait_turn(&self) -> PacerFuture<'_> {
+        Box::pin(async move {
+            if self.interval.is_zero() {
+                return Ok(());
+            }
+            let turn = {
+                let mut next = self.next.lock().await;
+                let turn = (*next).max(Instant::now());
+                *next = turn + self.interval;
+                turn
+            };
+            tokio::time::sleep_until(turn).await;
+            Ok(())
+        })
+    }
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    pub endpoint: &'static str,
+    /// The HTTP status, or `timeout` / `error` when none came back.
+    pub status: String,
+}
+
+/// The API client's Prometheus metrics.
+#[derive(Debug, Clone)]
+pub struct ClientMetrics {
+    pub request_duration: Family<RequestLabels, Histogram>,
+    pub in_flight: Gauge<i64, AtomicI64>,
+    pub waiting: Gauge<i64, AtomicI64>,
+}
+
+impl Default for ClientMetrics {
+    fn default() -> Self {
+        ClientMetrics {
+            // 5 ms to ~40 s: from a local fake to a slow listing page.
+            request_duration: Family::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(0.005, 2.0, 14))
+            }),
+            in_flight: Gauge::default(),
+            waiting: Gauge::default(),
+        }
+    }
+}
+
+impl ClientMetrics {
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "shepherd_metal_request_duration_seconds",
+            "Latency of Metal API requests by endpoint and status",
+            self.request_duration.clone(),
+        );
+        registry.register(
+            "shepherd_metal_calls_in_flight",
+            "Metal API calls currently being sent or awaited",
+            self.in_flight.clone(),
+        );
+        registry.register(
+            "shepherd_metal_calls_waiting",
+            "Metal API calls waiting for a slot or for their turn",
+            self.waiting.clone(),
+        );
+    }
+}
+
+/// The gate every attempt passes.
+pub(crate) struct Gate {
+    slots: Arc<Semaphore>,
+    pacer: Arc<dyn Pacer>,
+    pub(crate) metrics: ClientMetrics,
+}
+
+/// Held while an attempt is on the wire; releases its slot and gauges on drop,
+/// so a cancelled call gives everything back.
+pub(crate) struct Admission {
+    _permit: OwnedSemaphorePermit,
+    in_flight: Gauge<i64, AtomicI64>,
+}
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        self.in_flight.dec();
+    }
+}
+
+struct WaitingGuard(Gauge<i64, AtomicI64>);
+
+impl Drop for WaitingGuard {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+impl Gate {
+    pub(crate) fn new(parallelism: usize, pacer: Arc<dyn Pacer>, metrics: ClientMetrics) -> Self {
+        Gate {
+            slots: Arc::new(Semaphore::new(parallelism.max(1))),
+            pacer,
+            metrics,
+        }
+    }
+
+    /// Waits for a slot, then for a turn. The slot is taken first so that a
+    /// turn is never spent by a caller that then waits for a slot: starts stay
+    /// at least one interval apart.
+    pub(crate) async fn admit(&self) -> Result<Admission, MetalError> {
+        self.metrics.waiting.inc();
+        let waiting = WaitingGuard(self.metrics.waiting.clone());
+        let permit = self
+            .slots
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the semaphore is never closed");
+        self.pacer.wait_turn().await?;
+        drop(waiting);
+        self.metrics.in_flight.inc();
+        Ok(Admission {
+            _permit: permit,
+            in_flight: self.metrics.in_flight.clone(),
+        })
+    }
+}
+
+/// Runs `attempt` until it succeeds, fails permanently, or the backoff budget
+/// is spent. A rate-limited answer waits at least as long as the server asked.
+pub(crate) async fn retry<T, F, Fut>(
+    settings: &RetrySettings,
+    what: &str,
+    mut attempt: F,
+) -> Result<T, MetalError>
+where
+    F: FnMut(u32) -> Fut,
+    Fut: Future<Output = Result<T, MetalError>>,
+{
+    let mut backoff = settings.backoff();
+    let started = Instant::now();
+    let mut n = 0u32;
+    loop {
+        n += 1;
+        let err = match attempt(n).await {
+            Ok(v) => return Ok(v),
+            Err(e) if e.is_retryable() => e,
+            Err(e) => return Err(e),
+        };
+        let Some(mut wait) = backoff.next_backoff() else {
+            tracing::warn!(what, attempts = n, error = %err, "giving up after retries");
+            return Err(err);
+        };
+        if let MetalError::RateLimited {
+            retry_after: Some(asked),
+            ..
+        } = &err
+        {
+            wait = wait.max(*asked);
+        }
+        if started.elapsed() + wait > settings.max_elapsed {
+            tracing::warn!(what, attempts = n, error = %err, "giving up: the next wait would pass the retry budget");
+            return Err(err);
+        }
+        tracing::info!(what, attempt = n, wait_ms = wait.as_millis() as u64, error = %err, "retrying");
+        tokio::time::sleep(wait).await;
+    }
+}

@@ -1,0 +1,70 @@
+//! Shared set-up for integration tests: a fake Metal server on a random port
+//! and a client pointed at it with test-sized timings.
+
+#![allow(dead_code)]
+
+pub mod openapi;
+
+use std::time::Duration;
+
+use shepherd::metal::fake::{FakeConfig, FakeMetal, FaultKind, FaultRule, Faults};
+use shepherd::metal::{ClientConfig, ClientMetrics, MetalClient, Operation, RetrySettings};
+use shepherd::secret::ApiToken;
+
+pub const TOKEN: &str = "tok-0f1e2d3c-TEST-SECRET-9a8b7c";
+
+/// Retries quick enough for tests, with the seed's shape.
+pub fn fast_retry() -> RetrySettings {
+    RetrySettings {
+        initial_interval: Duration::from_millis(20),
+        multiplier: 1.5,
+        randomization_factor: 0.5,
+        max_interval: Duration::from_millis(200),
+        max_elapsed: Duration::from_secs(10),
+    }
+}
+
+pub fn fake_config(reservations: usize) -> FakeConfig {
+    FakeConfig {
+        token: TOKEN.to_string(),
+        reservations,
+        ..FakeConfig::default()
+    }
+}
+
+pub async fn start_fake(config: FakeConfig) -> FakeMetal {
+    FakeMetal::start(config, "127.0.0.1:0".parse().unwrap())
+        .await
+        .expect("the fake Metal server starts")
+}
+
+pub fn client_config(fake: &FakeMetal, project: uuid::Uuid) -> ClientConfig {
+    let mut config = ClientConfig::new(fake.base_url(), project, ApiToken::new(TOKEN));
+    config.api_rate = Duration::ZERO;
+    config.parallelism = 8;
+    config.attempt_timeout = Duration::from_secs(5);
+    config.retry = fast_retry();
+    config
+}
+
+pub fn client_for(fake: &FakeMetal, project: uuid::Uuid) -> MetalClient {
+    MetalClient::new(client_config(fake, project), ClientMetrics::default()).unwrap()
+}
+
+/// A fault that fires on the next `times` calls of `op`.
+pub fn next(op: Operation, times: u64, kind: FaultKind) -> Faults {
+    Faults {
+        rules: vec![FaultRule {
+            op: Some(op),
+            probability: 1.0,
+            remaining: Some(times),
+            kind,
+        }],
+        ..Faults::default()
+    }
+}
+
+/// Applies shepherd's schema to a fresh test database.
+pub async fn migrated(pool: &sqlx::PgPool) {
+    shepherd::db::migrate(pool).await.expect("migrations apply");
+}

@@ -1,0 +1,583 @@
+//! The event log on real Postgres: appends, decoding, append-only, the
+//! commit-safe feed, transactions, the sinbin and rebuilds.
+
+mod common;
+
+use std::collections::{BTreeMap, HashSet};
+use std::time::Duration;
+
+use chrono::{TimeDelta, Utc};
+use rand::{Rng, SeedableRng};
+use shepherd::events::event::*;
+use shepherd::events::store::{self, Follower};
+use shepherd::events::views::{self, PROVIDER_EQUINIX};
+use shepherd::events::{Event, NewEvent, record};
+use shepherd::metal::ErrorClass;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+fn one_of_each() -> Vec<Event> {
+    let run = Uuid::new_v4();
+    let r = Uuid::new_v4();
+    let d = Uuid::new_v4();
+    vec![
+        ReconcileStarted {
+            run,
+            max_machines: 50,
+            chunk_size: 20,
+        }
+        .into(),
+        ReservationsListed {
+            run,
+            counts: ReservationCounts {
+                total: 10,
+                available: 5,
+                in_use: 3,
+                not_provisionable: 1,
+                penalised: 1,
+                in_flight: 0,
+            },
+        }
+        .into(),
+        DiscrepancyFound {
+            run,
+            unknown_devices: vec![d],
+            missing_devices: vec![],
+        }
+        .into(),
+        ReconcileRefused {
+            run,
+            reason: "discrepancy".into(),
+        }
+        .into(),
+        CreationsEnqueued {
+            run,
+            reservations: vec![r],
+        }
+        .into(),
+        ReconcileFinished {
+            run,
+            managed: 3,
+            in_flight: 1,
+            enqueued: 1,
+            at_limit: false,
+        }
+        .into(),
+        CreationRequested {
+            reservation: r,
+            job_id: "job".into(),
+            manual: false,
+        }
+        .into(),
+        CreationAttemptFailed {
+            reservation: r,
+            class: ErrorClass::Transient,
+            message: "503".into(),
+            attempt: 1,
+        }
+        .into(),
+        DeviceCreated {
+            reservation: r,
+            device: d,
+            hostname: "h".into(),
+            witness: "w".into(),
+            recovered: true,
+        }
+        .into(),
+        CreationGivenUp {
+            reservation: r,
+            class: ErrorClass::Permanent,
+            message: "422".into(),
+        }
+        .into(),
+        RaceLost {
+            reservation: r,
+            other_device: Some(Uuid::new_v4()),
+        }
+        .into(),
+        ReservationPenalised {
+            reservation: r,
+            until: Utc::now(),
+            cause: "c".into(),
+            class: Some(ErrorClass::RaceLost),
+        }
+        .into(),
+        PenaltyCleared {
+            reservation: r,
+            by: "ops".into(),
+            reason: "fixed".into(),
+        }
+        .into(),
+        MachineAssimilated {
+            machine_id: Uuid::new_v4(),
+            provider: PROVIDER_EQUINIX.into(),
+            provider_id: d.to_string(),
+            reservation: Some(r),
+            hostname: Some("h".into()),
+        }
+        .into(),
+        AssimilationSkipped {
+            device: d,
+            machine_id: Uuid::new_v4(),
+        }
+        .into(),
+        AssimilationRejected {
+            device: d,
+            reason: "not found".into(),
+        }
+        .into(),
+        SshKeyEnsured {
+            label: "shepherd".into(),
+            key_id: Uuid::new_v4(),
+        }
+        .into(),
+    ]
+}
+
+#[sqlx::test(migrations = false)]
+async fn every_event_type_reads_back_as_written(pool: PgPool) {
+    common::migrated(&pool).await;
+    let events = one_of_each();
+    let names: HashSet<_> = events.iter().map(|e| e.type_name().to_string()).collect();
+    assert_eq!(
+        names.len(),
+        Event::TYPE_NAMES.len(),
+        "the sample covers every type"
+    );
+    let mut tx = pool.begin().await.unwrap();
+    let stored = record(
+        &mut tx,
+        events
+            .iter()
+            .cloned()
+            .map(|e| NewEvent::new(e).caused_by("job-1"))
+            .collect(),
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(stored.len(), events.len());
+    let read = store::read_recent(&pool, 100).await.unwrap();
+    let read_events: Vec<_> = read.iter().map(|e| e.event.clone()).collect();
+    assert_eq!(read_events, events);
+    assert!(read.iter().all(|e| e.job_id.as_deref() == Some("job-1")));
+    for e in &read {
+        let stream = store::read_stream(&pool, &e.stream).await.unwrap();
+        assert!(stream.iter().any(|s| s.event_id == e.event_id));
+    }
+}
+
+#[sqlx::test(migrations = false)]
+async fn an_older_version_still_decodes_from_the_table(pool: PgPool) {
+    common::migrated(&pool).await;
+    let r = Uuid::new_v4();
+    sqlx::query(
+        "insert into shepherd.events (event_id, stream, event_type, schema_version, body)
+         values ($1, $2, 'reservation_penalised', 1, $3)",
+    )
+    .bind(Uuid::new_v4())
+    .bind(format!("reservation/{r}"))
+    .bind(serde_json::json!({"reservation": r, "until": "2026-01-01T00:00:00Z", "cause": "old"}))
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "insert into shepherd.events (event_id, stream, event_type, schema_version, body)
+         values ($1, $2, 'from_the_future', 1, '{}')",
+    )
+    .bind(Uuid::new_v4())
+    .bind(format!("reservation/{r}"))
+    .execute(&pool)
+    .await
+    .unwrap();
+    let read = store::read_stream(&pool, &format!("reservation/{r}"))
+        .await
+        .unwrap();
+    match &read[0].event {
+        Event::ReservationPenalised(p) => {
+            assert_eq!(p.cause, "old");
+            assert_eq!(p.class, None);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        matches!(&read[1].event, Event::Unknown { event_type, .. } if event_type == "from_the_future")
+    );
+    // The rebuild reads past rows it does not know.
+    let report = views::rebuild(&pool, false).await.unwrap();
+    assert_eq!(report.events, 2);
+}
+
+#[sqlx::test(migrations = false)]
+async fn the_log_refuses_updates_deletes_and_truncates(pool: PgPool) {
+    common::migrated(&pool).await;
+    let mut tx = pool.begin().await.unwrap();
+    record(
+        &mut tx,
+        vec![NewEvent::new(SshKeyEnsured {
+            label: "k".into(),
+            key_id: Uuid::new_v4(),
+        })],
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    for sql in [
+        "update shepherd.events set body = '{}'",
+        "delete from shepherd.events",
+        "truncate shepherd.events",
+    ] {
+        let err = sqlx::query(sql).execute(&pool).await.unwrap_err();
+        assert!(err.to_string().contains("append-only"), "{sql}: {err}");
+    }
+    let count: i64 = sqlx::query_scalar("select count(*) from shepherd.events")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(count, 1);
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_retried_append_is_stored_once(pool: PgPool) {
+    common::migrated(&pool).await;
+    let r = Uuid::new_v4();
+    let e = NewEvent::new(CreationRequested {
+        reservation: r,
+        job_id: "j".into(),
+        manual: true,
+    });
+    for _ in 0..2 {
+        let mut tx = pool.begin().await.unwrap();
+        record(&mut tx, vec![e.clone()]).await.unwrap();
+        tx.commit().await.unwrap();
+    }
+    let stream = store::read_stream(&pool, &format!("reservation/{r}"))
+        .await
+        .unwrap();
+    assert_eq!(stream.len(), 1);
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_rollback_leaves_neither_events_nor_view_changes(pool: PgPool) {
+    common::migrated(&pool).await;
+    let (r, d) = (Uuid::new_v4(), Uuid::new_v4());
+    let mut tx = pool.begin().await.unwrap();
+    record(
+        &mut tx,
+        vec![
+            NewEvent::new(CreationRequested {
+                reservation: r,
+                job_id: "j".into(),
+                manual: false,
+            }),
+            NewEvent::new(DeviceCreated {
+                reservation: r,
+                device: d,
+                hostname: "h".into(),
+                witness: "w".into(),
+                recovered: false,
+            }),
+        ],
+    )
+    .await
+    .unwrap();
+    // Inside the transaction the view already shows the device.
+    let inside = views::read_live(&mut tx).await.unwrap();
+    assert!(inside.unassimilated.contains_key(&d));
+    tx.rollback().await.unwrap();
+    let mut conn = pool.acquire().await.unwrap();
+    assert_eq!(
+        views::read_live(&mut conn).await.unwrap(),
+        views::ViewState::default()
+    );
+    assert!(store::read_recent(&pool, 10).await.unwrap().is_empty());
+}
+
+/// Eight writers commit in an order unlike their insert order (each holds
+/// its transaction open a random while); a follower reading concurrently
+/// must see every event exactly once, each stream in order.
+#[sqlx::test(migrations = false)]
+async fn a_follower_never_skips_a_late_commit(pool: PgPool) {
+    common::migrated(&pool).await;
+    const WRITERS: usize = 8;
+    const PER_WRITER: u32 = 60;
+    let commit_order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|w| {
+            let pool = pool.clone();
+            let commit_order = commit_order.clone();
+            tokio::spawn(async move {
+                let reservation = Uuid::new_v4();
+                let mut rng = rand::rngs::StdRng::seed_from_u64(w as u64);
+                for attempt in 0..PER_WRITER {
+                    let mut tx = pool.begin().await.unwrap();
+                    let event = CreationAttemptFailed {
+                        reservation,
+                        class: ErrorClass::Transient,
+                        message: String::new(),
+                        attempt,
+                    };
+                    let stored = record(&mut tx, vec![NewEvent::new(event)]).await.unwrap();
+                    tokio::time::sleep(Duration::from_micros(rng.random_range(0..3000))).await;
+                    tx.commit().await.unwrap();
+                    commit_order.lock().unwrap().push(stored[0].position);
+                }
+            })
+        })
+        .collect();
+    let follower = {
+        let pool = pool.clone();
+        tokio::spawn(async move {
+            let mut follower = Follower::from_start();
+            let mut seen = Vec::new();
+            let total = WRITERS * PER_WRITER as usize;
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+            while seen.len() < total && tokio::time::Instant::now() < deadline {
+                let batch = follower.poll(&pool).await.unwrap();
+                if batch.is_empty() {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+                seen.extend(batch);
+            }
+            // Anything more would be a duplicate.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            seen.extend(follower.poll(&pool).await.unwrap());
+            seen
+        })
+    };
+    for w in writers {
+        w.await.unwrap();
+    }
+    let seen = follower.await.unwrap();
+    assert_eq!(seen.len(), WRITERS * PER_WRITER as usize);
+    let ids: HashSet<_> = seen.iter().map(|e| e.event_id).collect();
+    assert_eq!(ids.len(), seen.len(), "an event was delivered twice");
+    let mut last: BTreeMap<String, u32> = BTreeMap::new();
+    for e in &seen {
+        let Event::CreationAttemptFailed(f) = &e.event else {
+            panic!()
+        };
+        if let Some(prev) = last.insert(e.stream.clone(), f.attempt) {
+            assert!(f.attempt > prev, "stream {} out of order", e.stream);
+        }
+    }
+    // Commits did not follow insert order, or this test proves little.
+    let committed = commit_order.lock().unwrap().clone();
+    let late = committed.windows(2).filter(|w| w[1] < w[0]).count();
+    assert!(late > 0, "no commit came late; widen the sleeps");
+}
+
+async fn penalise(pool: &PgPool, r: Uuid, until: chrono::DateTime<Utc>) {
+    let mut tx = pool.begin().await.unwrap();
+    record(
+        &mut tx,
+        vec![NewEvent::new(ReservationPenalised {
+            reservation: r,
+            until,
+            cause: "test".into(),
+            class: None,
+        })],
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+}
+
+#[sqlx::test(migrations = false)]
+async fn sinbin_basics(pool: PgPool) {
+    common::migrated(&pool).await;
+    let mut conn = pool.acquire().await.unwrap();
+    let now = Utc::now();
+    let (a, b, c) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
+    // Never added: not penalised.
+    assert!(!views::is_penalised(&mut conn, a).await.unwrap());
+    // Added with a future deadline: penalised.
+    penalise(&pool, a, now + TimeDelta::hours(1)).await;
+    assert!(views::is_penalised(&mut conn, a).await.unwrap());
+    // Added with a past deadline: not penalised.
+    penalise(&pool, b, now - TimeDelta::seconds(1)).await;
+    assert!(!views::is_penalised(&mut conn, b).await.unwrap());
+    // Adding keeps the later deadline, and counts the failures.
+    penalise(&pool, a, now + TimeDelta::minutes(10)).await;
+    let p = views::penalty(&mut conn, a).await.unwrap().unwrap();
+    assert!(
+        (p.until - (now + TimeDelta::hours(1)))
+            .num_milliseconds()
+            .abs()
+            < 1
+    );
+    assert_eq!(p.failures, 2);
+    // Expiry: penalised until the deadline passes, then not.
+    penalise(&pool, c, Utc::now() + TimeDelta::milliseconds(300)).await;
+    assert!(views::is_penalised(&mut conn, c).await.unwrap());
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(!views::is_penalised(&mut conn, c).await.unwrap());
+    // An operator's clear lifts it at once.
+    let mut tx = pool.begin().await.unwrap();
+    record(
+        &mut tx,
+        vec![NewEvent::new(PenaltyCleared {
+            reservation: a,
+            by: "ops".into(),
+            reason: "t".into(),
+        })],
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    assert!(!views::is_penalised(&mut conn, a).await.unwrap());
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_growing_penalty_resets_on_success(pool: PgPool) {
+    common::migrated(&pool).await;
+    let policy = views::PenaltyPolicy {
+        initial: Duration::from_secs(60),
+        factor: 2.0,
+        max: Duration::from_secs(3600),
+    };
+    let r = Uuid::new_v4();
+    let mut conn = pool.acquire().await.unwrap();
+    let mut durations = vec![];
+    for _ in 0..3 {
+        let failures = views::penalty(&mut conn, r)
+            .await
+            .unwrap()
+            .map_or(0, |p| p.failures as u32);
+        let d = policy.duration(failures);
+        durations.push(d.as_secs());
+        penalise(&pool, r, Utc::now() + TimeDelta::from_std(d).unwrap()).await;
+    }
+    assert_eq!(durations, vec![60, 120, 240]);
+    let mut tx = pool.begin().await.unwrap();
+    record(
+        &mut tx,
+        vec![NewEvent::new(DeviceCreated {
+            reservation: r,
+            device: Uuid::new_v4(),
+            hostname: "h".into(),
+            witness: "w".into(),
+            recovered: false,
+        })],
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    assert!(views::penalty(&mut conn, r).await.unwrap().is_none());
+}
+
+fn random_event(rng: &mut impl Rng, reservations: &[Uuid], devices: &[Uuid]) -> Event {
+    let r = reservations[rng.random_range(0..reservations.len())];
+    let d = devices[rng.random_range(0..devices.len())];
+    let offset = TimeDelta::seconds(rng.random_range(-3600..3600));
+    match rng.random_range(0..10) {
+        0 => CreationRequested {
+            reservation: r,
+            job_id: format!("j{}", rng.random::<u16>()),
+            manual: rng.random(),
+        }
+        .into(),
+        1 => DeviceCreated {
+            reservation: r,
+            device: d,
+            hostname: "h".into(),
+            witness: "w".into(),
+            recovered: rng.random(),
+        }
+        .into(),
+        2 => CreationGivenUp {
+            reservation: r,
+            class: ErrorClass::Permanent,
+            message: "m".into(),
+        }
+        .into(),
+        3 => RaceLost {
+            reservation: r,
+            other_device: None,
+        }
+        .into(),
+        4 | 5 => ReservationPenalised {
+            reservation: r,
+            until: Utc::now() + offset,
+            cause: format!("c{}", rng.random::<u8>()),
+            class: None,
+        }
+        .into(),
+        6 => PenaltyCleared {
+            reservation: r,
+            by: "ops".into(),
+            reason: "r".into(),
+        }
+        .into(),
+        7 => MachineAssimilated {
+            machine_id: Uuid::new_v4(),
+            provider: PROVIDER_EQUINIX.into(),
+            provider_id: d.to_string(),
+            reservation: Some(r),
+            hostname: Some("h".into()),
+        }
+        .into(),
+        8 => AssimilationSkipped {
+            device: d,
+            machine_id: Uuid::new_v4(),
+        }
+        .into(),
+        _ => AssimilationRejected {
+            device: d,
+            reason: "gone".into(),
+        }
+        .into(),
+    }
+}
+
+#[sqlx::test(migrations = false)]
+async fn rebuilt_views_equal_live_views_on_random_histories(pool: PgPool) {
+    common::migrated(&pool).await;
+    let reservations: Vec<Uuid> = (0..12).map(|_| Uuid::new_v4()).collect();
+    let devices: Vec<Uuid> = (0..12).map(|_| Uuid::new_v4()).collect();
+    // Four concurrent writers, with a rebuild check running while they write.
+    let writers: Vec<_> = (0..4u64)
+        .map(|seed| {
+            let (pool, reservations, devices) =
+                (pool.clone(), reservations.clone(), devices.clone());
+            tokio::spawn(async move {
+                let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+                for _ in 0..100 {
+                    let n = rng.random_range(1..4);
+                    let events = (0..n)
+                        .map(|_| NewEvent::new(random_event(&mut rng, &reservations, &devices)))
+                        .collect();
+                    let mut tx = pool.begin().await.unwrap();
+                    record(&mut tx, events).await.unwrap();
+                    tx.commit().await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for _ in 0..3 {
+        let report = views::rebuild(&pool, false).await.unwrap();
+        assert_eq!(report.differences, Vec::<String>::new(), "mid-run check");
+    }
+    for w in writers {
+        w.await.unwrap();
+    }
+    let report = views::rebuild(&pool, false).await.unwrap();
+    assert_eq!(report.differences, Vec::<String>::new());
+    assert!(report.events >= 400);
+    assert!(report.machines > 0 && report.penalties > 0, "{report:?}");
+
+    // A damaged view is reported, and replaced by the rebuild.
+    sqlx::query("delete from shepherd.managed_machines where machine_id in (select machine_id from shepherd.managed_machines limit 1)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::query("update shepherd.sinbin set failures = failures + 7")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let report = views::rebuild(&pool, true).await.unwrap();
+    assert!(report.differences.len() >= 2, "{report:?}");
+    assert!(report.replaced);
+    let report = views::rebuild(&pool, false).await.unwrap();
+    assert_eq!(report.differences, Vec::<String>::new());
+}

@@ -1,0 +1,44 @@
+//! The `--database-url` every database-facing subcommand shares, and
+//! `shepherd migrate`.
+
+use clap::Args;
+use sqlx::PgPool;
+
+#[derive(Debug, Clone, Args)]
+pub struct DatabaseArgs {
+    /// Postgres URL; the database is created if it does not exist
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/shepherd",
+        hide_env_values = true
+    )]
+    pub database_url: String,
+}
+
+impl DatabaseArgs {
+    /// Connects without creating or migrating anything.
+    pub async fn connect(&self, max_connections: u32) -> anyhow::Result<PgPool> {
+        Ok(shepherd::db::connect(&self.database_url, max_connections).await?)
+    }
+
+    /// Creates the database when missing, connects, and migrates.
+    pub async fn prepare(&self, max_connections: u32) -> anyhow::Result<PgPool> {
+        shepherd::db::ensure_database(&self.database_url).await?;
+        let pool = self.connect(max_connections).await?;
+        shepherd::db::migrate(&pool).await?;
+        Ok(pool)
+    }
+}
+
+pub async fn migrate(args: DatabaseArgs) -> anyhow::Result<()> {
+    let pool = args.prepare(2).await?;
+    let applied: i64 = sqlx::query_scalar("select count(*) from shepherd._sqlx_migrations")
+        .fetch_one(&pool)
+        .await?;
+    println!(
+        "database {} is up to date ({applied} shepherd migrations applied)",
+        shepherd::db::describe_url(&args.database_url)
+    );
+    Ok(())
+}

@@ -1,0 +1,248 @@
+//! Read-only views for people and scripts: `machines`, `sinbin`, `events`
+//! and `views rebuild`.
+
+use std::time::Duration;
+
+use chrono::Utc;
+use clap::{Args, Subcommand};
+use shepherd::events::store::{Follower, StoredEvent};
+use shepherd::events::views;
+
+use crate::database::DatabaseArgs;
+use crate::table::{Table, human_duration};
+
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    #[command(flatten)]
+    db: DatabaseArgs,
+    /// Print JSON instead of a table
+    #[arg(long)]
+    json: bool,
+}
+
+pub async fn machines(args: ListArgs) -> anyhow::Result<()> {
+    let pool = args.db.connect(2).await?;
+    let mut conn = pool.acquire().await?;
+    let state = views::read_live(&mut conn).await?;
+    let mut machines: Vec<_> = state.machines.into_values().collect();
+    machines.sort_by_key(|m| (m.assimilated_at, m.machine_id));
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&machines)?);
+        return Ok(());
+    }
+    let mut t = Table::new(&[
+        "MACHINE",
+        "DEVICE",
+        "RESERVATION",
+        "HOSTNAME",
+        "ASSIMILATED",
+    ]);
+    for m in &machines {
+        t.row(vec![
+            m.machine_id.to_string(),
+            m.provider_id.clone(),
+            m.reservation_id.map(|r| r.to_string()).unwrap_or_default(),
+            m.hostname.clone().unwrap_or_default(),
+            m.assimilated_at.format("%Y-%m-%d %H:%M:%S").to_string(),
+        ]);
+    }
+    print!("{}", t.render());
+    println!("{} managed machines", machines.len());
+    Ok(())
+}
+
+#[derive(Debug, Args)]
+pub struct SinbinArgs {
+    #[command(flatten)]
+    list: ListArgs,
+    /// Also list expired penalties (kept for their failure counts)
+    #[arg(long)]
+    all: bool,
+}
+
+pub async fn sinbin(args: SinbinArgs) -> anyhow::Result<()> {
+    let pool = args.list.db.connect(2).await?;
+    let mut conn = pool.acquire().await?;
+    let now: chrono::DateTime<Utc> = sqlx::query_scalar("select now()")
+        .fetch_one(&mut *conn)
+        .await?;
+    let state = views::read_live(&mut conn).await?;
+    let mut rows: Vec<_> = state
+        .sinbin
+        .into_values()
+        .filter(|p| args.all || p.is_active(now))
+        .collect();
+    rows.sort_by_key(|p| std::cmp::Reverse(p.until));
+    if args.list.json {
+        let json: Vec<_> = rows
+            .iter()
+            .map(|p| {
+                serde_json::json!({
+                    "reservation_id": p.reservation_id,
+                    "until": p.until,
+                    "cause": p.cause,
+                    "failures": p.failures,
+                    "penalised": p.is_active(now),
+                    "seconds_left": (p.until - now).num_seconds().max(0),
+                })
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&json)?);
+        return Ok(());
+    }
+    let mut t = Table::new(&["RESERVATION", "TIME LEFT", "FAILURES", "CAUSE"]);
+    for p in &rows {
+        t.row(vec![
+            p.reservation_id.to_string(),
+            if p.is_active(now) {
+                human_duration(p.until - now)
+            } else {
+                "expired".into()
+            },
+            p.failures.to_string(),
+            p.cause.clone(),
+        ]);
+    }
+    print!("{}", t.render());
+    println!(
+        "{} penalised",
+        rows.iter().filter(|p| p.is_active(now)).count()
+    );
+    Ok(())
+}
+
+#[derive(Debug, Args)]
+pub struct EventsArgs {
+    #[command(flatten)]
+    list: ListArgs,
+    /// Only this stream, e.g. `reservation/<id>` or `device/<id>`
+    #[arg(long)]
+    stream: Option<String>,
+    /// How many of the latest events to show first
+    #[arg(long, default_value_t = 50)]
+    last: i64,
+    /// Keep printing events as they are committed
+    #[arg(long)]
+    follow: bool,
+}
+
+pub fn print_event(e: &StoredEvent, json: bool) -> anyhow::Result<()> {
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "position": e.position,
+                "recorded_at": e.recorded_at,
+                "stream": e.stream,
+                "type": e.event.type_name(),
+                "version": e.event.schema_version(),
+                "job_id": e.job_id,
+                "body": e.event.body(),
+            })
+        );
+    } else {
+        println!(
+            "{:>8}  {}  {:<24} {:<48} {}",
+            e.position,
+            e.recorded_at.format("%H:%M:%S%.3f"),
+            e.event.type_name(),
+            e.stream,
+            e.event.body()
+        );
+    }
+    Ok(())
+}
+
+pub async fn events(args: EventsArgs) -> anyhow::Result<()> {
+    let pool = args.list.db.connect(2).await?;
+    // Start from the feed's safe horizon so --follow continues exactly
+    // where the listing ends.
+    let mut follower = match &args.stream {
+        Some(s) => Follower::from_start().stream(s.clone()),
+        None => Follower::from_start(),
+    };
+    let mut backlog = Vec::new();
+    loop {
+        let batch = follower.poll(&pool).await?;
+        if batch.is_empty() {
+            break;
+        }
+        backlog.extend(batch);
+        let keep = args.last.max(0) as usize;
+        if backlog.len() > keep {
+            backlog.drain(..backlog.len() - keep);
+        }
+    }
+    for e in &backlog {
+        print_event(e, args.list.json)?;
+    }
+    if !args.follow {
+        return Ok(());
+    }
+    let stop = crate::shutdown::signalled();
+    tokio::pin!(stop);
+    loop {
+        let batch = follower.poll(&pool).await?;
+        for e in &batch {
+            print_event(e, args.list.json)?;
+        }
+        if batch.is_empty() {
+            tokio::select! {
+                _ = &mut stop => return Ok(()),
+                _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+            }
+        }
+    }
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ViewsCommand {
+    /// Replay the whole log into fresh views and report any difference from
+    /// the live ones
+    Rebuild(RebuildArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct RebuildArgs {
+    #[command(flatten)]
+    list: ListArgs,
+    /// Replace the live views with the rebuilt ones
+    #[arg(long)]
+    replace: bool,
+}
+
+pub async fn views(command: ViewsCommand) -> anyhow::Result<()> {
+    let ViewsCommand::Rebuild(args) = command;
+    let pool = args.list.db.connect(2).await?;
+    let started = std::time::Instant::now();
+    let report = views::rebuild(&pool, args.replace).await?;
+    if args.list.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        println!(
+            "replayed {} events in {:.2?}: {} machines, {} sinbin rows, {} pending creations, {} unassimilated devices",
+            report.events,
+            started.elapsed(),
+            report.machines,
+            report.penalties,
+            report.pending_creations,
+            report.unassimilated_devices
+        );
+        if report.differences.is_empty() {
+            println!("rebuilt views equal the live views");
+        } else {
+            println!("{} differences:", report.differences.len());
+            for d in &report.differences {
+                println!("  {d}");
+            }
+            if report.replaced {
+                println!("live views replaced by the rebuilt ones");
+            }
+        }
+    }
+    if !report.differences.is_empty() && !report.replaced {
+        // A script checking consistency wants a non-zero exit.
+        std::process::exit(3);
+    }
+    Ok(())
+}

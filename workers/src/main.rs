@@ -1,0 +1,78 @@
+//! `shepherd`: the one binary operators run. Each subcommand lives in its own
+//! module; this file only parses flags, sets up logging and maps failures to
+//! a one-line message and a non-zero exit.
+
+mod database;
+mod fake_metal;
+mod inspect;
+mod logging;
+mod shutdown;
+mod table;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "shepherd",
+    version,
+    about = "Turns Equinix Metal hardware reservations into managed machines",
+    propagate_version = true
+)]
+struct Cli {
+    #[command(flatten)]
+    logging: logging::LoggingArgs,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Create the database if needed and apply the schema
+    Migrate(database::DatabaseArgs),
+    /// List the machines shepherd manages
+    Machines(inspect::ListArgs),
+    /// List penalised reservations with cause and time left
+    Sinbin(inspect::SinbinArgs),
+    /// Show the event log, optionally one stream, optionally following it
+    Events(inspect::EventsArgs),
+    /// Check or rebuild the views from the event log
+    #[command(subcommand)]
+    Views(inspect::ViewsCommand),
+    /// Serve a fake Equinix Metal API from memory, with fault injection
+    FakeMetal(fake_metal::FakeMetalArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Err(e) = logging::init(&cli.logging) {
+        eprintln!("shepherd: {e}");
+        return ExitCode::from(2);
+    }
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("shepherd: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Migrate(args) => database::migrate(args).await,
+            Command::Machines(args) => inspect::machines(args).await,
+            Command::Sinbin(args) => inspect::sinbin(args).await,
+            Command::Events(args) => inspect::events(args).await,
+            Command::Views(command) => inspect::views(command).await,
+            Command::FakeMetal(args) => fake_metal::run(args).await,
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("shepherd: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
