@@ -1,5 +1,7 @@
-//! Parsing of the settings the seed expressed as strings: durations such as
-//! `5s` and rates such as `5s,1` (one event per five seconds, bursts of one).
+//! Typed settings with the seed's defaults, and parsing of the ones the seed
+//! wrote as strings: durations such as `5s` and rates such as `5s,1` (one
+//! event per five seconds, bursts of one). Flags and environment variables
+//! are mapped onto these in the `workers` package.
 
 use std::fmt;
 use std::str::FromStr;
@@ -125,5 +127,163 @@ mod tests {
             let err = bad.parse::<Rate>().unwrap_err();
             assert!(err.contains(bad), "{err}");
         }
+    }
+}
+
+/// A setting that cannot be used, named so the operator knows which one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{setting}: {message}")]
+pub struct ConfigError {
+    pub setting: &'static str,
+    pub message: String,
+}
+
+impl ConfigError {
+    pub fn new(setting: &'static str, message: impl Into<String>) -> Self {
+        ConfigError {
+            setting,
+            message: message.into(),
+        }
+    }
+}
+
+/// Retry policy of one job kind. Retries are persisted: a failed attempt
+/// records its failure and enqueues a successor that runs after the backoff,
+/// so a crash does not lose the delay (apalis retries a failed job at once).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct JobRetry {
+    /// Attempts in all, the first included.
+    pub max_attempts: u32,
+    pub initial_backoff: Duration,
+    pub factor: f64,
+    pub max_backoff: Duration,
+    /// One attempt's budget, waits for limiters included.
+    pub timeout: Duration,
+}
+
+impl JobRetry {
+    /// The delay before attempt `next` (2 for the first retry).
+    pub fn backoff(&self, next: u32) -> Duration {
+        let exp = next.saturating_sub(2) as i32;
+        let secs = self.initial_backoff.as_secs_f64() * self.factor.max(1.0).powi(exp);
+        Duration::from_secs_f64(secs.min(self.max_backoff.as_secs_f64()))
+    }
+}
+
+pub const CREATE_RETRY_DEFAULT: JobRetry = JobRetry {
+    max_attempts: 5,
+    initial_backoff: Duration::from_secs(30),
+    factor: 2.0,
+    max_backoff: Duration::from_secs(600),
+    // Long enough to wait out the creation limiter behind a full chunk
+    // (20 x 5 s) and a slow create.
+    timeout: Duration::from_secs(600),
+};
+
+pub const ASSIMILATE_RETRY_DEFAULT: JobRetry = JobRetry {
+    max_attempts: 10,
+    initial_backoff: Duration::from_secs(5),
+    factor: 2.0,
+    max_backoff: Duration::from_secs(300),
+    timeout: Duration::from_secs(120),
+};
+
+/// The provisioner's settings; defaults are the seed's flags.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProvisionerConfig {
+    /// Hostname prefix of the devices shepherd manages.
+    pub device_prefix: String,
+    /// OS slug new devices are created with.
+    pub os: String,
+    /// Managed machines plus creations in flight never exceed this; 0 = no limit.
+    pub max_machines: u64,
+    /// How many reservations one pass may take.
+    pub chunk_size: u64,
+    /// Adopt unknown prefixed devices instead of refusing to work.
+    pub assimilate: bool,
+    /// How often the scheduler enqueues a pass.
+    pub reconcile_rate: Rate,
+    /// Cluster-wide rate of device creations.
+    pub device_creation_rate: Rate,
+    /// Label of the project SSH key put on every device.
+    pub ssh_key_label: String,
+    pub penalty: crate::events::views::PenaltyPolicy,
+    pub create_retry: JobRetry,
+    pub assimilate_retry: JobRetry,
+}
+
+impl Default for ProvisionerConfig {
+    fn default() -> Self {
+        ProvisionerConfig {
+            device_prefix: "shepherd-".into(),
+            os: "ubuntu_20_04".into(),
+            max_machines: 50,
+            chunk_size: 20,
+            assimilate: false,
+            reconcile_rate: Rate {
+                interval: Duration::from_secs(60),
+                burst: 1,
+            },
+            device_creation_rate: Rate {
+                interval: Duration::from_secs(5),
+                burst: 1,
+            },
+            ssh_key_label: "shepherd".into(),
+            penalty: Default::default(),
+            create_retry: CREATE_RETRY_DEFAULT,
+            assimilate_retry: ASSIMILATE_RETRY_DEFAULT,
+        }
+    }
+}
+
+impl ProvisionerConfig {
+    /// Refuses settings the seed refused (placeholders) and ones that
+    /// cannot work, before anything touches the API or the database.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        for (setting, value) in [
+            ("device prefix (--device-prefix)", &self.device_prefix),
+            ("SSH key label (--ssh-key-label)", &self.ssh_key_label),
+        ] {
+            if value.contains("FIXME") {
+                return Err(ConfigError::new(
+                    setting,
+                    format!("{value:?} still contains FIXME; set a real value"),
+                ));
+            }
+            if value.trim().is_empty() {
+                return Err(ConfigError::new(setting, "must not be empty"));
+            }
+        }
+        if self.device_prefix.contains('_') {
+            return Err(ConfigError::new(
+                "device prefix (--device-prefix)",
+                "hostnames may not contain underscores",
+            ));
+        }
+        if self.os.trim().is_empty() {
+            return Err(ConfigError::new("os (--os)", "must not be empty"));
+        }
+        if self.chunk_size == 0 {
+            return Err(ConfigError::new(
+                "chunk size (--chunk-size)",
+                "must be at least 1",
+            ));
+        }
+        for (setting, retry) in [
+            ("create retry attempts", &self.create_retry),
+            ("assimilate retry attempts", &self.assimilate_retry),
+        ] {
+            if retry.max_attempts == 0 {
+                return Err(ConfigError::new(setting, "must be at least 1"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Hostname of the device for a reservation: prefix plus the first 18
+    /// characters of the reservation id, as the seed did.
+    pub fn hostname(&self, reservation: uuid::Uuid) -> String {
+        let id = reservation.to_string();
+        format!("{}{}", self.device_prefix, &id[..18])
     }
 }

@@ -5,5 +5,7 @@
 pub mod config;
 pub mod db;
 pub mod events;
+pub mod jobs;
+pub mod limiter;
 pub mod metal;
 pub mod secret;

@@ -65,7 +65,7 @@ fn one_of_each() -> Vec<Event> {
         .into(),
         CreationRequested {
             reservation: r,
-            job_id: "job".into(),
+            request: Uuid::new_v4(),
             manual: false,
         }
         .into(),
@@ -129,6 +129,19 @@ fn one_of_each() -> Vec<Event> {
         SshKeyEnsured {
             label: "shepherd".into(),
             key_id: Uuid::new_v4(),
+        }
+        .into(),
+        CreationRefused {
+            reservation: r,
+            request: Uuid::new_v4(),
+            reason: "at the limit".into(),
+        }
+        .into(),
+        AdoptionRequested {
+            run,
+            device: d,
+            reservation: Some(r),
+            witnessed: true,
         }
         .into(),
     ]
@@ -243,7 +256,7 @@ async fn a_retried_append_is_stored_once(pool: PgPool) {
     let r = Uuid::new_v4();
     let e = NewEvent::new(CreationRequested {
         reservation: r,
-        job_id: "j".into(),
+        request: Uuid::new_v4(),
         manual: true,
     });
     for _ in 0..2 {
@@ -267,7 +280,7 @@ async fn a_rollback_leaves_neither_events_nor_view_changes(pool: PgPool) {
         vec![
             NewEvent::new(CreationRequested {
                 reservation: r,
-                job_id: "j".into(),
+                request: Uuid::new_v4(),
                 manual: false,
             }),
             NewEvent::new(DeviceCreated {
@@ -470,10 +483,17 @@ fn random_event(rng: &mut impl Rng, reservations: &[Uuid], devices: &[Uuid]) -> 
     let r = reservations[rng.random_range(0..reservations.len())];
     let d = devices[rng.random_range(0..devices.len())];
     let offset = TimeDelta::seconds(rng.random_range(-3600..3600));
-    match rng.random_range(0..10) {
+    match rng.random_range(0..11) {
+        10 => AdoptionRequested {
+            run: Uuid::nil(),
+            device: d,
+            reservation: Some(r),
+            witnessed: rng.random(),
+        }
+        .into(),
         0 => CreationRequested {
             reservation: r,
-            job_id: format!("j{}", rng.random::<u16>()),
+            request: Uuid::from_u128(rng.random()),
             manual: rng.random(),
         }
         .into(),

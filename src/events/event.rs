@@ -122,8 +122,16 @@ events! {
     CreationsEnqueued = "creations_enqueued", 1 { run: Uuid, reservations: Vec<Uuid> }
     /// The pass ended.
     ReconcileFinished = "reconcile_finished", 1 { run: Uuid, managed: u64, in_flight: u64, enqueued: u64, at_limit: bool }
-    /// A creation job was enqueued for a reservation (by a pass or by hand).
-    CreationRequested = "creation_requested", 1 { reservation: Uuid, job_id: String, manual: bool }
+    /// A creation was admitted for a reservation (by a pass or by hand):
+    /// from here until it ends it counts as in flight.
+    CreationRequested = "creation_requested", 1 {
+        reservation: Uuid,
+        /// Stable across the job's retries; the witness is derived from it.
+        request: Uuid,
+        manual: bool,
+    }
+    /// A manual creation was not admitted, and why.
+    CreationRefused = "creation_refused", 1 { reservation: Uuid, request: Uuid, reason: String }
     /// One attempt to create a device failed; the job will try again.
     CreationAttemptFailed = "creation_attempt_failed", 1 { reservation: Uuid, class: ErrorClass, message: String, attempt: u32 }
     /// A device now exists for the reservation.
@@ -151,6 +159,9 @@ events! {
         reservation: Option<Uuid>,
         hostname: Option<String>,
     }
+    /// A pass found a prefixed device to adopt (a witnessed orphan, or any
+    /// unknown one with `assimilate` on): in flight until assimilated.
+    AdoptionRequested = "adoption_requested", 1 { run: Uuid, device: Uuid, reservation: Option<Uuid>, witnessed: bool }
     /// Assimilation found the device already managed.
     AssimilationSkipped = "assimilation_skipped", 1 { device: Uuid, machine_id: Uuid }
     /// Assimilation refused the device (unknown to the provider, or not ours).
@@ -181,6 +192,7 @@ impl Event {
             Event::CreationsEnqueued(e) => Stream::Reconcile(e.run),
             Event::ReconcileFinished(e) => Stream::Reconcile(e.run),
             Event::CreationRequested(e) => Stream::Reservation(e.reservation),
+            Event::CreationRefused(e) => Stream::Reservation(e.reservation),
             Event::CreationAttemptFailed(e) => Stream::Reservation(e.reservation),
             Event::DeviceCreated(e) => Stream::Reservation(e.reservation),
             Event::CreationGivenUp(e) => Stream::Reservation(e.reservation),
@@ -191,6 +203,7 @@ impl Event {
                 Ok(id) => Stream::Device(id),
                 Err(_) => Stream::Operator,
             },
+            Event::AdoptionRequested(e) => Stream::Device(e.device),
             Event::AssimilationSkipped(e) => Stream::Device(e.device),
             Event::AssimilationRejected(e) => Stream::Device(e.device),
             Event::SshKeyEnsured(e) => Stream::SshKey(e.label.clone()),

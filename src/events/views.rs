@@ -69,14 +69,14 @@ pub struct ViewState {
 
 /// Folds one event into the views. `at` is the event's recorded time, so
 /// replaying the log gives the same timestamps the live path wrote.
-pub fn apply(state: &mut ViewState, event: &Event, at: DateTime<Utc>, job_id: Option<&str>) {
+pub fn apply(state: &mut ViewState, event: &Event, at: DateTime<Utc>) {
     match event {
         Event::CreationRequested(e) => {
             state.pending_creations.insert(
                 e.reservation,
                 PendingCreation {
                     reservation_id: e.reservation,
-                    job_id: job_id.map(str::to_string).or(Some(e.job_id.clone())),
+                    job_id: Some(e.request.to_string()),
                     enqueued_at: at,
                 },
             );
@@ -142,6 +142,19 @@ pub fn apply(state: &mut ViewState, event: &Event, at: DateTime<Utc>, job_id: Op
                     assimilated_at: at,
                 });
         }
+        Event::AdoptionRequested(e) => {
+            if !state.machines.contains_key(&e.device.to_string()) {
+                state
+                    .unassimilated
+                    .entry(e.device)
+                    .or_insert(UnassimilatedDevice {
+                        device_id: e.device,
+                        reservation_id: e.reservation,
+                        hostname: None,
+                        created_at: at,
+                    });
+            }
+        }
         Event::AssimilationSkipped(e) => {
             state.unassimilated.remove(&e.device);
         }
@@ -155,6 +168,7 @@ pub fn apply(state: &mut ViewState, event: &Event, at: DateTime<Utc>, job_id: Op
         | Event::CreationsEnqueued(_)
         | Event::ReconcileFinished(_)
         | Event::CreationAttemptFailed(_)
+        | Event::CreationRefused(_)
         | Event::SshKeyEnsured(_)
         | Event::Unknown { .. } => {}
     }
@@ -187,6 +201,7 @@ impl Keys {
                         k.devices.push(d);
                     }
                 }
+                Event::AdoptionRequested(e) => k.devices.push(e.device),
                 Event::AssimilationSkipped(e) => k.devices.push(e.device),
                 Event::AssimilationRejected(e) => k.devices.push(e.device),
                 _ => {}
@@ -239,7 +254,7 @@ pub(crate) async fn apply_live(
     let before = load(conn, &keys.reservations, &keys.devices, &device_ids).await?;
     let mut after = before.clone();
     for e in events {
-        apply(&mut after, &e.event, e.recorded_at, e.job_id.as_deref());
+        apply(&mut after, &e.event, e.recorded_at);
     }
     write_changes(conn, &before, &after).await?;
     Ok(())
@@ -541,7 +556,7 @@ pub async fn fold_log(conn: &mut PgConnection) -> Result<(ViewState, u64), Store
     let mut state = ViewState::default();
     let mut count = 0u64;
     let mut rows = sqlx::query(
-        "select position, event_type, schema_version, body, job_id, recorded_at
+        "select position, event_type, schema_version, body, recorded_at
          from shepherd.events order by position",
     )
     .fetch(&mut *conn);
@@ -557,13 +572,7 @@ pub async fn fold_log(conn: &mut PgConnection) -> Result<(ViewState, u64), Store
                 source,
             }
         })?;
-        let job_id: Option<String> = row.get("job_id");
-        apply(
-            &mut state,
-            &event,
-            row.get("recorded_at"),
-            job_id.as_deref(),
-        );
+        apply(&mut state, &event, row.get("recorded_at"));
         count += 1;
     }
     Ok((state, count))

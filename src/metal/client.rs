@@ -699,7 +699,7 @@ impl MetalClient {
     /// One attempt through the gate, with its own timeout. Returns the status
     /// and body of a success; any other answer becomes an error.
     async fn attempt(&self, call: &Call<'_>) -> Result<(u16, Vec<u8>), MetalError> {
-        let admission = self.inner.gate.admit().await?;
+        let admission = self.inner.gate.admit(call.op).await?;
         let started = tokio::time::Instant::now();
         let url = format!("{}{}", self.inner.base_url, call.path);
         let mut request = self.inner.http.request(call.method.clone(), &url);

@@ -23,6 +23,7 @@ use prometheus_client::registry::Registry;
 use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
+use super::Operation;
 use super::error::MetalError;
 
 /// The seed's `equinix_parallelism` default.
@@ -68,7 +69,9 @@ impl RetrySettings {
     }
 }
 
-pub type PacerFuture<'a> = Pin<Box<dyn Future<Output = Result<(), MetalError>> + Send + 'a>>;
+/// Resolves when the call may start; an `Err` (say, the pacer's database is
+/// unreachable) fails the attempt as transient.
+pub type PacerFuture<'a> = Pin<Box<dyn Future<Output = Result<(), String>> + Send + 'a>>;
 
 /// Spaces the starts of API calls. The in-process pacer serves one process;
 /// a cluster-wide one keeps its clock in Postgres.
@@ -200,7 +203,7 @@ impl Gate {
     /// Waits for a slot, then for a turn. The slot is taken first so that a
     /// turn is never spent by a caller that then waits for a slot: starts stay
     /// at least one interval apart.
-    pub(crate) async fn admit(&self) -> Result<Admission, MetalError> {
+    pub(crate) async fn admit(&self, op: Operation) -> Result<Admission, MetalError> {
         self.metrics.waiting.inc();
         let waiting = WaitingGuard(self.metrics.waiting.clone());
         let permit = self
@@ -209,7 +212,10 @@ impl Gate {
             .acquire_owned()
             .await
             .expect("the semaphore is never closed");
-        self.pacer.wait_turn().await?;
+        self.pacer
+            .wait_turn()
+            .await
+            .map_err(|reason| MetalError::Transient { op, reason })?;
         drop(waiting);
         self.metrics.in_flight.inc();
         Ok(Admission {

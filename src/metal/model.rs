@@ -155,12 +155,21 @@ pub struct Device {
     #[serde(default)]
     pub hardware_reservation: Option<Embedded<ReservationLink>>,
     #[serde(default)]
+    pub project: Option<Embedded<Project>>,
+    #[serde(default)]
     pub created_at: Option<DateTime<Utc>>,
     #[serde(default)]
     pub href: Option<String>,
 }
 
 impl Device {
+    pub fn project_id(&self) -> Option<Uuid> {
+        match self.project.as_ref()? {
+            Embedded::Full(p) => p.id,
+            Embedded::Link(h) => h.id(),
+        }
+    }
+
     pub fn has_tag(&self, tag: &str) -> bool {
         self.tags.iter().any(|t| t == tag)
     }

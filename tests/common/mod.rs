@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod openapi;
+pub mod world;
 
 use std::time::Duration;
 

@@ -46,7 +46,7 @@ pub struct FakeMetalArgs {
     #[arg(long, env = "FAKE_METAL_PROVISIONING_DELAY", default_value = "1s", value_parser = parse_duration)]
     provisioning_delay: Duration,
 
-    /// Time from creation until a device is `active`
+    /// Time a device then stays `provisioning` before it is `active`
     #[arg(long, env = "FAKE_METAL_ACTIVE_DELAY", default_value = "5s", value_parser = parse_duration)]
     active_delay: Duration,
 

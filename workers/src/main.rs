@@ -2,12 +2,7 @@
 //! module; this file only parses flags, sets up logging and maps failures to
 //! a one-line message and a non-zero exit.
 
-mod database;
-mod fake_metal;
-mod inspect;
-mod logging;
-mod shutdown;
-mod table;
+use shepherd_workers::{database, enqueue, fake_metal, inspect, logging, worker};
 
 use std::process::ExitCode;
 
@@ -30,6 +25,13 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run workers for all three job kinds (and optionally the scheduler)
+    Worker(Box<worker::WorkerArgs>),
+    /// Enqueue one Reconcile per period, cluster-wide
+    Scheduler(worker::SchedulerArgs),
+    /// Enqueue a manual job
+    #[command(subcommand)]
+    Enqueue(enqueue::EnqueueCommand),
     /// Create the database if needed and apply the schema
     Migrate(database::DatabaseArgs),
     /// List the machines shepherd manages
@@ -60,6 +62,9 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
+            Command::Worker(args) => worker::worker(*args).await,
+            Command::Scheduler(args) => worker::scheduler(args).await,
+            Command::Enqueue(command) => enqueue::enqueue(command).await,
             Command::Migrate(args) => database::migrate(args).await,
             Command::Machines(args) => inspect::machines(args).await,
             Command::Sinbin(args) => inspect::sinbin(args).await,

@@ -1,0 +1,144 @@
+//! Assimilate: record a provider device as a managed machine.
+//!
+//! Idempotent: a device already managed is a recorded no-op. A device the
+//! provider does not know, or one in another project, is rejected with the
+//! reason recorded. The check and the record happen under the device's lock,
+//! so two runs of the same job cannot both assimilate it.
+
+use chrono::{TimeDelta, Utc};
+use uuid::Uuid;
+
+use super::queue;
+use super::{AssimilateArgs, JobContext, JobError};
+use crate::events::event::*;
+use crate::events::views::PROVIDER_EQUINIX;
+use crate::events::{NewEvent, record};
+use crate::metal::{ErrorClass, MetalError};
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum AssimilateOutcome {
+    Assimilated { machine_id: Uuid },
+    AlreadyManaged { machine_id: Uuid },
+    Rejected { reason: String },
+    Retrying { next_attempt: u32 },
+}
+
+pub async fn assimilate(
+    ctx: &JobContext,
+    args: &AssimilateArgs,
+    job_id: &str,
+) -> Result<AssimilateOutcome, JobError> {
+    let device = match ctx.metal.get_device(args.device).await {
+        Ok(d) => d,
+        Err(e)
+            if matches!(e.class(), ErrorClass::Transient | ErrorClass::RateLimited)
+                && args.attempt < ctx.config.assimilate_retry.max_attempts =>
+        {
+            let next = AssimilateArgs {
+                attempt: args.attempt + 1,
+                ..args.clone()
+            };
+            let after = ctx.config.assimilate_retry.backoff(next.attempt);
+            let mut tx = ctx.pool.begin().await?;
+            queue::push_assimilate(
+                &mut tx,
+                &next,
+                Some(Utc::now() + TimeDelta::from_std(after).unwrap_or(TimeDelta::MAX)),
+            )
+            .await?;
+            tx.commit().await?;
+            tracing::warn!(device = %args.device, error = %e, attempt = args.attempt, "assimilation will be retried");
+            return Ok(AssimilateOutcome::Retrying {
+                next_attempt: next.attempt,
+            });
+        }
+        Err(MetalError::NotFound { .. }) => {
+            return reject(
+                ctx,
+                args,
+                job_id,
+                "the provider does not know this device".into(),
+            )
+            .await;
+        }
+        Err(e) => return reject(ctx, args, job_id, e.to_string()).await,
+    };
+    if let Some(project) = device.project_id()
+        && project != ctx.metal.project_id()
+    {
+        let reason = format!("the device belongs to project {project}, not to shepherd's");
+        return reject(ctx, args, job_id, reason).await;
+    }
+
+    let mut tx = ctx.pool.begin().await?;
+    sqlx::query("select pg_advisory_xact_lock(hashtextextended($1, 0))")
+        .bind(format!("device/{}", args.device))
+        .execute(&mut *tx)
+        .await?;
+    let existing: Option<Uuid> = sqlx::query_scalar(
+        "select machine_id from shepherd.managed_machines where provider = $1 and provider_id = $2",
+    )
+    .bind(PROVIDER_EQUINIX)
+    .bind(args.device.to_string())
+    .fetch_optional(&mut *tx)
+    .await?;
+    let outcome = match existing {
+        Some(machine_id) => {
+            record(
+                &mut tx,
+                vec![
+                    NewEvent::new(AssimilationSkipped {
+                        device: args.device,
+                        machine_id,
+                    })
+                    .caused_by(job_id),
+                ],
+            )
+            .await?;
+            AssimilateOutcome::AlreadyManaged { machine_id }
+        }
+        None => {
+            let machine_id = Uuid::new_v4();
+            record(
+                &mut tx,
+                vec![
+                    NewEvent::new(MachineAssimilated {
+                        machine_id,
+                        provider: PROVIDER_EQUINIX.into(),
+                        provider_id: args.device.to_string(),
+                        reservation: device.reservation_id().or(args.reservation),
+                        hostname: device.hostname.clone(),
+                    })
+                    .caused_by(job_id),
+                ],
+            )
+            .await?;
+            AssimilateOutcome::Assimilated { machine_id }
+        }
+    };
+    tx.commit().await?;
+    Ok(outcome)
+}
+
+async fn reject(
+    ctx: &JobContext,
+    args: &AssimilateArgs,
+    job_id: &str,
+    reason: String,
+) -> Result<AssimilateOutcome, JobError> {
+    tracing::warn!(device = %args.device, %reason, "assimilation rejected");
+    let mut tx = ctx.pool.begin().await?;
+    record(
+        &mut tx,
+        vec![
+            NewEvent::new(AssimilationRejected {
+                device: args.device,
+                reason: reason.clone(),
+            })
+            .caused_by(job_id),
+        ],
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(AssimilateOutcome::Rejected { reason })
+}

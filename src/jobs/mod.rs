@@ -1,0 +1,159 @@
+//! The three job kinds, as plain async handlers over a [`JobContext`].
+//!
+//! Handlers know nothing of the queue runtime: they take their arguments
+//! and the job's id, do their work, commit their events, view changes and
+//! follow-up jobs in one transaction, and return a named outcome. The
+//! `workers` package binds them to apalis.
+//!
+//! Every handler is idempotent: the queue may run a job twice (a worker
+//! presumed dead, a duplicate enqueue), and a retry after a crash must find
+//! what the first run did rather than do it again.
+
+pub mod assimilate;
+pub mod create_device;
+pub mod queue;
+pub mod reconcile;
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
+use tokio::sync::Mutex;
+use uuid::Uuid;
+
+use crate::config::ProvisionerConfig;
+use crate::events::event::SshKeyEnsured;
+use crate::events::{NewEvent, StoreError, record};
+use crate::limiter::Limiter;
+use crate::metal::{MetalClient, MetalError};
+
+/// Queue names. Named here rather than derived from Rust type paths, which
+/// a rename would orphan.
+pub const RECONCILE_QUEUE: &str = "reconcile";
+pub const CREATE_DEVICE_QUEUE: &str = "create_device";
+pub const ASSIMILATE_QUEUE: &str = "assimilate";
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ReconcileArgs {
+    /// Who asked: `scheduler`, `cli:<user>`, `sql:<role>`.
+    #[serde(default)]
+    pub requested_by: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CreateDeviceArgs {
+    pub reservation: Uuid,
+    /// Stable across attempts: the witness tag is derived from it.
+    pub request: Uuid,
+    #[serde(default = "first_attempt")]
+    pub attempt: u32,
+    /// Whether the capacity check was already passed (a pass or the CLI
+    /// admits when enqueuing; a job pushed from SQL is admitted by its
+    /// handler).
+    #[serde(default)]
+    pub admitted: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AssimilateArgs {
+    pub device: Uuid,
+    #[serde(default)]
+    pub reservation: Option<Uuid>,
+    #[serde(default)]
+    pub manual: bool,
+    #[serde(default = "first_attempt")]
+    pub attempt: u32,
+}
+
+fn first_attempt() -> u32 {
+    1
+}
+
+/// What a handler could not do because the infrastructure failed (the
+/// database went away). The runtime backs off and lets the queue retry;
+/// everything else a handler meets is an outcome, recorded as an event.
+#[derive(Debug, thiserror::Error)]
+pub enum JobError {
+    #[error("database: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("the job's arguments do not decode: {0}")]
+    BadArgs(String),
+}
+
+/// What every handler needs.
+pub struct JobContext {
+    pub pool: PgPool,
+    pub metal: MetalClient,
+    pub config: Arc<ProvisionerConfig>,
+    pub creation_limiter: Limiter,
+    pub public_key: String,
+    ssh_key: Mutex<Option<Uuid>>,
+}
+
+impl JobContext {
+    pub fn new(
+        pool: PgPool,
+        metal: MetalClient,
+        config: Arc<ProvisionerConfig>,
+        creation_limiter: Limiter,
+        public_key: String,
+    ) -> Self {
+        JobContext {
+            pool,
+            metal,
+            config,
+            creation_limiter,
+            public_key,
+            ssh_key: Mutex::new(None),
+        }
+    }
+
+    /// The managed SSH key's id, ensured once per process (the seed listed
+    /// keys before every creation: one call per machine we save).
+    pub async fn ssh_key_id(&self) -> Result<Uuid, MetalError> {
+        let mut cached = self.ssh_key.lock().await;
+        if let Some(id) = *cached {
+            return Ok(id);
+        }
+        let id = self.ensure_and_record().await?;
+        *cached = Some(id);
+        Ok(id)
+    }
+
+    /// Ensures the key at the provider, whether cached or not. Called at
+    /// worker start, as the seed's SSHEquinixEnsure was.
+    pub async fn ensure_ssh_key(&self) -> Result<Uuid, MetalError> {
+        let mut cached = self.ssh_key.lock().await;
+        let id = self.ensure_and_record().await?;
+        *cached = Some(id);
+        Ok(id)
+    }
+
+    async fn ensure_and_record(&self) -> Result<Uuid, MetalError> {
+        let id = self
+            .metal
+            .ensure_ssh_key(&self.config.ssh_key_label, &self.public_key)
+            .await?;
+        let event = SshKeyEnsured {
+            label: self.config.ssh_key_label.clone(),
+            key_id: id,
+        };
+        let recorded = async {
+            let mut tx = self.pool.begin().await?;
+            record(&mut tx, vec![NewEvent::new(event)]).await?;
+            tx.commit().await?;
+            Ok::<_, StoreError>(())
+        };
+        if let Err(e) = recorded.await {
+            tracing::warn!(error = %e, "the SSH key is ensured but its event was not recorded");
+        }
+        Ok(id)
+    }
+
+    /// Forgets the cached key, e.g. after the provider refused it.
+    pub async fn forget_ssh_key(&self) {
+        *self.ssh_key.lock().await = None;
+    }
+}

@@ -1,0 +1,404 @@
+//! One reconcile pass: the seed's `runInSession` + `reconcile`, as a job.
+//!
+//! Lists the provider's prefixed devices and shepherd's managed machines,
+//! refuses to work on a discrepancy (adopting witnessed orphans instead of
+//! halting on them), stops at the limit without listing reservations, and
+//! otherwise admits creations for the candidate reservations. Only one pass
+//! runs at a time across the cluster: a pass holds a transaction-scoped
+//! advisory lock for its duration, and a second one finds it taken and ends.
+
+use std::collections::HashSet;
+
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use super::queue;
+use super::{AssimilateArgs, JobContext, JobError};
+use crate::events::event::*;
+use crate::events::{NewEvent, record};
+use crate::metal::client::WITNESS_TAG_PREFIX;
+use crate::metal::model::{Device, HardwareReservation};
+
+/// What a pass did, for logs, metrics and tests.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReconcileOutcome {
+    pub run: Option<Uuid>,
+    /// Another pass held the lock; this one did nothing.
+    pub skipped: bool,
+    /// Why the pass did no work, if it did none.
+    pub refused: Option<String>,
+    pub managed: u64,
+    pub in_flight: u64,
+    pub at_limit: bool,
+    pub listed_reservations: bool,
+    pub enqueued: Vec<Uuid>,
+    pub adopted: Vec<Uuid>,
+    pub unknown_devices: Vec<Uuid>,
+    pub missing_devices: Vec<Uuid>,
+}
+
+/// What shepherd's own tables say, read in one snapshot.
+#[derive(Debug, Default)]
+pub(crate) struct Fleet {
+    pub managed: HashSet<Uuid>,
+    pub pending: HashSet<Uuid>,
+    pub unassimilated: HashSet<Uuid>,
+    pub penalised: HashSet<Uuid>,
+}
+
+impl Fleet {
+    pub(crate) fn in_flight(&self) -> u64 {
+        (self.pending.len() + self.unassimilated.len()) as u64
+    }
+}
+
+pub(crate) async fn read_fleet(pool: &PgPool) -> Result<Fleet, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("set transaction isolation level repeatable read read only")
+        .execute(&mut *tx)
+        .await?;
+    let ids = |sql: &'static str| sqlx::query_scalar::<_, Uuid>(sql);
+    let managed_ids: Vec<String> = sqlx::query_scalar(
+        "select provider_id from shepherd.managed_machines where provider = 'equinix'",
+    )
+    .fetch_all(&mut *tx)
+    .await?;
+    let fleet = Fleet {
+        managed: managed_ids.iter().filter_map(|s| s.parse().ok()).collect(),
+        pending: ids("select reservation_id from shepherd.pending_creations")
+            .fetch_all(&mut *tx)
+            .await?
+            .into_iter()
+            .collect(),
+        unassimilated: ids("select device_id from shepherd.unassimilated_devices")
+            .fetch_all(&mut *tx)
+            .await?
+            .into_iter()
+            .collect(),
+        penalised: ids("select reservation_id from shepherd.sinbin where now() <= until")
+            .fetch_all(&mut *tx)
+            .await?
+            .into_iter()
+            .collect(),
+    };
+    tx.commit().await?;
+    Ok(fleet)
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Adoption {
+    pub device: Uuid,
+    pub reservation: Option<Uuid>,
+    pub witnessed: bool,
+}
+
+/// How the pass sees the provider's devices against its own records.
+#[derive(Debug, Default)]
+pub(crate) struct Comparison {
+    /// Prefixed devices to adopt: witnessed orphans, or anything unknown
+    /// when `assimilate` is on.
+    pub adopt: Vec<Adoption>,
+    /// Prefixed devices nobody manages and no witness explains.
+    pub unknown: Vec<Uuid>,
+    /// Managed machines whose device is gone from the provider.
+    pub missing: Vec<Uuid>,
+}
+
+pub(crate) fn compare(
+    devices: &[Device],
+    fleet: &Fleet,
+    prefix: &str,
+    assimilate: bool,
+) -> Comparison {
+    let mut c = Comparison::default();
+    let present: HashSet<Uuid> = devices.iter().map(|d| d.id).collect();
+    for d in devices {
+        let prefixed = d.hostname.as_deref().is_some_and(|h| h.starts_with(prefix));
+        // A device whose creation is still committing is in flight, not an orphan.
+        let in_flight = fleet.unassimilated.contains(&d.id)
+            || d.reservation_id()
+                .is_some_and(|r| fleet.pending.contains(&r));
+        if !prefixed || fleet.managed.contains(&d.id) || in_flight {
+            continue;
+        }
+        let witnessed = d.tags.iter().any(|t| t.starts_with(WITNESS_TAG_PREFIX));
+        if witnessed || assimilate {
+            c.adopt.push(Adoption {
+                device: d.id,
+                reservation: d.reservation_id(),
+                witnessed,
+            });
+        } else {
+            c.unknown.push(d.id);
+        }
+    }
+    let mut missing: Vec<Uuid> = fleet.managed.difference(&present).copied().collect();
+    missing.sort();
+    c.missing = missing;
+    c
+}
+
+/// Reservations by class, and the candidates in listing order.
+pub(crate) fn classify(
+    reservations: &[HardwareReservation],
+    fleet: &Fleet,
+) -> (ReservationCounts, Vec<Uuid>) {
+    let mut counts = ReservationCounts {
+        total: reservations.len() as u64,
+        available: 0,
+        in_use: 0,
+        not_provisionable: 0,
+        penalised: 0,
+        in_flight: 0,
+    };
+    let mut candidates = Vec::new();
+    for r in reservations {
+        if r.device.is_some() {
+            counts.in_use += 1;
+        } else if !r.provisionable {
+            counts.not_provisionable += 1;
+        } else if fleet.pending.contains(&r.id) {
+            counts.in_flight += 1;
+        } else if fleet.penalised.contains(&r.id) {
+            counts.penalised += 1;
+        } else {
+            counts.available += 1;
+            candidates.push(r.id);
+        }
+    }
+    (counts, candidates)
+}
+
+async fn note(ctx: &JobContext, job_id: &str, events: Vec<Event>) -> Result<(), JobError> {
+    let mut tx = ctx.pool.begin().await?;
+    record(
+        &mut tx,
+        events
+            .into_iter()
+            .map(|e| NewEvent::new(e).caused_by(job_id))
+            .collect(),
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+pub async fn reconcile(ctx: &JobContext, job_id: &str) -> Result<ReconcileOutcome, JobError> {
+    let config = &ctx.config;
+    // The lock lives as long as this transaction, which does nothing else:
+    // a crashed pass releases it with its connection.
+    let mut guard = ctx.pool.begin().await?;
+    let got: bool = sqlx::query_scalar(
+        "select pg_try_advisory_xact_lock(hashtextextended('shepherd/reconcile', 0))",
+    )
+    .fetch_one(&mut *guard)
+    .await?;
+    if !got {
+        tracing::info!("another reconcile pass is running; this one ends");
+        return Ok(ReconcileOutcome {
+            skipped: true,
+            ..Default::default()
+        });
+    }
+    let run = Uuid::new_v4();
+    let mut out = ReconcileOutcome {
+        run: Some(run),
+        ..Default::default()
+    };
+    note(
+        ctx,
+        job_id,
+        vec![
+            ReconcileStarted {
+                run,
+                max_machines: config.max_machines,
+                chunk_size: config.chunk_size,
+            }
+            .into(),
+        ],
+    )
+    .await?;
+
+    let (devices, fleet) = tokio::join!(ctx.metal.list_devices(), read_fleet(&ctx.pool));
+    let fleet = fleet?;
+    let devices = match devices {
+        Ok(d) => d,
+        Err(e) => {
+            let reason = format!("listing the provider's devices failed: {e}");
+            note(
+                ctx,
+                job_id,
+                vec![
+                    ReconcileRefused {
+                        run,
+                        reason: reason.clone(),
+                    }
+                    .into(),
+                ],
+            )
+            .await?;
+            out.refused = Some(reason);
+            return Ok(out);
+        }
+    };
+    let comparison = compare(&devices, &fleet, &config.device_prefix, config.assimilate);
+    out.managed = fleet.managed.len() as u64;
+    out.in_flight = fleet.in_flight();
+
+    if !comparison.adopt.is_empty() {
+        // Adopted devices count as in flight from here, so the limit
+        // leaves room for them before any creation is admitted.
+        let mut tx = ctx.pool.begin().await?;
+        let events = comparison
+            .adopt
+            .iter()
+            .map(|a| {
+                NewEvent::new(AdoptionRequested {
+                    run,
+                    device: a.device,
+                    reservation: a.reservation,
+                    witnessed: a.witnessed,
+                })
+                .caused_by(job_id)
+            })
+            .collect();
+        record(&mut tx, events).await?;
+        for a in &comparison.adopt {
+            let args = AssimilateArgs {
+                device: a.device,
+                reservation: a.reservation,
+                manual: false,
+                attempt: 1,
+            };
+            queue::push_assimilate(&mut tx, &args, None).await?;
+        }
+        tx.commit().await?;
+        out.adopted = comparison.adopt.iter().map(|a| a.device).collect();
+        tracing::warn!(devices = ?out.adopted, "adopting prefixed devices that shepherd does not manage");
+        out.in_flight += out.adopted.len() as u64;
+    }
+    if !comparison.unknown.is_empty() || !comparison.missing.is_empty() {
+        let reason = "the provider and shepherd disagree about which machines exist; refusing to do any work".to_string();
+        tracing::error!(unknown = ?comparison.unknown, missing = ?comparison.missing, "{reason}");
+        note(
+            ctx,
+            job_id,
+            vec![
+                DiscrepancyFound {
+                    run,
+                    unknown_devices: comparison.unknown.clone(),
+                    missing_devices: comparison.missing.clone(),
+                }
+                .into(),
+                ReconcileRefused {
+                    run,
+                    reason: reason.clone(),
+                }
+                .into(),
+            ],
+        )
+        .await?;
+        out.unknown_devices = comparison.unknown;
+        out.missing_devices = comparison.missing;
+        out.refused = Some(reason);
+        return Ok(out);
+    }
+
+    if config.max_machines > 0 && out.managed + out.in_flight >= config.max_machines {
+        tracing::info!(
+            managed = out.managed,
+            in_flight = out.in_flight,
+            limit = config.max_machines,
+            "at the machine limit; not listing reservations"
+        );
+        out.at_limit = true;
+        note(ctx, job_id, vec![finished(run, &out)]).await?;
+        return Ok(out);
+    }
+
+    let reservations = match ctx.metal.list_reservations(&["facility", "device"]).await {
+        Ok(r) => r,
+        Err(e) => {
+            let reason = format!("listing hardware reservations failed: {e}");
+            note(
+                ctx,
+                job_id,
+                vec![
+                    ReconcileRefused {
+                        run,
+                        reason: reason.clone(),
+                    }
+                    .into(),
+                ],
+            )
+            .await?;
+            out.refused = Some(reason);
+            return Ok(out);
+        }
+    };
+    out.listed_reservations = true;
+    let (counts, candidates) = classify(&reservations, &fleet);
+
+    let mut tx = ctx.pool.begin().await?;
+    record(
+        &mut tx,
+        vec![NewEvent::new(ReservationsListed { run, counts }).caused_by(job_id)],
+    )
+    .await?;
+    let capacity = queue::lock_capacity(&mut tx, config.max_machines).await?;
+    let take = capacity.room.unwrap_or(u64::MAX).min(config.chunk_size) as usize;
+    let chosen: Vec<(Uuid, Uuid)> = candidates
+        .iter()
+        .take(take)
+        .map(|&r| (r, Uuid::new_v4()))
+        .collect();
+    let (admitted, _) = queue::admit(
+        &mut tx,
+        &chosen,
+        config.max_machines,
+        false,
+        true,
+        Some(job_id),
+    )
+    .await?;
+    out.enqueued = admitted.iter().map(|(r, _)| *r).collect();
+    out.managed = capacity.managed;
+    out.in_flight = capacity.in_flight + admitted.len() as u64;
+    out.at_limit = capacity
+        .room
+        .is_some_and(|room| room <= admitted.len() as u64);
+    let mut closing: Vec<NewEvent> = Vec::new();
+    if !admitted.is_empty() {
+        closing.push(NewEvent::new(CreationsEnqueued {
+            run,
+            reservations: out.enqueued.clone(),
+        }));
+    }
+    closing.push(NewEvent::new(finished(run, &out)));
+    record(
+        &mut tx,
+        closing.into_iter().map(|e| e.caused_by(job_id)).collect(),
+    )
+    .await?;
+    tx.commit().await?;
+    drop(guard);
+    tracing::info!(
+        run = %run,
+        managed = out.managed,
+        in_flight = out.in_flight,
+        enqueued = out.enqueued.len(),
+        "reconcile pass finished"
+    );
+    Ok(out)
+}
+
+fn finished(run: Uuid, out: &ReconcileOutcome) -> Event {
+    ReconcileFinished {
+        run,
+        managed: out.managed,
+        in_flight: out.in_flight,
+        enqueued: out.enqueued.len() as u64,
+        at_limit: out.at_limit,
+    }
+    .into()
+}

@@ -1,0 +1,90 @@
+//! Cluster-wide rate limits kept in Postgres.
+//!
+//! Each limiter is one row holding the next free slot. Taking a slot is one
+//! atomic UPDATE that moves the row forward by the spacing, so however many
+//! processes ask at once, the slots they get are at least one spacing apart
+//! (a burst lets the row lag behind the clock by up to `burst - 1` spacings).
+//! The database's clock is the one every process shares, so the wait is
+//! computed there. A slot taken by a caller that then dies is simply unused:
+//! the limit errs on the slow side, never the fast one.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::PgPool;
+
+use crate::config::Rate;
+use crate::metal::discipline::{Pacer, PacerFuture};
+
+#[derive(Debug, Clone)]
+pub struct Limiter {
+    pool: PgPool,
+    name: &'static str,
+    rate: Rate,
+}
+
+/// Limiter names: one row each in `shepherd.limiters`.
+pub const DEVICE_CREATION: &str = "device_creation";
+pub const METAL_API: &str = "metal_api";
+pub const RECONCILE: &str = "reconcile";
+
+impl Limiter {
+    pub fn new(pool: PgPool, name: &'static str, rate: Rate) -> Self {
+        Limiter { pool, name, rate }
+    }
+
+    pub fn rate(&self) -> Rate {
+        self.rate
+    }
+
+    /// Reserves the next slot and returns how long to wait for it.
+    pub async fn reserve(&self) -> Result<Duration, sqlx::Error> {
+        if self.rate.is_unlimited() {
+            return Ok(Duration::ZERO);
+        }
+        let spacing = self.rate.spacing().as_secs_f64();
+        let slack = spacing * f64::from(self.rate.burst.saturating_sub(1));
+        let wait: f64 = sqlx::query_scalar(
+            "insert into shepherd.limiters as l (name, next_at)
+             values ($1, clock_timestamp() + make_interval(secs => $2))
+             on conflict (name) do update
+               set next_at = greatest(l.next_at, clock_timestamp() - make_interval(secs => $3))
+                             + make_interval(secs => $2)
+             returning greatest(0, extract(epoch from
+                 (next_at - make_interval(secs => $2)) - clock_timestamp()))::float8",
+        )
+        .bind(self.name)
+        .bind(spacing)
+        .bind(slack)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(Duration::from_secs_f64(wait))
+    }
+
+    /// Waits for the next slot. Dropping the future gives up the wait (the
+    /// slot stays taken).
+    pub async fn acquire(&self) -> Result<Duration, sqlx::Error> {
+        let wait = self.reserve().await?;
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
+        }
+        Ok(wait)
+    }
+}
+
+/// The Metal client's minimum interval between calls, held across every
+/// process of the cluster.
+#[derive(Debug, Clone)]
+pub struct ClusterPacer(pub Arc<Limiter>);
+
+impl Pacer for ClusterPacer {
+    fn wait_turn(&self) -> PacerFuture<'_> {
+        Box::pin(async move {
+            self.0
+                .acquire()
+                .await
+                .map(|_| ())
+                .map_err(|e| format!("the API pacer's database is unreachable: {e}"))
+        })
+    }
+}

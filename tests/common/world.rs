@@ -1,0 +1,202 @@
+//! A provisioning world for handler-level tests: real Postgres, the fake
+//! Metal server over HTTP, the job handlers, and a test driver that claims
+//! jobs from the real queue table and runs them one by one.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use shepherd::config::{JobRetry, ProvisionerConfig, Rate};
+use shepherd::jobs::assimilate::{AssimilateOutcome, assimilate};
+use shepherd::jobs::create_device::{CreateOutcome, create_device};
+use shepherd::jobs::reconcile::{ReconcileOutcome, reconcile};
+use shepherd::jobs::{AssimilateArgs, CreateDeviceArgs, JobContext};
+use shepherd::limiter::{DEVICE_CREATION, Limiter};
+use shepherd::metal::fake::{FakeConfig, FakeMetal};
+use sqlx::PgPool;
+
+use super::{client_for, fake_config, migrated, start_fake};
+
+pub const PUBLIC_KEY: &str =
+    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGV4YW1wbGUta2V5LWZvci10ZXN0cw shepherd-test";
+
+pub fn fast_config() -> ProvisionerConfig {
+    let quick = JobRetry {
+        max_attempts: 3,
+        initial_backoff: Duration::from_secs(0),
+        factor: 1.0,
+        max_backoff: Duration::from_secs(0),
+        timeout: Duration::from_secs(30),
+    };
+    ProvisionerConfig {
+        device_creation_rate: Rate::UNLIMITED,
+        create_retry: quick,
+        assimilate_retry: quick,
+        ..ProvisionerConfig::default()
+    }
+}
+
+/// What running one job did.
+#[derive(Debug)]
+pub enum Ran {
+    Create(CreateOutcome),
+    Assimilate(AssimilateOutcome),
+}
+
+pub struct World {
+    pub pool: PgPool,
+    pub fake: FakeMetal,
+    pub ctx: Arc<JobContext>,
+}
+
+impl World {
+    pub async fn new(pool: PgPool, fake: FakeConfig, config: ProvisionerConfig) -> World {
+        migrated(&pool).await;
+        let project = fake.project_id;
+        let fake = start_fake(fake).await;
+        let client = client_for(&fake, project);
+        let limiter = Limiter::new(pool.clone(), DEVICE_CREATION, config.device_creation_rate);
+        let ctx = Arc::new(JobContext::new(
+            pool.clone(),
+            client,
+            Arc::new(config),
+            limiter,
+            PUBLIC_KEY.to_string(),
+        ));
+        World { pool, fake, ctx }
+    }
+
+    pub async fn with(pool: PgPool, reservations: usize, config: ProvisionerConfig) -> World {
+        World::new(pool, fake_config(reservations), config).await
+    }
+
+    pub async fn reconcile(&self) -> ReconcileOutcome {
+        reconcile(&self.ctx, "test-reconcile")
+            .await
+            .expect("the pass runs")
+    }
+
+    /// Claims the next runnable CreateDevice or Assimilate job, as a worker
+    /// would, and runs it. `None` when nothing is runnable.
+    pub async fn run_next(&self) -> Option<Ran> {
+        let row: Option<(String, String, serde_json::Value)> = sqlx::query_as(
+            "update apalis.jobs j set status = 'Running', attempts = attempts + 1
+             from (select id from apalis.jobs
+                   where job_type in ('create_device', 'assimilate') and status = 'Pending'
+                     and run_at <= now()
+                   order by run_at, id limit 1 for update skip locked) next
+             where j.id = next.id
+             returning j.id, j.job_type, convert_from(j.job, 'UTF8')::jsonb",
+        )
+        .fetch_optional(&self.pool)
+        .await
+        .unwrap();
+        let (id, kind, args) = row?;
+        let ran = match kind.as_str() {
+            "create_device" => {
+                let args: CreateDeviceArgs = serde_json::from_value(args).unwrap();
+                Ran::Create(create_device(&self.ctx, &args, &id).await.unwrap())
+            }
+            _ => {
+                let args: AssimilateArgs = serde_json::from_value(args).unwrap();
+                Ran::Assimilate(assimilate(&self.ctx, &args, &id).await.unwrap())
+            }
+        };
+        sqlx::query("update apalis.jobs set status = 'Done', done_at = now() where id = $1")
+            .bind(&id)
+            .execute(&self.pool)
+            .await
+            .unwrap();
+        Some(ran)
+    }
+
+    /// Runs jobs until none is runnable, checking the capacity invariant
+    /// after every one. Returns what ran.
+    pub async fn drain(&self) -> Vec<Ran> {
+        let mut ran = Vec::new();
+        while let Some(r) = self.run_next().await {
+            self.assert_within_limit().await;
+            ran.push(r);
+        }
+        ran
+    }
+
+    pub async fn count(&self, sql: &'static str) -> i64 {
+        sqlx::query_scalar(sql).fetch_one(&self.pool).await.unwrap()
+    }
+
+    pub async fn managed(&self) -> i64 {
+        self.count("select count(*) from shepherd.managed_machines")
+            .await
+    }
+
+    pub async fn in_flight(&self) -> i64 {
+        self.count(
+            "select (select count(*) from shepherd.pending_creations)
+                  + (select count(*) from shepherd.unassimilated_devices)",
+        )
+        .await
+    }
+
+    /// Invariant 2: managed + in flight never exceeds max_machines.
+    pub async fn assert_within_limit(&self) {
+        let max = self.ctx.config.max_machines as i64;
+        if max > 0 {
+            let (m, f) = (self.managed().await, self.in_flight().await);
+            assert!(m + f <= max, "managed {m} + in flight {f} > max {max}");
+        }
+    }
+
+    /// Invariant 1 and 3 against the fake's state: no reservation has two
+    /// of our devices, and every device with our prefix is managed.
+    pub async fn assert_fleet_consistent(&self) {
+        let prefix = &self.ctx.config.device_prefix;
+        let devices = self.fake.devices();
+        let ours: Vec<_> = devices
+            .iter()
+            .filter(|d| d.hostname.starts_with(prefix.as_str()))
+            .collect();
+        let mut reservations: Vec<_> = ours.iter().filter_map(|d| d.reservation).collect();
+        let n = reservations.len();
+        reservations.sort();
+        reservations.dedup();
+        assert_eq!(
+            reservations.len(),
+            n,
+            "a reservation has two devices of ours"
+        );
+        let managed: Vec<String> =
+            sqlx::query_scalar("select provider_id from shepherd.managed_machines")
+                .fetch_all(&self.pool)
+                .await
+                .unwrap();
+        for d in &ours {
+            assert!(
+                managed.contains(&d.id.to_string()),
+                "device {} is not managed",
+                d.id
+            );
+        }
+        for m in &managed {
+            assert!(
+                devices.iter().any(|d| d.id.to_string() == *m),
+                "machine {m} has no device"
+            );
+        }
+    }
+
+    pub async fn jobs(&self, kind: &str) -> i64 {
+        sqlx::query_scalar("select count(*) from apalis.jobs where job_type = $1")
+            .bind(kind)
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
+    }
+
+    pub async fn events(&self, event_type: &str) -> i64 {
+        sqlx::query_scalar("select count(*) from shepherd.events where event_type = $1")
+            .bind(event_type)
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
+    }
+}

@@ -1,0 +1,515 @@
+//! The provisioner's behaviour, pass by pass: the seed's smoke test, the
+//! limit, discrepancies, penalties, lost races, ambiguous creates, and
+//! concurrent passes with manual jobs. Jobs are claimed from the real queue
+//! table and run by their handlers; the fake Metal server answers over HTTP.
+
+mod common;
+
+use std::time::Duration;
+
+use chrono::Utc;
+use common::world::*;
+use common::{fake_config, next};
+use shepherd::config::ProvisionerConfig;
+use shepherd::jobs::create_device::CreateOutcome;
+use shepherd::jobs::{AssimilateArgs, CreateDeviceArgs, queue};
+use shepherd::metal::Operation;
+use shepherd::metal::fake::FaultKind;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+fn config(max_machines: u64, chunk_size: u64) -> ProvisionerConfig {
+    ProvisionerConfig {
+        max_machines,
+        chunk_size,
+        ..fast_config()
+    }
+}
+
+#[sqlx::test(migrations = false)]
+async fn the_seeds_smoke_test_reaches_the_limit_in_three_passes(pool: PgPool) {
+    let w = World::with(pool, 100, config(10, 4)).await;
+    let mut per_pass = Vec::new();
+    for _ in 0..5 {
+        let pass = w.reconcile().await;
+        assert!(pass.refused.is_none(), "{pass:?}");
+        per_pass.push(pass.enqueued.len());
+        w.drain().await;
+    }
+    assert_eq!(per_pass, vec![4, 4, 2, 0, 0]);
+    assert_eq!(w.managed().await, 10);
+    assert_eq!(w.in_flight().await, 0);
+    assert_eq!(w.fake.devices().len(), 10);
+    w.assert_fleet_consistent().await;
+}
+
+#[sqlx::test(migrations = false)]
+async fn at_the_limit_a_pass_lists_no_reservations_and_enqueues_nothing(pool: PgPool) {
+    let w = World::with(pool, 10, config(3, 20)).await;
+    w.reconcile().await;
+    w.drain().await;
+    assert_eq!(w.managed().await, 3);
+    let lists = w.fake.calls(Operation::FindProjectHardwareReservations);
+    let jobs = w.jobs("create_device").await;
+    let pass = w.reconcile().await;
+    assert!(pass.at_limit && !pass.listed_reservations, "{pass:?}");
+    assert!(pass.enqueued.is_empty());
+    assert_eq!(
+        w.fake.calls(Operation::FindProjectHardwareReservations),
+        lists
+    );
+    assert_eq!(w.jobs("create_device").await, jobs);
+}
+
+#[sqlx::test(migrations = false)]
+async fn no_limit_provisions_every_provisionable_reservation(pool: PgPool) {
+    let mut fake = fake_config(30);
+    fake.not_provisionable_every = 5;
+    let w = World::new(pool, fake, config(0, 100)).await;
+    w.reconcile().await;
+    w.drain().await;
+    let provisionable = 30 - 6;
+    assert_eq!(w.managed().await, provisionable);
+    let pass = w.reconcile().await;
+    assert!(pass.enqueued.is_empty() && !pass.at_limit);
+    w.assert_fleet_consistent().await;
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_vanished_device_is_a_discrepancy_and_stops_work(pool: PgPool) {
+    let w = World::with(pool, 10, config(4, 2)).await;
+    w.reconcile().await;
+    w.drain().await;
+    let gone: Uuid = sqlx::query_scalar::<_, String>(
+        "select provider_id from shepherd.managed_machines limit 1",
+    )
+    .fetch_one(&w.pool)
+    .await
+    .unwrap()
+    .parse()
+    .unwrap();
+    assert!(w.fake.delete_device(gone));
+    let jobs = w.jobs("create_device").await;
+    let pass = w.reconcile().await;
+    assert!(pass.refused.is_some());
+    assert_eq!(pass.missing_devices, vec![gone]);
+    assert_eq!(w.jobs("create_device").await, jobs, "nothing enqueued");
+    assert_eq!(w.events("discrepancy_found").await, 1);
+    assert_eq!(w.events("reconcile_refused").await, 1);
+}
+
+#[sqlx::test(migrations = false)]
+async fn an_unwitnessed_prefixed_device_is_a_discrepancy_unless_assimilate_is_on(pool: PgPool) {
+    let w = World::with(pool.clone(), 10, config(5, 5)).await;
+    let r = w.fake.reservations()[0].id;
+    let stranger = w.fake.add_foreign_device(r, "shepherd-handmade", vec![]);
+    let pass = w.reconcile().await;
+    assert_eq!(pass.unknown_devices, vec![stranger]);
+    assert!(pass.enqueued.is_empty() && pass.refused.is_some());
+    assert_eq!(w.jobs("create_device").await, 0);
+
+    // The same world with assimilate on: the device is adopted.
+    let mut ctx_config = (*w.ctx.config).clone();
+    ctx_config.assimilate = true;
+    let w2 = World {
+        pool: w.pool.clone(),
+        fake: w.fake,
+        ctx: std::sync::Arc::new(shepherd::jobs::JobContext::new(
+            w.pool.clone(),
+            w.ctx.metal.clone(),
+            std::sync::Arc::new(ctx_config),
+            w.ctx.creation_limiter.clone(),
+            PUBLIC_KEY.into(),
+        )),
+    };
+    let pass = w2.reconcile().await;
+    assert_eq!(pass.adopted, vec![stranger]);
+    assert!(pass.refused.is_none(), "{pass:?}");
+    w2.drain().await;
+    let managed: Vec<String> =
+        sqlx::query_scalar("select provider_id from shepherd.managed_machines")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert!(managed.contains(&stranger.to_string()));
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_witnessed_orphan_is_adopted_not_a_reason_to_halt(pool: PgPool) {
+    let w = World::with(pool, 10, config(5, 5)).await;
+    let r = w.fake.reservations()[0].id;
+    // A device made by an earlier run that crashed before recording it.
+    let orphan = w.fake.add_foreign_device(
+        r,
+        "shepherd-orphan",
+        vec![shepherd::metal::Witness::new(Uuid::new_v4()).tag()],
+    );
+    let pass = w.reconcile().await;
+    assert!(pass.refused.is_none(), "{pass:?}");
+    assert_eq!(pass.adopted, vec![orphan]);
+    w.drain().await;
+    w.assert_fleet_consistent().await;
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_permanent_failure_penalises_the_reservation_until_it_expires(pool: PgPool) {
+    let mut c = config(1, 1);
+    c.penalty.initial = Duration::from_secs(2);
+    c.penalty.max = Duration::from_secs(2);
+    let w = World::with(pool, 3, c).await;
+    w.fake.set_faults(next(
+        Operation::CreateDevice,
+        1,
+        FaultKind::Status { status: 422 },
+    ));
+    let first = w.reconcile().await.enqueued[0];
+    let ran = w.drain().await;
+    assert!(
+        matches!(&ran[0], Ran::Create(CreateOutcome::GivenUp { .. })),
+        "{ran:?}"
+    );
+    let (cause, failures): (String, i32) =
+        sqlx::query_as("select cause, failures from shepherd.sinbin where reservation_id = $1")
+            .bind(first)
+            .fetch_one(&w.pool)
+            .await
+            .unwrap();
+    assert!(cause.contains("422"), "{cause}");
+    assert_eq!(failures, 1);
+    // The next pass skips it and takes another.
+    let second = w.reconcile().await.enqueued;
+    assert_eq!(second.len(), 1);
+    assert_ne!(second[0], first);
+    w.drain().await;
+    // With the limit raised and the penalty expired, it is tried again.
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    let mut c = (*w.ctx.config).clone();
+    c.max_machines = 3;
+    let w = World {
+        ctx: std::sync::Arc::new(shepherd::jobs::JobContext::new(
+            w.pool.clone(),
+            w.ctx.metal.clone(),
+            std::sync::Arc::new(c),
+            w.ctx.creation_limiter.clone(),
+            PUBLIC_KEY.into(),
+        )),
+        ..w
+    };
+    let third = w.reconcile().await.enqueued;
+    assert!(third.contains(&first), "{third:?}");
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_lost_race_penalises_and_leaves_no_device_of_ours(pool: PgPool) {
+    let w = World::with(pool, 3, config(1, 1)).await;
+    let r = w.reconcile().await.enqueued[0];
+    w.fake.set_faults(next(
+        Operation::FindHardwareReservationById,
+        1,
+        FaultKind::StealReservation,
+    ));
+    let ran = w.drain().await;
+    assert!(
+        matches!(&ran[0], Ran::Create(CreateOutcome::RaceLost { .. })),
+        "{ran:?}"
+    );
+    let cause: String =
+        sqlx::query_scalar("select cause from shepherd.sinbin where reservation_id = $1")
+            .bind(r)
+            .fetch_one(&w.pool)
+            .await
+            .unwrap();
+    assert!(cause.contains("another party"));
+    let devices = w.fake.devices();
+    assert!(
+        devices
+            .iter()
+            .filter(|d| d.reservation == Some(r))
+            .all(|d| d.created_by_other)
+    );
+    assert_eq!(w.managed().await, 0);
+    assert_eq!(w.in_flight().await, 0);
+}
+
+#[sqlx::test(migrations = false)]
+async fn accept_then_fail_yields_one_device_managed_once(pool: PgPool) {
+    let w = World::with(pool, 3, config(1, 1)).await;
+    w.fake.set_faults(next(
+        Operation::CreateDevice,
+        1,
+        FaultKind::AcceptThenFail { status: 500 },
+    ));
+    let r = w.reconcile().await.enqueued[0];
+    w.drain().await;
+    let on_r: Vec<_> = w
+        .fake
+        .devices()
+        .into_iter()
+        .filter(|d| d.reservation == Some(r))
+        .collect();
+    assert_eq!(on_r.len(), 1);
+    assert_eq!(w.managed().await, 1);
+    assert_eq!(w.fake.calls(Operation::CreateDevice), 1);
+    let recovered: bool = sqlx::query_scalar(
+        "select (body->>'recovered')::bool from shepherd.events where event_type = 'device_created'",
+    )
+    .fetch_one(&w.pool)
+    .await
+    .unwrap();
+    assert!(recovered);
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_transient_failure_is_retried_by_a_delayed_successor(pool: PgPool) {
+    let mut c = config(1, 1);
+    c.create_retry.initial_backoff = Duration::from_secs(30);
+    c.create_retry.max_backoff = Duration::from_secs(60);
+    let w = World::with(pool, 3, c).await;
+    w.fake.set_faults(next(
+        Operation::CreateDevice,
+        1000,
+        FaultKind::Status { status: 503 },
+    ));
+    let mut short_budget = common::client_config(&w.fake, w.fake.project_id());
+    short_budget.retry.max_elapsed = Duration::from_millis(100);
+    let w = World {
+        ctx: std::sync::Arc::new(shepherd::jobs::JobContext::new(
+            w.pool.clone(),
+            shepherd::metal::MetalClient::new(short_budget, Default::default()).unwrap(),
+            w.ctx.config.clone(),
+            w.ctx.creation_limiter.clone(),
+            PUBLIC_KEY.into(),
+        )),
+        ..w
+    };
+    w.reconcile().await;
+    let ran = w.drain().await;
+    assert!(
+        matches!(
+            &ran[0],
+            Ran::Create(CreateOutcome::Retrying {
+                next_attempt: 2,
+                ..
+            })
+        ),
+        "{ran:?}"
+    );
+    // The retry waits in the queue, not in a worker: its run_at is the backoff away
+    // (apalis itself would hand a failed job straight back).
+    let delay: f64 = sqlx::query_scalar(
+        "select extract(epoch from run_at - now())::float8 from apalis.jobs
+         where job_type = 'create_device' and status = 'Pending'",
+    )
+    .fetch_one(&w.pool)
+    .await
+    .unwrap();
+    assert!(delay > 25.0, "the successor runs in {delay}s");
+    assert_eq!(w.in_flight().await, 1, "still in flight while it waits");
+    assert_eq!(w.events("creation_attempt_failed").await, 1);
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_job_run_twice_at_once_makes_one_device(pool: PgPool) {
+    let w = World::with(pool, 3, config(2, 1)).await;
+    w.reconcile().await;
+    let args: serde_json::Value = sqlx::query_scalar(
+        "select convert_from(job, 'UTF8')::jsonb from apalis.jobs where job_type = 'create_device'",
+    )
+    .fetch_one(&w.pool)
+    .await
+    .unwrap();
+    let args: CreateDeviceArgs = serde_json::from_value(args).unwrap();
+    let (a, b) = tokio::join!(
+        shepherd::jobs::create_device::create_device(&w.ctx, &args, "dup-1"),
+        shepherd::jobs::create_device::create_device(&w.ctx, &args, "dup-2"),
+    );
+    let outcomes = [a.unwrap(), b.unwrap()];
+    assert!(
+        outcomes
+            .iter()
+            .any(|o| matches!(o, CreateOutcome::Created { .. })),
+        "{outcomes:?}"
+    );
+    let ours: Vec<_> = w
+        .fake
+        .devices()
+        .into_iter()
+        .filter(|d| d.reservation == Some(args.reservation))
+        .collect();
+    assert_eq!(ours.len(), 1, "{outcomes:?}");
+    w.drain().await;
+    assert_eq!(w.managed().await, 1);
+    w.assert_fleet_consistent().await;
+}
+
+#[sqlx::test(migrations = false)]
+async fn concurrent_passes_and_manual_jobs_never_double_create_or_pass_the_limit(pool: PgPool) {
+    let w = World::with(pool, 40, config(12, 8)).await;
+    let reservations: Vec<Uuid> = w
+        .fake
+        .reservations()
+        .iter()
+        .map(|r| r.id)
+        .take(10)
+        .collect();
+    // Two passes at once, and manual creations for the same reservations,
+    // from SQL (admitted by the handler) and as admitted CLI jobs.
+    let manual = async {
+        for r in &reservations {
+            sqlx::query("select shepherd.enqueue_create_device($1)")
+                .bind(r)
+                .execute(&w.pool)
+                .await
+                .unwrap();
+            let mut tx = w.pool.begin().await.unwrap();
+            queue::admit(&mut tx, &[(*r, Uuid::new_v4())], 12, true, true, None)
+                .await
+                .unwrap();
+            tx.commit().await.unwrap();
+        }
+    };
+    let (a, b, ()) = tokio::join!(w.reconcile(), w.reconcile(), manual);
+    assert!(a.skipped || b.skipped || a.enqueued.len() + b.enqueued.len() <= 12);
+    w.assert_within_limit().await;
+    for _ in 0..4 {
+        let (_, _, ran) = tokio::join!(w.reconcile(), w.reconcile(), w.drain());
+        let _ = ran;
+        w.assert_within_limit().await;
+    }
+    w.drain().await;
+    assert_eq!(w.managed().await, 12);
+    w.assert_fleet_consistent().await;
+    let report = shepherd::events::views::rebuild(&w.pool, false)
+        .await
+        .unwrap();
+    assert_eq!(report.differences, Vec::<String>::new());
+}
+
+#[sqlx::test(migrations = false)]
+async fn manual_jobs_for_unknown_ids_are_refused_and_recorded(pool: PgPool) {
+    let w = World::with(pool, 3, config(5, 5)).await;
+    let unknown = Uuid::new_v4();
+    sqlx::query("select shepherd.enqueue_create_device($1)")
+        .bind(unknown)
+        .execute(&w.pool)
+        .await
+        .unwrap();
+    sqlx::query("select shepherd.enqueue_assimilate($1)")
+        .bind(unknown)
+        .execute(&w.pool)
+        .await
+        .unwrap();
+    let ran = w.drain().await;
+    assert_eq!(ran.len(), 2);
+    assert_eq!(w.events("creation_refused").await, 1);
+    assert_eq!(w.events("assimilation_rejected").await, 1);
+    assert_eq!(w.fake.calls(Operation::CreateDevice), 0);
+    assert_eq!(w.managed().await + w.in_flight().await, 0);
+    // A malformed id never gets that far.
+    let err = sqlx::query("select shepherd.enqueue_create_device('not-a-uuid')")
+        .execute(&w.pool)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("uuid"), "{err}");
+}
+
+#[sqlx::test(migrations = false)]
+async fn assimilating_a_managed_device_is_a_recorded_no_op(pool: PgPool) {
+    let w = World::with(pool, 3, config(1, 1)).await;
+    w.reconcile().await;
+    w.drain().await;
+    let device: Uuid =
+        sqlx::query_scalar::<_, String>("select provider_id from shepherd.managed_machines")
+            .fetch_one(&w.pool)
+            .await
+            .unwrap()
+            .parse()
+            .unwrap();
+    let mut tx = w.pool.begin().await.unwrap();
+    let args = AssimilateArgs {
+        device,
+        reservation: None,
+        manual: true,
+        attempt: 1,
+    };
+    queue::push_assimilate(&mut tx, &args, None).await.unwrap();
+    tx.commit().await.unwrap();
+    w.drain().await;
+    assert_eq!(w.managed().await, 1);
+    assert_eq!(w.events("assimilation_skipped").await, 1);
+}
+
+#[sqlx::test(migrations = false)]
+async fn the_queue_refuses_poison_rows_from_sql(pool: PgPool) {
+    common::migrated(&pool).await;
+    for (id, body) in [
+        ("not-a-ulid", r#"{"reservation": "x"}"#),
+        ("01KBM3ZB8CVZ3R6Q0X2JZ5M0AA", "not json at all"),
+        ("01KBM3ZB8CVZ3R6Q0X2JZ5M0AB", "[1, 2]"),
+    ] {
+        let err = sqlx::query(
+            "insert into apalis.jobs (id, job_type, job) values ($1, 'create_device', convert_to($2, 'UTF8'))",
+        )
+        .bind(id)
+        .bind(body)
+        .execute(&pool)
+        .await
+        .unwrap_err();
+        assert!(
+            err.to_string().contains("enqueue with shepherd.enqueue_"),
+            "{err}"
+        );
+    }
+    let jobs: i64 = sqlx::query_scalar("select count(*) from apalis.jobs")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(jobs, 0);
+}
+
+#[sqlx::test(migrations = false)]
+async fn successor_keys_are_scoped_so_later_attempts_are_not_blocked(pool: PgPool) {
+    common::migrated(&pool).await;
+    let args = CreateDeviceArgs {
+        reservation: Uuid::new_v4(),
+        request: Uuid::new_v4(),
+        attempt: 1,
+        admitted: true,
+    };
+    let mut tx = pool.begin().await.unwrap();
+    assert!(
+        queue::push_create_device(&mut tx, &args, None)
+            .await
+            .unwrap()
+            .is_some()
+    );
+    // The same push again (a retried transaction) is a no-op, not an error.
+    assert!(
+        queue::push_create_device(&mut tx, &args, None)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    // The next attempt, and a new request for the same reservation, go through.
+    let second = CreateDeviceArgs {
+        attempt: 2,
+        ..args.clone()
+    };
+    assert!(
+        queue::push_create_device(&mut tx, &second, Some(Utc::now()))
+            .await
+            .unwrap()
+            .is_some()
+    );
+    let again = CreateDeviceArgs {
+        request: Uuid::new_v4(),
+        ..args
+    };
+    assert!(
+        queue::push_create_device(&mut tx, &again, None)
+            .await
+            .unwrap()
+            .is_some()
+    );
+    tx.commit().await.unwrap();
+}

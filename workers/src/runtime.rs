@@ -1,0 +1,281 @@
+//! Binding the job handlers to apalis queues and running them as a process.
+//!
+//! One apalis worker per job kind, each supervised: apalis lets any database
+//! error (a restart of Postgres, a dropped connection) end a worker for good,
+//! so each is rebuilt after a backoff under a fresh name (a reused name is
+//! refused while the dead one's advisory lock lingers). Batches are of one
+//! job: apalis neither heartbeats nor acknowledges while fetched jobs wait in
+//! its buffer, and a silent worker's jobs are run again by others.
+//!
+//! Job arguments decode leniently: a row whose JSON does not fit its kind
+//! ends as Killed with the reason in `last_result`, instead of stopping the
+//! worker that claimed it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use apalis::prelude::*;
+use apalis_postgres::{Config, PostgresStorage};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use shepherd::jobs::{self, AssimilateArgs, CreateDeviceArgs, JobContext, JobError, ReconcileArgs};
+use sqlx::PgPool;
+use tokio::sync::watch;
+use tracing::Instrument;
+
+/// Job arguments that always decode, so a bad row fails its job, not the worker.
+#[derive(Debug, Clone)]
+pub enum Lenient<T> {
+    Ok(T),
+    Invalid {
+        raw: serde_json::Value,
+        error: String,
+    },
+}
+
+impl<T: Serialize> Serialize for Lenient<T> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Lenient::Ok(t) => t.serialize(s),
+            Lenient::Invalid { raw, .. } => raw.serialize(s),
+        }
+    }
+}
+
+impl<'de, T: DeserializeOwned> Deserialize<'de> for Lenient<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let raw = serde_json::Value::deserialize(d)?;
+        Ok(match T::deserialize(&raw) {
+            Ok(t) => Lenient::Ok(t),
+            Err(e) => Lenient::Invalid {
+                raw,
+                error: e.to_string(),
+            },
+        })
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct RuntimeOptions {
+    /// Host and pid, unique per process: apalis registers workers by name.
+    pub process_name: String,
+    pub reconcile_concurrency: usize,
+    pub create_concurrency: usize,
+    pub assimilate_concurrency: usize,
+    pub heartbeat: Duration,
+    pub missed_heartbeats: u32,
+    /// Fallback wake-up for delayed jobs and missed notifications.
+    pub poll_interval: Duration,
+    /// After a shutdown signal, how long running jobs may take before they
+    /// are dropped and their rows released for other workers.
+    pub drain_timeout: Duration,
+}
+
+/// Shutdown as a value every loop can wait on.
+#[derive(Clone)]
+pub struct Stop(watch::Receiver<bool>);
+
+impl Stop {
+    pub fn new() -> (watch::Sender<bool>, Stop) {
+        let (tx, rx) = watch::channel(false);
+        (tx, Stop(rx))
+    }
+
+    pub fn is_stopping(&self) -> bool {
+        *self.0.borrow()
+    }
+
+    pub async fn wait(mut self) {
+        let _ = self.0.wait_for(|stop| *stop).await;
+    }
+}
+
+#[derive(Clone)]
+struct Shared {
+    ctx: Arc<JobContext>,
+    stop: Stop,
+    drain_timeout: Duration,
+}
+
+/// Runs the handler; on shutdown, lets it finish within the drain timeout,
+/// then drops it. A dropped handler's transaction rolls back and its job is
+/// left Failed with attempts to spare, so another worker takes it up; every
+/// handler is idempotent, so a half-done run is safe to repeat.
+async fn guarded<T>(
+    shared: &Shared,
+    fut: impl std::future::Future<Output = Result<T, JobError>>,
+) -> Result<T, BoxDynError> {
+    let stop = shared.stop.clone();
+    let drain = shared.drain_timeout;
+    let deadline = async move {
+        stop.wait().await;
+        tokio::time::sleep(drain).await;
+    };
+    tokio::select! {
+        r = fut => match r {
+            Ok(v) => Ok(v),
+            Err(JobError::BadArgs(e)) => Err(AbortError::new(e).into()),
+            Err(e) => {
+                // The database is most likely away; don't let the queue
+                // hand the job straight back while it still is.
+                tracing::error!(error = %e, "job failed on infrastructure; it will be retried");
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                Err(e.into())
+            }
+        },
+        _ = deadline => Err("the worker shut down before the job finished; released for retry".into()),
+    }
+}
+
+fn decode<T>(args: Lenient<T>) -> Result<T, BoxDynError> {
+    match args {
+        Lenient::Ok(t) => Ok(t),
+        Lenient::Invalid { raw, error } => {
+            tracing::error!(%raw, %error, "job arguments do not decode; the job is killed");
+            Err(AbortError::new(format!("undecodable arguments {raw}: {error}")).into())
+        }
+    }
+}
+
+async fn reconcile_job(
+    args: Lenient<ReconcileArgs>,
+    task_id: TaskId,
+    shared: Data<Shared>,
+) -> Result<String, BoxDynError> {
+    let job_id = task_id.to_string();
+    let args = decode(args)?;
+    let span = tracing::info_span!("job", kind = "reconcile", job_id = %job_id, requested_by = %args.requested_by);
+    let outcome = guarded(&shared, jobs::reconcile::reconcile(&shared.ctx, &job_id))
+        .instrument(span)
+        .await?;
+    Ok(format!("{outcome:?}"))
+}
+
+async fn create_device_job(
+    args: Lenient<CreateDeviceArgs>,
+    task_id: TaskId,
+    shared: Data<Shared>,
+) -> Result<String, BoxDynError> {
+    let job_id = task_id.to_string();
+    let args = decode(args)?;
+    let span = tracing::info_span!("job", kind = "create_device", job_id = %job_id, reservation = %args.reservation, attempt = args.attempt);
+    let outcome = guarded(
+        &shared,
+        jobs::create_device::create_device(&shared.ctx, &args, &job_id),
+    )
+    .instrument(span.clone())
+    .await?;
+    span.in_scope(|| tracing::info!(?outcome, "create_device finished"));
+    Ok(format!("{outcome:?}"))
+}
+
+async fn assimilate_job(
+    args: Lenient<AssimilateArgs>,
+    task_id: TaskId,
+    shared: Data<Shared>,
+) -> Result<String, BoxDynError> {
+    let job_id = task_id.to_string();
+    let args = decode(args)?;
+    let span =
+        tracing::info_span!("job", kind = "assimilate", job_id = %job_id, device = %args.device);
+    let outcome = guarded(
+        &shared,
+        jobs::assimilate::assimilate(&shared.ctx, &args, &job_id),
+    )
+    .instrument(span.clone())
+    .await?;
+    span.in_scope(|| tracing::info!(?outcome, "assimilate finished"));
+    Ok(format!("{outcome:?}"))
+}
+
+fn config(queue: &str, opts: &RuntimeOptions) -> Config {
+    Config::default()
+        .queue(queue)
+        .batch_size(1)
+        .heartbeat_interval(opts.heartbeat)
+        .missed_heartbeats(opts.missed_heartbeats as usize)
+}
+
+/// Builds and runs one kind's worker until shutdown, rebuilding it after a
+/// backoff whenever apalis gives up on it.
+macro_rules! supervise {
+    ($pool:expr, $shared:expr, $opts:expr, $queue:expr, $args:ty, $handler:expr, $concurrency:expr) => {{
+        let pool: PgPool = $pool.clone();
+        let shared: Shared = $shared.clone();
+        let opts: RuntimeOptions = $opts.clone();
+        async move {
+            let mut generation = 0u32;
+            loop {
+                let name = format!("{}@{}#{}", $queue, opts.process_name, generation);
+                let backend = PostgresStorage::<Lenient<$args>>::new(&pool)
+                    .with_config(config($queue, &opts))
+                    .with_pubsub()
+                    .poll_with_interval(opts.poll_interval);
+                let worker = WorkerBuilder::new(name.clone())
+                    .backend(backend)
+                    .data(shared.clone())
+                    .concurrency($concurrency)
+                    .build($handler);
+                let stop = shared.stop.clone();
+                let result = worker
+                    .run_until(async move {
+                        stop.wait().await;
+                        Ok::<(), std::io::Error>(())
+                    })
+                    .await;
+                if shared.stop.is_stopping() {
+                    tracing::info!(worker = %name, "worker stopped");
+                    break;
+                }
+                let backoff = Duration::from_secs(u64::from(2u32.pow(generation.min(4))));
+                match result {
+                    Ok(()) => tracing::warn!(worker = %name, "worker ended; restarting"),
+                    Err(e) => tracing::error!(worker = %name, error = %e, retry_in = ?backoff, "worker failed (database unreachable?); restarting"),
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff) => {}
+                    _ = shared.stop.clone().wait() => break,
+                }
+                generation += 1;
+            }
+        }
+    }};
+}
+
+/// Runs the three workers until `stop`; returns when all have drained.
+pub async fn run(pool: PgPool, ctx: Arc<JobContext>, opts: RuntimeOptions, stop: Stop) {
+    let shared = Shared {
+        ctx,
+        stop,
+        drain_timeout: opts.drain_timeout,
+    };
+    tokio::join!(
+        supervise!(
+            pool,
+            shared,
+            opts,
+            jobs::RECONCILE_QUEUE,
+            ReconcileArgs,
+            reconcile_job,
+            opts.reconcile_concurrency
+        ),
+        supervise!(
+            pool,
+            shared,
+            opts,
+            jobs::CREATE_DEVICE_QUEUE,
+            CreateDeviceArgs,
+            create_device_job,
+            opts.create_concurrency
+        ),
+        supervise!(
+            pool,
+            shared,
+            opts,
+            jobs::ASSIMILATE_QUEUE,
+            AssimilateArgs,
+            assimilate_job,
+            opts.assimilate_concurrency
+        ),
+    );
+}

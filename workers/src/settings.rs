@@ -1,0 +1,249 @@
+//! Flags and environment variables for the Metal API connection and the
+//! provisioner, mapped onto the domain's typed settings. Defaults are the
+//! seed's. The API token is read from the environment or a file, never from
+//! a flag value that `ps` would show.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::Args;
+use shepherd::config::{
+    ASSIMILATE_RETRY_DEFAULT, CREATE_RETRY_DEFAULT, ConfigError, JobRetry, ProvisionerConfig, Rate,
+    parse_duration,
+};
+use shepherd::events::views::PenaltyPolicy;
+use shepherd::limiter::{self, ClusterPacer, Limiter};
+use shepherd::metal::client::BASE_URL_DEFAULT;
+use shepherd::metal::{ClientConfig, ClientMetrics, LocalPacer, MetalClient, Pacer, RetrySettings};
+use shepherd::secret::ApiToken;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+#[derive(Debug, Clone, Args)]
+pub struct MetalArgs {
+    /// Base URL of the Metal API
+    #[arg(long, env = "METAL_API_URL", default_value = BASE_URL_DEFAULT)]
+    pub metal_api_url: String,
+
+    /// Project whose reservations shepherd provisions
+    #[arg(long = "project", env = "METAL_PROJECT_ID")]
+    pub project: Option<Uuid>,
+
+    /// File holding the API token (else METAL_AUTH_TOKEN is read)
+    #[arg(long, env = "METAL_AUTH_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
+
+    /// Metal API calls in flight at once, per process
+    #[arg(long, env = "SHEPHERD_API_PARALLELISM", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    pub api_parallelism: u32,
+
+    /// Minimum time between the starts of two API calls, across the cluster
+    #[arg(long, env = "SHEPHERD_API_RATE", default_value = "2s", value_parser = parse_duration)]
+    pub api_rate: Duration,
+
+    /// Budget of one API attempt
+    #[arg(long, env = "SHEPHERD_API_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    pub api_timeout: Duration,
+
+    /// Total time one API call may spend retrying transient failures
+    #[arg(long, env = "SHEPHERD_API_RETRY_BUDGET", default_value = "15m", value_parser = parse_duration)]
+    pub api_retry_budget: Duration,
+
+    /// Page size of listings (1 to 1000)
+    #[arg(long, env = "SHEPHERD_API_PER_PAGE", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub per_page: u32,
+}
+
+impl MetalArgs {
+    pub fn token(&self) -> anyhow::Result<ApiToken> {
+        let token = match &self.token_file {
+            Some(path) => std::fs::read_to_string(path)
+                .with_context(|| format!("METAL_AUTH_TOKEN_FILE: cannot read {}", path.display()))?,
+            None => std::env::var("METAL_AUTH_TOKEN").map_err(|_| {
+                anyhow::anyhow!(
+                    "METAL_AUTH_TOKEN: not set (set it, or point METAL_AUTH_TOKEN_FILE at a file holding the token)"
+                )
+            })?,
+        };
+        let token = ApiToken::new(token.trim());
+        if token.is_empty() {
+            bail!("METAL_AUTH_TOKEN: the token is empty");
+        }
+        Ok(token)
+    }
+
+    pub fn project(&self) -> anyhow::Result<Uuid> {
+        self.project
+            .context("METAL_PROJECT_ID (--project): not set; shepherd needs the project's id")
+    }
+
+    pub fn client_config(&self) -> anyhow::Result<ClientConfig> {
+        let mut config = ClientConfig::new(&self.metal_api_url, self.project()?, self.token()?);
+        config.parallelism = self.api_parallelism as usize;
+        config.api_rate = self.api_rate;
+        config.attempt_timeout = self.api_timeout;
+        config.per_page = self.per_page;
+        config.retry = RetrySettings {
+            max_elapsed: self.api_retry_budget,
+            ..RetrySettings::default()
+        };
+        Ok(config)
+    }
+
+    /// A client whose minimum interval holds across every process sharing
+    /// `pool` (or only this one, without a database).
+    pub fn client(
+        &self,
+        pool: Option<&PgPool>,
+        metrics: ClientMetrics,
+    ) -> anyhow::Result<MetalClient> {
+        let config = self.client_config()?;
+        let pacer: Arc<dyn Pacer> = match pool {
+            Some(pool) if !config.api_rate.is_zero() => {
+                Arc::new(ClusterPacer(Arc::new(Limiter::new(
+                    pool.clone(),
+                    limiter::METAL_API,
+                    Rate {
+                        interval: config.api_rate,
+                        burst: 1,
+                    },
+                ))))
+            }
+            _ => Arc::new(LocalPacer::new(config.api_rate)),
+        };
+        Ok(MetalClient::with_pacer(config, metrics, pacer)?)
+    }
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ProvisionerArgs {
+    /// Hostname prefix of managed devices
+    #[arg(long, env = "SHEPHERD_DEVICE_PREFIX", default_value = "shepherd-")]
+    pub device_prefix: String,
+
+    /// OS slug for new devices
+    #[arg(long, env = "SHEPHERD_OS", default_value = "ubuntu_20_04")]
+    pub os: String,
+
+    /// Limit of managed machines plus creations in flight (0: no limit)
+    #[arg(long, env = "SHEPHERD_MAX_MACHINES", default_value_t = 50)]
+    pub max_machines: u64,
+
+    /// Reservations one reconcile pass may take
+    #[arg(long, env = "SHEPHERD_CHUNK_SIZE", default_value_t = 20)]
+    pub chunk_size: u64,
+
+    /// Adopt prefixed devices shepherd does not manage instead of refusing to work
+    #[arg(long, env = "SHEPHERD_ASSIMILATE")]
+    pub assimilate: bool,
+
+    /// Reconcile passes: INTERVAL,BURST
+    #[arg(long, env = "SHEPHERD_RECONCILE_RATE", default_value = "1m,1")]
+    pub reconcile_rate: Rate,
+
+    /// Device creations across the cluster: INTERVAL,BURST (0s,1: no limit)
+    #[arg(long, env = "SHEPHERD_DEVICE_CREATION_RATE", default_value = "5s,1")]
+    pub device_creation_rate: Rate,
+
+    /// Label of the managed SSH key
+    #[arg(long, env = "SHEPHERD_SSH_KEY_LABEL", default_value = "shepherd")]
+    pub ssh_key_label: String,
+
+    /// File with the public SSH key put on every device
+    #[arg(long, env = "SHEPHERD_SSH_PUBLIC_KEY_FILE")]
+    pub ssh_public_key_file: Option<PathBuf>,
+
+    /// Penalty of a reservation whose creation failed
+    #[arg(long, env = "SHEPHERD_PENALTY", default_value = "1h", value_parser = parse_duration)]
+    pub penalty: Duration,
+
+    /// Growth of the penalty per consecutive failure (1: fixed)
+    #[arg(long, env = "SHEPHERD_PENALTY_FACTOR", default_value_t = 1.0)]
+    pub penalty_factor: f64,
+
+    /// Longest penalty when it grows
+    #[arg(long, env = "SHEPHERD_PENALTY_MAX", default_value = "24h", value_parser = parse_duration)]
+    pub penalty_max: Duration,
+
+    /// Attempts of one device creation
+    #[arg(long, env = "SHEPHERD_CREATE_ATTEMPTS", default_value_t = CREATE_RETRY_DEFAULT.max_attempts)]
+    pub create_attempts: u32,
+
+    /// First backoff between creation attempts (doubling, at most 10m)
+    #[arg(long, env = "SHEPHERD_CREATE_BACKOFF", default_value = "30s", value_parser = parse_duration)]
+    pub create_backoff: Duration,
+
+    /// Budget of one creation attempt, limiter wait included
+    #[arg(long, env = "SHEPHERD_CREATE_TIMEOUT", default_value = "10m", value_parser = parse_duration)]
+    pub create_timeout: Duration,
+
+    /// Attempts of one assimilation
+    #[arg(long, env = "SHEPHERD_ASSIMILATE_ATTEMPTS", default_value_t = ASSIMILATE_RETRY_DEFAULT.max_attempts)]
+    pub assimilate_attempts: u32,
+
+    /// First backoff between assimilation attempts (doubling, at most 5m)
+    #[arg(long, env = "SHEPHERD_ASSIMILATE_BACKOFF", default_value = "5s", value_parser = parse_duration)]
+    pub assimilate_backoff: Duration,
+}
+
+impl ProvisionerArgs {
+    pub fn config(&self) -> Result<ProvisionerConfig, ConfigError> {
+        if !(self.penalty_factor.is_finite() && self.penalty_factor >= 1.0) {
+            return Err(ConfigError::new(
+                "penalty factor (--penalty-factor)",
+                format!("{} must be 1 or more", self.penalty_factor),
+            ));
+        }
+        let config = ProvisionerConfig {
+            device_prefix: self.device_prefix.clone(),
+            os: self.os.clone(),
+            max_machines: self.max_machines,
+            chunk_size: self.chunk_size,
+            assimilate: self.assimilate,
+            reconcile_rate: self.reconcile_rate,
+            device_creation_rate: self.device_creation_rate,
+            ssh_key_label: self.ssh_key_label.clone(),
+            penalty: PenaltyPolicy {
+                initial: self.penalty,
+                factor: self.penalty_factor,
+                max: self.penalty_max.max(self.penalty),
+            },
+            create_retry: JobRetry {
+                max_attempts: self.create_attempts,
+                initial_backoff: self.create_backoff,
+                timeout: self.create_timeout,
+                ..CREATE_RETRY_DEFAULT
+            },
+            assimilate_retry: JobRetry {
+                max_attempts: self.assimilate_attempts,
+                initial_backoff: self.assimilate_backoff,
+                ..ASSIMILATE_RETRY_DEFAULT
+            },
+        };
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// The public key to manage, read from its file.
+    pub fn public_key(&self) -> anyhow::Result<String> {
+        let path = self.ssh_public_key_file.as_ref().context(
+            "SHEPHERD_SSH_PUBLIC_KEY_FILE (--ssh-public-key-file): not set; workers put this key on every device",
+        )?;
+        let key = std::fs::read_to_string(path).with_context(|| {
+            format!(
+                "SHEPHERD_SSH_PUBLIC_KEY_FILE: cannot read {}",
+                path.display()
+            )
+        })?;
+        let key = key.trim().to_string();
+        if !key.starts_with("ssh-") && !key.starts_with("ecdsa-") {
+            bail!(
+                "SHEPHERD_SSH_PUBLIC_KEY_FILE: {} does not hold an OpenSSH public key",
+                path.display()
+            );
+        }
+        Ok(key)
+    }
+}

@@ -1,0 +1,156 @@
+//! `shepherd worker` and `shepherd scheduler`: the long-running processes.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use shepherd::config::parse_duration;
+use shepherd::jobs::JobContext;
+use shepherd::limiter::{self, Limiter};
+use shepherd::metal::ClientMetrics;
+
+use crate::database::DatabaseArgs;
+use crate::runtime::{self, RuntimeOptions, Stop};
+use crate::settings::{MetalArgs, ProvisionerArgs};
+
+#[derive(Debug, Args)]
+pub struct WorkerArgs {
+    #[command(flatten)]
+    pub db: DatabaseArgs,
+    #[command(flatten)]
+    pub metal: MetalArgs,
+    #[command(flatten)]
+    pub provisioner: ProvisionerArgs,
+
+    /// Also run the scheduler in this process
+    #[arg(long, env = "SHEPHERD_SCHEDULER")]
+    pub scheduler: bool,
+
+    /// Reconcile jobs run at once by this process
+    #[arg(long, env = "SHEPHERD_RECONCILE_CONCURRENCY", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub reconcile_concurrency: u32,
+
+    /// CreateDevice jobs run at once by this process
+    #[arg(long, env = "SHEPHERD_CREATE_CONCURRENCY", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
+    pub create_concurrency: u32,
+
+    /// Assimilate jobs run at once by this process
+    #[arg(long, env = "SHEPHERD_ASSIMILATE_CONCURRENCY", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
+    pub assimilate_concurrency: u32,
+
+    /// How often a worker tells the queue it is alive
+    #[arg(long, env = "SHEPHERD_HEARTBEAT", default_value = "5s", value_parser = parse_duration)]
+    pub heartbeat: Duration,
+
+    /// Missed heartbeats before a worker's jobs are handed to others
+    #[arg(long, env = "SHEPHERD_MISSED_HEARTBEATS", default_value_t = 12)]
+    pub missed_heartbeats: u32,
+
+    /// Fallback poll for delayed jobs
+    #[arg(long, env = "SHEPHERD_POLL_INTERVAL", default_value = "1s", value_parser = parse_duration)]
+    pub poll_interval: Duration,
+
+    /// Time running jobs get to finish after SIGTERM
+    #[arg(long, env = "SHEPHERD_DRAIN_TIMEOUT", default_value = "20s", value_parser = parse_duration)]
+    pub drain_timeout: Duration,
+
+    /// Database connections this process may hold
+    #[arg(long, env = "SHEPHERD_DB_CONNECTIONS", default_value_t = 16)]
+    pub db_connections: u32,
+}
+
+pub fn process_name() -> String {
+    let host = std::fs::read_to_string("/etc/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".into());
+    format!("{host}:{}", std::process::id())
+}
+
+/// Stops on SIGINT or SIGTERM.
+fn stop_on_signal() -> Stop {
+    let (tx, stop) = Stop::new();
+    tokio::spawn(async move {
+        crate::shutdown::signalled().await;
+        tracing::info!("shutdown requested: no new jobs; draining running ones");
+        let _ = tx.send(true);
+        // A second signal means now.
+        crate::shutdown::signalled().await;
+        tracing::warn!("second signal: exiting at once");
+        std::process::exit(130);
+    });
+    stop
+}
+
+pub async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
+    // Every setting is checked before anything touches the API or the database.
+    let config = Arc::new(args.provisioner.config()?);
+    let public_key = args.provisioner.public_key()?;
+    args.metal.client_config()?;
+    shepherd::db::check_url(&args.db.database_url)?;
+
+    let pool = args.db.prepare(args.db_connections).await?;
+    let metal = args.metal.client(Some(&pool), ClientMetrics::default())?;
+    let creation_limiter = Limiter::new(
+        pool.clone(),
+        limiter::DEVICE_CREATION,
+        config.device_creation_rate,
+    );
+    let ctx = Arc::new(JobContext::new(
+        pool.clone(),
+        metal,
+        config.clone(),
+        creation_limiter,
+        public_key,
+    ));
+    let key = ctx
+        .ensure_ssh_key()
+        .await
+        .context("cannot ensure the managed SSH key at the provider")?;
+    tracing::info!(key = %key, label = %config.ssh_key_label, "SSH key ensured");
+
+    let stop = stop_on_signal();
+    let opts = RuntimeOptions {
+        process_name: process_name(),
+        reconcile_concurrency: args.reconcile_concurrency as usize,
+        create_concurrency: args.create_concurrency as usize,
+        assimilate_concurrency: args.assimilate_concurrency as usize,
+        heartbeat: args.heartbeat,
+        missed_heartbeats: args.missed_heartbeats,
+        poll_interval: args.poll_interval,
+        drain_timeout: args.drain_timeout,
+    };
+    tracing::info!(process = %opts.process_name, scheduler = args.scheduler, "worker starting");
+    let scheduler = args.scheduler.then(|| {
+        tokio::spawn(crate::scheduler::run(
+            pool.clone(),
+            config.reconcile_rate,
+            stop.clone(),
+        ))
+    });
+    runtime::run(pool.clone(), ctx, opts, stop).await;
+    if let Some(s) = scheduler {
+        let _ = s.await;
+    }
+    pool.close().await;
+    tracing::info!("worker exited cleanly");
+    Ok(())
+}
+
+#[derive(Debug, Args)]
+pub struct SchedulerArgs {
+    #[command(flatten)]
+    pub db: DatabaseArgs,
+    /// Reconcile passes: INTERVAL,BURST
+    #[arg(long, env = "SHEPHERD_RECONCILE_RATE", default_value = "1m,1")]
+    pub reconcile_rate: shepherd::config::Rate,
+}
+
+pub async fn scheduler(args: SchedulerArgs) -> anyhow::Result<()> {
+    let pool = args.db.prepare(2).await?;
+    let stop = stop_on_signal();
+    crate::scheduler::run(pool, args.reconcile_rate, stop).await;
+    Ok(())
+}
