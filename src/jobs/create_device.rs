@@ -73,20 +73,6 @@ pub async fn create_device(
     // retries; when it runs out the attempt counts as failed, and the next
     // one starts by looking for what this one may have made.
     let attempt = async {
-        let waited = ctx
-            .creation_limiter
-            .acquire()
-            .await
-            .map_err(|e| MetalError::Transient {
-                op: crate::metal::Operation::CreateDevice,
-                reason: format!("the creation limiter's database is unreachable: {e}"),
-            })?;
-        if !waited.is_zero() {
-            tracing::debug!(
-                waited_ms = waited.as_millis() as u64,
-                "waited for the creation limiter"
-            );
-        }
         let key = ctx.ssh_key_id().await?;
         let request = CreateDevice {
             reservation: args.reservation,
@@ -95,7 +81,24 @@ pub async fn create_device(
             ssh_keys: vec![key],
             witness: Witness::new(args.request),
         };
-        ctx.metal.create_device(&request).await
+        let pace = || async {
+            let waited =
+                ctx.creation_limiter
+                    .acquire()
+                    .await
+                    .map_err(|e| MetalError::Transient {
+                        op: crate::metal::Operation::CreateDevice,
+                        reason: format!("the creation limiter's database is unreachable: {e}"),
+                    })?;
+            if !waited.is_zero() {
+                tracing::debug!(
+                    waited_ms = waited.as_millis() as u64,
+                    "waited for the creation limiter"
+                );
+            }
+            Ok(())
+        };
+        ctx.metal.create_device_paced(&request, pace).await
     };
     let result = tokio::time::timeout(config.create_retry.timeout, attempt)
         .await

@@ -354,12 +354,28 @@ impl MetalClient {
     /// repeated blindly: the next attempt starts with that read. In the normal
     /// case this is two calls; after an accepted-then-failed POST, three.
     pub async fn create_device(&self, req: &CreateDevice) -> Result<CreatedDevice, MetalError> {
+        self.create_device_paced(req, || async { Ok(()) }).await
+    }
+
+    /// [`MetalClient::create_device`], awaiting `pace` right before every
+    /// POST: a creation rate limit then holds at the moment devices are
+    /// requested, not at some earlier point before the reservation's read.
+    pub async fn create_device_paced<P, Fut>(
+        &self,
+        req: &CreateDevice,
+        pace: P,
+    ) -> Result<CreatedDevice, MetalError>
+    where
+        P: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<(), MetalError>>,
+    {
         let witness = req.witness.tag();
         let ambiguous = AtomicBool::new(false);
         let attempts = AtomicU32::new(0);
         let result = retry(&self.inner.retry, "createDevice", |attempt| {
             let witness = &witness;
             let ambiguous = &ambiguous;
+            let pace = &pace;
             attempts.store(attempt, Ordering::Relaxed);
             async move {
                 let reservation = self
@@ -383,6 +399,7 @@ impl MetalClient {
                     });
                 }
                 let body = self.create_body(req, &reservation, witness)?;
+                pace().await?;
                 let call = Call {
                     op: Operation::CreateDevice,
                     method: Method::POST,

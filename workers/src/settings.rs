@@ -128,11 +128,21 @@ pub struct ProvisionerArgs {
     pub os: String,
 
     /// Limit of managed machines plus creations in flight (0: no limit)
-    #[arg(long, env = "SHEPHERD_MAX_MACHINES", default_value_t = 50)]
+    #[arg(
+        long,
+        env = "SHEPHERD_MAX_MACHINES",
+        default_value_t = 50,
+        allow_negative_numbers = true
+    )]
     pub max_machines: u64,
 
     /// Reservations one reconcile pass may take
-    #[arg(long, env = "SHEPHERD_CHUNK_SIZE", default_value_t = 20)]
+    #[arg(
+        long,
+        env = "SHEPHERD_CHUNK_SIZE",
+        default_value_t = 20,
+        allow_negative_numbers = true
+    )]
     pub chunk_size: u64,
 
     /// Adopt prefixed devices shepherd does not manage instead of refusing to work

@@ -1,0 +1,451 @@
+//! Real `shepherd worker` processes against one database and the fake
+//! Metal server: horizontal scale, a worker killed mid-creation, SIGTERM,
+//! and the errors a process meets at start.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use shepherd::metal::Operation;
+use shepherd::metal::fake::{FakeConfig, FakeMetal, Faults};
+use sqlx::PgPool;
+
+const TOKEN: &str = "cluster-test-token-7f3a";
+
+struct Cluster {
+    pool: PgPool,
+    fake: FakeMetal,
+    db_url: String,
+    dir: PathBuf,
+    workers: Vec<Child>,
+}
+
+async fn database_url(pool: &PgPool) -> String {
+    let name: String = sqlx::query_scalar("select current_database()")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    let base = std::env::var("DATABASE_URL").expect("DATABASE_URL is set for tests");
+    let (server, _) = base.rsplit_once('/').unwrap();
+    format!("{server}/{name}")
+}
+
+impl Cluster {
+    async fn new(pool: PgPool, reservations: usize, faults: Faults) -> Cluster {
+        let fake = FakeMetal::start(
+            FakeConfig {
+                token: TOKEN.into(),
+                reservations,
+                faults,
+                ..FakeConfig::default()
+            },
+            "127.0.0.1:0".parse().unwrap(),
+        )
+        .await
+        .unwrap();
+        let db_url = database_url(&pool).await;
+        let dir = std::env::temp_dir().join(format!("shepherd-cluster-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("key.pub"),
+            "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGNsdXN0ZXItdGVzdC1rZXk cluster\n",
+        )
+        .unwrap();
+        Cluster {
+            pool,
+            fake,
+            db_url,
+            dir,
+            workers: vec![],
+        }
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_shepherd"));
+        c.args(args)
+            .env("DATABASE_URL", &self.db_url)
+            .env("METAL_API_URL", self.fake.base_url())
+            .env("METAL_PROJECT_ID", self.fake.project_id().to_string())
+            .env("METAL_AUTH_TOKEN", TOKEN)
+            .env("SHEPHERD_SSH_PUBLIC_KEY_FILE", self.dir.join("key.pub"))
+            .env("SHEPHERD_LOG", "info")
+            .env_remove("SHEPHERD_LOG_FORMAT")
+            .stdin(Stdio::null());
+        c
+    }
+
+    fn spawn_worker(&mut self, extra: &[&str]) {
+        let n = self.workers.len();
+        let log = std::fs::File::create(self.dir.join(format!("worker-{n}.log"))).unwrap();
+        let mut args = vec![
+            "worker",
+            "--scheduler",
+            "--heartbeat",
+            "1s",
+            "--missed-heartbeats",
+            "3",
+            "--poll-interval",
+            "200ms",
+            "--api-rate",
+            "0s",
+            "--reconcile-rate",
+            "1s,1",
+            "--create-backoff",
+            "1s",
+        ];
+        args.extend_from_slice(extra);
+        let child = self
+            .command(&args)
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.workers.push(child);
+    }
+
+    async fn managed(&self) -> i64 {
+        sqlx::query_scalar("select count(*) from shepherd.managed_machines")
+            .fetch_one(&self.pool)
+            .await
+            .unwrap_or(0)
+    }
+
+    async fn in_flight(&self) -> i64 {
+        sqlx::query_scalar(
+            "select (select count(*) from shepherd.pending_creations)
+                  + (select count(*) from shepherd.unassimilated_devices)",
+        )
+        .fetch_one(&self.pool)
+        .await
+        .unwrap_or(0)
+    }
+
+    /// Waits until `managed` machines are managed and nothing is in flight,
+    /// checking the limit at every sample.
+    async fn wait_for(&self, managed: i64, max: i64, timeout: Duration) {
+        let started = Instant::now();
+        loop {
+            let (m, f) = (self.managed().await, self.in_flight().await);
+            assert!(m + f <= max, "managed {m} + in flight {f} > {max}");
+            if m == managed && f == 0 {
+                return;
+            }
+            assert!(
+                started.elapsed() < timeout,
+                "after {timeout:?}: {m} managed, {f} in flight; logs in {}",
+                self.dir.display()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    fn assert_consistent(&self, managed: &[String]) {
+        let devices = self.fake.devices();
+        let ours: Vec<_> = devices
+            .iter()
+            .filter(|d| d.hostname.starts_with("shepherd-"))
+            .collect();
+        let mut reservations: Vec<_> = ours.iter().filter_map(|d| d.reservation).collect();
+        let n = reservations.len();
+        reservations.sort();
+        reservations.dedup();
+        assert_eq!(reservations.len(), n, "a reservation got two devices");
+        for d in ours {
+            assert!(
+                managed.contains(&d.id.to_string()),
+                "device {} is orphaned",
+                d.id
+            );
+        }
+    }
+
+    async fn managed_ids(&self) -> Vec<String> {
+        sqlx::query_scalar("select provider_id from shepherd.managed_machines")
+            .fetch_all(&self.pool)
+            .await
+            .unwrap()
+    }
+
+    fn stop_all(&mut self) {
+        for w in &mut self.workers {
+            if w.try_wait().unwrap().is_none() {
+                signal(w, "TERM");
+            }
+        }
+        for w in &mut self.workers {
+            let _ = w.wait();
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for w in &mut self.workers {
+            let _ = w.kill();
+            let _ = w.wait();
+        }
+    }
+}
+
+fn signal(child: &Child, sig: &str) {
+    let status = Command::new("kill")
+        .args([&format!("-{sig}"), &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+fn log_of(dir: &Path, n: usize) -> String {
+    std::fs::read_to_string(dir.join(format!("worker-{n}.log"))).unwrap_or_default()
+}
+
+/// Creations never start faster than the limiter's spacing, across all
+/// processes: any ten consecutive creates span at least nine spacings
+/// (less a few ms of scheduling jitter).
+fn assert_paced(fake: &FakeMetal, spacing: Duration) {
+    let mut starts: Vec<_> = fake
+        .request_log()
+        .into_iter()
+        .filter(|r| r.op == Operation::CreateDevice)
+        .map(|r| r.started)
+        .collect();
+    starts.sort();
+    for w in starts.windows(10) {
+        let span = w[9].duration_since(w[0]);
+        assert!(
+            span + Duration::from_millis(15) >= spacing * 9,
+            "ten creations within {span:?}"
+        );
+    }
+}
+
+async fn migrate(cluster: &Cluster) {
+    let out = cluster.command(&["migrate"]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[sqlx::test(migrations = false)]
+async fn three_workers_provision_exactly_the_limit(pool: PgPool) {
+    let mut c = Cluster::new(pool, 200, Faults::default()).await;
+    migrate(&c).await;
+    for _ in 0..3 {
+        c.spawn_worker(&[
+            "--max-machines",
+            "150",
+            "--chunk-size",
+            "40",
+            "--device-creation-rate",
+            "20ms,1",
+        ]);
+    }
+    let started = Instant::now();
+    c.wait_for(150, 150, Duration::from_secs(120)).await;
+    eprintln!("150 machines by three workers in {:?}", started.elapsed());
+    for w in &c.workers {
+        signal(w, "TERM");
+    }
+    for w in &mut c.workers {
+        assert!(w.wait().unwrap().success());
+    }
+    let managed = c.managed_ids().await;
+    assert_eq!(managed.len(), 150);
+    assert_eq!(c.fake.devices().len(), 150);
+    c.assert_consistent(&managed);
+    assert_paced(&c.fake, Duration::from_millis(20));
+    // Every process did work.
+    for n in 0..3 {
+        assert!(
+            log_of(&c.dir, n).contains("create_device finished"),
+            "worker {n} idle"
+        );
+    }
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_worker_killed_mid_creation_loses_nothing(pool: PgPool) {
+    let mut c = Cluster::new(pool, 200, Faults::default().with_latency(20, 20)).await;
+    migrate(&c).await;
+    let args = [
+        "--max-machines",
+        "150",
+        "--chunk-size",
+        "40",
+        "--device-creation-rate",
+        "20ms,1",
+    ];
+    for _ in 0..3 {
+        c.spawn_worker(&args);
+    }
+    // Kill one worker once creations are under way.
+    let started = Instant::now();
+    while c.managed().await < 30 {
+        assert!(started.elapsed() < Duration::from_secs(60));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    c.workers[0].kill().unwrap();
+    c.workers[0].wait().unwrap();
+    c.wait_for(150, 150, Duration::from_secs(120)).await;
+    c.stop_all();
+    let managed = c.managed_ids().await;
+    assert_eq!(managed.len(), 150);
+    c.assert_consistent(&managed);
+    assert_paced(&c.fake, Duration::from_millis(20));
+    let stuck: i64 = sqlx::query_scalar(
+        "select count(*) from apalis.jobs where status in ('Running', 'Queued')",
+    )
+    .fetch_one(&c.pool)
+    .await
+    .unwrap();
+    // The killed worker's claimed jobs were rescued by heartbeat timeout.
+    assert_eq!(stuck, 0, "jobs left claimed by a dead worker");
+}
+
+#[sqlx::test(migrations = false)]
+async fn sigterm_on_a_busy_worker_exits_zero_and_leaves_nothing_running(pool: PgPool) {
+    let mut c = Cluster::new(pool, 40, Faults::default().with_latency(300, 0)).await;
+    migrate(&c).await;
+    c.spawn_worker(&[
+        "--max-machines",
+        "40",
+        "--device-creation-rate",
+        "100ms,1",
+        "--drain-timeout",
+        "5s",
+    ]);
+    let started = Instant::now();
+    while c.managed().await < 2 {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "{}",
+            log_of(&c.dir, 0)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let running: i64 =
+        sqlx::query_scalar("select count(*) from apalis.jobs where status = 'Running'")
+            .fetch_one(&c.pool)
+            .await
+            .unwrap();
+    assert!(running > 0, "the worker should be busy");
+    signal(&c.workers[0], "TERM");
+    let status = c.workers[0].wait().unwrap();
+    assert!(status.success(), "exit {status:?}: {}", log_of(&c.dir, 0));
+    let stuck: i64 = sqlx::query_scalar(
+        "select count(*) from apalis.jobs where status in ('Running', 'Queued')",
+    )
+    .fetch_one(&c.pool)
+    .await
+    .unwrap();
+    assert_eq!(stuck, 0, "{}", log_of(&c.dir, 0));
+    assert!(log_of(&c.dir, 0).contains("worker exited cleanly"));
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_job_body_that_does_not_decode_fails_alone(pool: PgPool) {
+    let mut c = Cluster::new(pool, 5, Faults::default()).await;
+    migrate(&c).await;
+    let poison: String =
+        sqlx::query_scalar("select shepherd.push_job('assimilate', '{\"nope\": 1}')")
+            .fetch_one(&c.pool)
+            .await
+            .unwrap();
+    c.spawn_worker(&["--max-machines", "2"]);
+    c.wait_for(2, 2, Duration::from_secs(60)).await;
+    let (status, result): (String, String) =
+        sqlx::query_as("select status, last_result::text from apalis.jobs where id = $1")
+            .bind(&poison)
+            .fetch_one(&c.pool)
+            .await
+            .unwrap();
+    assert_eq!(status, "Killed");
+    assert!(result.contains("undecodable"), "{result}");
+    c.stop_all();
+}
+
+#[sqlx::test(migrations = false)]
+async fn two_schedulers_enqueue_one_reconcile_per_period(pool: PgPool) {
+    let c = Cluster::new(pool, 1, Faults::default()).await;
+    migrate(&c).await;
+    use shepherd_workers::scheduler::{Tick, run_once};
+    let period = Duration::from_secs(3600);
+    let (a, b) = tokio::join!(run_once(&c.pool, period), run_once(&c.pool, period));
+    let mut ticks = [a.unwrap().0, b.unwrap().0];
+    ticks.sort_by_key(|t| *t == Tick::AlreadyEnqueued);
+    assert_eq!(ticks, [Tick::Enqueued, Tick::AlreadyEnqueued]);
+    let jobs: i64 =
+        sqlx::query_scalar("select count(*) from apalis.jobs where job_type = 'reconcile'")
+            .fetch_one(&c.pool)
+            .await
+            .unwrap();
+    assert_eq!(jobs, 1);
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_worker_without_postgres_says_so_and_exits_non_zero(pool: PgPool) {
+    let c = Cluster::new(pool, 1, Faults::default()).await;
+    let out = c
+        .command(&["worker"])
+        .env("DATABASE_URL", "postgres://postgres@127.0.0.1:1/nowhere")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("cannot reach Postgres at 127.0.0.1:1/nowhere"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+#[sqlx::test(migrations = false)]
+async fn bad_settings_are_refused_before_any_call(pool: PgPool) {
+    let c = Cluster::new(pool, 1, Faults::default()).await;
+    let cases: &[(&[&str], &str)] = &[
+        (&["worker", "--device-prefix", "FIXME-"], "device prefix"),
+        (&["worker", "--ssh-key-label", "FIXME"], "SSH key label"),
+        (
+            &["worker", "--device-creation-rate", "5x,1"],
+            "--device-creation-rate",
+        ),
+        (&["worker", "--chunk-size", "0"], "chunk size"),
+        (&["worker", "--max-machines", "-3"], "--max-machines"),
+        (
+            &["worker", "--ssh-public-key-file", "/nonexistent/key.pub"],
+            "SHEPHERD_SSH_PUBLIC_KEY_FILE",
+        ),
+        (
+            &["enqueue", "create-device", "--reservation", "not-a-uuid"],
+            "--reservation",
+        ),
+    ];
+    for (args, needle) in cases {
+        let out = c.command(args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} was accepted");
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+    }
+    let out = c
+        .command(&["worker"])
+        .env_remove("METAL_AUTH_TOKEN")
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("METAL_AUTH_TOKEN"));
+    let out = c
+        .command(&["worker"])
+        .env("DATABASE_URL", "mysql://x")
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("DATABASE_URL"));
+    assert_eq!(c.fake.total_calls(), 0, "a bad setting reached the API");
+    let tables: i64 = sqlx::query_scalar(
+        "select count(*) from information_schema.schemata where schema_name = 'shepherd'",
+    )
+    .fetch_one(&c.pool)
+    .await
+    .unwrap();
+    assert_eq!(tables, 0, "a bad setting reached the database");
+}
