@@ -7,7 +7,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
-/// Parses `250ms`, `5s`, `1m`, `2h` (or a bare number of seconds).
+/// Parses `250ms`, `5s`, `1m`, `2h`, `7d` (or a bare number of seconds).
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let t = text.trim();
     let split = t
@@ -22,9 +22,10 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         "" | "s" => value,
         "m" => value * 60.0,
         "h" => value * 3600.0,
+        "d" => value * 86400.0,
         other => {
             return Err(format!(
-                "{text:?} has unknown unit {other:?} (use ms, s, m or h)"
+                "{text:?} has unknown unit {other:?} (use ms, s, m, h or d)"
             ));
         }
     };

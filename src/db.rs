@@ -108,3 +108,20 @@ pub async fn migrate(pool: &PgPool) -> Result<(), DbError> {
         .await
         .map_err(|e| DbError::Migrate(e.to_string()))
 }
+
+/// Drops and recreates the database named in `url` (the demo's own).
+pub async fn recreate_database(url: &str) -> Result<(), DbError> {
+    check_url(url)?;
+    if Postgres::database_exists(url)
+        .await
+        .map_err(|e| unreachable(url, &e))?
+    {
+        Postgres::force_drop_database(url)
+            .await
+            .map_err(|e| DbError::CreateDatabase {
+                name: describe_url(url),
+                reason: format!("cannot drop the old one: {e}"),
+            })?;
+    }
+    ensure_database(url).await
+}

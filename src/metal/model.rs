@@ -11,11 +11,31 @@ use serde::{Deserialize, Deserializer, Serialize};
 use uuid::Uuid;
 
 /// An object the API may send in full or as a bare link.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(untagged)]
 pub enum Embedded<T> {
     Full(T),
     Link(Href),
+}
+
+// An object holding nothing but `href` is a link, even when every field of
+// `T` is optional and it would decode as an empty `T`: an untagged enum
+// would pick `Full` and lose the id the link carries.
+impl<'de, T: serde::de::DeserializeOwned> Deserialize<'de> for Embedded<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let value = serde_json::Value::deserialize(d)?;
+        let link_only = value
+            .as_object()
+            .is_some_and(|o| o.len() == 1 && o.get("href").is_some_and(|h| h.is_string()));
+        if link_only {
+            return serde_json::from_value(value)
+                .map(Embedded::Link)
+                .map_err(serde::de::Error::custom);
+        }
+        serde_json::from_value(value)
+            .map(Embedded::Full)
+            .map_err(serde::de::Error::custom)
+    }
 }
 
 impl<T> Embedded<T> {
@@ -366,6 +386,24 @@ mod tests {
         );
         assert_eq!(r.plan_slug(), Some("m3.small.x86"));
         assert_eq!(r.metro_code(), Some("da"));
+    }
+
+    #[test]
+    fn a_bare_link_keeps_its_id() {
+        let d: Device = serde_json::from_value(serde_json::json!({
+            "id": "7c9e6679-7425-40de-944b-e07fc1f90ae7",
+            "hardware_reservation": {"href": "/metal/v1/hardware-reservations/2b0f6b1c-0d3a-4e8a-9a4b-1d2c3e4f5a6b"},
+            "project": {"href": "/metal/v1/projects/0d9f6c3a-5b1e-4c7d-8a2f-3e4b5c6d7e8f"}
+        }))
+        .unwrap();
+        assert_eq!(
+            d.reservation_id(),
+            Some("2b0f6b1c-0d3a-4e8a-9a4b-1d2c3e4f5a6b".parse().unwrap())
+        );
+        assert_eq!(
+            d.project_id(),
+            Some("0d9f6c3a-5b1e-4c7d-8a2f-3e4b5c6d7e8f".parse().unwrap())
+        );
     }
 
     #[test]

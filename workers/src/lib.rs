@@ -3,6 +3,7 @@
 //! surfaces. The binary (`main.rs`) only parses flags and reports errors.
 
 pub mod database;
+pub mod demo;
 pub mod enqueue;
 pub mod fake_metal;
 pub mod inspect;

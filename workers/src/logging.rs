@@ -20,14 +20,16 @@ pub struct LoggingArgs {
     )]
     pub log_format: LogFormat,
 
-    /// Log filter, e.g. `info` or `shepherd=debug,info`
-    #[arg(long, global = true, env = "SHEPHERD_LOG", default_value = "info")]
-    pub log: String,
+    /// Log filter, e.g. `debug` or `shepherd=debug,info` [default: info;
+    /// warn for the demo, whose progress is on stdout]
+    #[arg(long, global = true, env = "SHEPHERD_LOG")]
+    pub log: Option<String>,
 }
 
-pub fn init(args: &LoggingArgs) -> Result<(), String> {
-    let filter = EnvFilter::try_new(&args.log)
-        .map_err(|e| format!("--log {:?} is not a valid log filter: {e}", args.log))?;
+pub fn init(args: &LoggingArgs, default: &str) -> Result<(), String> {
+    let wanted = args.log.as_deref().unwrap_or(default);
+    let filter = EnvFilter::try_new(wanted)
+        .map_err(|e| format!("--log {wanted:?} is not a valid log filter: {e}"))?;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

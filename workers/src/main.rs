@@ -2,7 +2,7 @@
 //! module; this file only parses flags, sets up logging and maps failures to
 //! a one-line message and a non-zero exit.
 
-use shepherd_workers::{database, enqueue, fake_metal, inspect, logging, worker};
+use shepherd_workers::{database, demo, enqueue, fake_metal, inspect, logging, worker};
 
 use std::process::ExitCode;
 
@@ -25,6 +25,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run a whole cluster against the fake Metal API and show it working
+    Demo(demo::DemoArgs),
     /// Run workers for all three job kinds (and optionally the scheduler)
     Worker(Box<worker::WorkerArgs>),
     /// Enqueue one Reconcile per period, cluster-wide
@@ -49,7 +51,12 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if let Err(e) = logging::init(&cli.logging) {
+    let default_log = match cli.command {
+        // Postgres notices ("already exists, skipping") are noise to operators.
+        Command::Demo(_) => "warn,sqlx::postgres::notice=error",
+        _ => "info,sqlx::postgres::notice=error",
+    };
+    if let Err(e) = logging::init(&cli.logging, default_log) {
         eprintln!("shepherd: {e}");
         return ExitCode::from(2);
     }
@@ -62,6 +69,12 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
+            Command::Demo(args) => {
+                let url = args.database_url.clone();
+                let summary = demo::run(args, worker::stop_on_signal()).await?;
+                demo::print_summary(&summary, &url);
+                Ok(())
+            }
             Command::Worker(args) => worker::worker(*args).await,
             Command::Scheduler(args) => worker::scheduler(args).await,
             Command::Enqueue(command) => enqueue::enqueue(command).await,

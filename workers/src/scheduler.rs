@@ -49,7 +49,15 @@ pub async fn run_once(pool: &PgPool, period: Duration) -> Result<(Tick, Duration
     Ok((tick, Duration::from_millis(until_next_ms.max(1) as u64)))
 }
 
-pub async fn run(pool: PgPool, rate: Rate, stop: Stop) {
+/// Deletes finished jobs older than `retention`; returns how many.
+pub async fn prune(pool: &PgPool, retention: Duration) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar("select shepherd.prune_jobs(make_interval(secs => $1))")
+        .bind(retention.as_secs_f64())
+        .fetch_one(pool)
+        .await
+}
+
+pub async fn run(pool: PgPool, rate: Rate, retention: Duration, stop: Stop) {
     let period = if rate.is_unlimited() {
         Duration::from_secs(1)
     } else {
@@ -61,6 +69,12 @@ pub async fn run(pool: PgPool, rate: Rate, stop: Stop) {
             Ok((tick, next)) => {
                 if tick == Tick::Enqueued {
                     tracing::info!("reconcile enqueued for this period");
+                    // One scheduler per period prunes: the one whose tick won.
+                    match prune(&pool, retention).await {
+                        Ok(0) => {}
+                        Ok(n) => tracing::info!(jobs = n, "pruned finished jobs"),
+                        Err(e) => tracing::warn!(error = %e, "pruning finished jobs failed"),
+                    }
                 }
                 next
             }

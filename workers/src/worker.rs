@@ -55,6 +55,10 @@ pub struct WorkerArgs {
     #[arg(long, env = "SHEPHERD_DRAIN_TIMEOUT", default_value = "20s", value_parser = parse_duration)]
     pub drain_timeout: Duration,
 
+    /// How long finished jobs stay in the queue table (events keep history)
+    #[arg(long, env = "SHEPHERD_JOB_RETENTION", default_value = "7d", value_parser = parse_duration)]
+    pub job_retention: Duration,
+
     /// Database connections this process may hold
     #[arg(long, env = "SHEPHERD_DB_CONNECTIONS", default_value_t = 16)]
     pub db_connections: u32,
@@ -70,7 +74,7 @@ pub fn process_name() -> String {
 }
 
 /// Stops on SIGINT or SIGTERM.
-fn stop_on_signal() -> Stop {
+pub fn stop_on_signal() -> Stop {
     let (tx, stop) = Stop::new();
     tokio::spawn(async move {
         crate::shutdown::signalled().await;
@@ -127,6 +131,7 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
         tokio::spawn(crate::scheduler::run(
             pool.clone(),
             config.reconcile_rate,
+            args.job_retention,
             stop.clone(),
         ))
     });
@@ -146,11 +151,14 @@ pub struct SchedulerArgs {
     /// Reconcile passes: INTERVAL,BURST
     #[arg(long, env = "SHEPHERD_RECONCILE_RATE", default_value = "1m,1")]
     pub reconcile_rate: shepherd::config::Rate,
+    /// How long finished jobs stay in the queue table (events keep history)
+    #[arg(long, env = "SHEPHERD_JOB_RETENTION", default_value = "7d", value_parser = parse_duration)]
+    pub job_retention: Duration,
 }
 
 pub async fn scheduler(args: SchedulerArgs) -> anyhow::Result<()> {
     let pool = args.db.prepare(2).await?;
     let stop = stop_on_signal();
-    crate::scheduler::run(pool, args.reconcile_rate, stop).await;
+    crate::scheduler::run(pool, args.reconcile_rate, args.job_retention, stop).await;
     Ok(())
 }

@@ -449,3 +449,42 @@ async fn bad_settings_are_refused_before_any_call(pool: PgPool) {
     .unwrap();
     assert_eq!(tables, 0, "a bad setting reached the database");
 }
+
+#[sqlx::test(migrations = false)]
+async fn finished_jobs_are_pruned_after_their_retention(pool: PgPool) {
+    let c = Cluster::new(pool, 1, Faults::default()).await;
+    migrate(&c).await;
+    for (status, age_hours) in [
+        ("Done", 48),
+        ("Killed", 48),
+        ("Done", 1),
+        ("Pending", 48),
+        ("Failed", 48),
+    ] {
+        let id: String = sqlx::query_scalar("select shepherd.push_job('reconcile', '{}')")
+            .fetch_one(&c.pool)
+            .await
+            .unwrap();
+        sqlx::query(
+            "update apalis.jobs set status = $2, done_at = now() - make_interval(hours => $3),
+                    run_at = now() - make_interval(hours => $3) where id = $1",
+        )
+        .bind(&id)
+        .bind(status)
+        .bind(age_hours)
+        .execute(&c.pool)
+        .await
+        .unwrap();
+    }
+    let pruned = shepherd_workers::scheduler::prune(&c.pool, Duration::from_secs(24 * 3600))
+        .await
+        .unwrap();
+    // Old Done and Killed go; a recent Done, a Pending, and a Failed job
+    // with attempts left stay.
+    assert_eq!(pruned, 2);
+    let left: i64 = sqlx::query_scalar("select count(*) from apalis.jobs")
+        .fetch_one(&c.pool)
+        .await
+        .unwrap();
+    assert_eq!(left, 3);
+}

@@ -1,0 +1,346 @@
+//! `shepherd demo`: a whole shepherd cluster in one process, against the
+//! fake Metal API, in under a minute.
+//!
+//! It starts the fake with a realistic project (two metros, two plans, some
+//! reservations not provisionable, a few creations that fail for good,
+//! transient faults and accepted-then-failed creates), migrates a database
+//! of its own, runs three workers and a scheduler with quick but visible
+//! rates, prints progress every second, and ends with a summary drawn from
+//! the views.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::Args;
+use shepherd::config::{JobRetry, ProvisionerConfig, Rate};
+use shepherd::jobs::JobContext;
+use shepherd::limiter::{DEVICE_CREATION, Limiter};
+use shepherd::metal::fake::{FakeConfig, FakeMetal, FaultKind, FaultRule, Faults};
+use shepherd::metal::{ClientConfig, ClientMetrics, MetalClient, Operation, RetrySettings};
+use shepherd::secret::ApiToken;
+use sqlx::PgPool;
+
+use crate::runtime::{self, RuntimeOptions, Stop};
+
+#[derive(Debug, Clone, Args)]
+pub struct DemoArgs {
+    /// The demo's own database; it is dropped and recreated at start
+    #[arg(
+        long,
+        env = "SHEPHERD_DEMO_DATABASE_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/shepherd_demo"
+    )]
+    pub database_url: String,
+
+    /// Hardware reservations in the fake project
+    #[arg(long, default_value_t = 40)]
+    pub reservations: usize,
+
+    /// Machines to provision at most
+    #[arg(long, default_value_t = 30)]
+    pub max_machines: u64,
+
+    /// Worker processes to simulate
+    #[arg(long, default_value_t = 3)]
+    pub workers: usize,
+
+    /// Give up waiting after this long
+    #[arg(long, default_value = "50s", value_parser = shepherd::config::parse_duration)]
+    pub timeout: Duration,
+
+    /// Print progress lines
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub progress: bool,
+}
+
+/// What the demo ended with, as read from the views.
+#[derive(Debug, Clone)]
+pub struct DemoSummary {
+    pub elapsed: Duration,
+    pub machines: i64,
+    pub max_machines: u64,
+    pub in_flight: i64,
+    /// Reservation and cause.
+    pub penalised: Vec<(uuid::Uuid, String)>,
+    pub api_calls: u64,
+    pub api_errors: u64,
+    pub failed_attempts: i64,
+    pub interrupted: bool,
+}
+
+struct Counts {
+    managed: i64,
+    in_flight: i64,
+    penalised: i64,
+    pending_jobs: i64,
+    last_enqueued: Option<i64>,
+}
+
+async fn counts(pool: &PgPool) -> Result<Counts, sqlx::Error> {
+    let (managed, in_flight, penalised, pending_jobs): (i64, i64, i64, i64) = sqlx::query_as(
+        "select (select count(*) from shepherd.managed_machines),
+                (select count(*) from shepherd.pending_creations)
+                  + (select count(*) from shepherd.unassimilated_devices),
+                (select count(*) from shepherd.sinbin where now() <= until),
+                (select count(*) from apalis.jobs where status in ('Pending', 'Queued', 'Running'))",
+    )
+    .fetch_one(pool)
+    .await?;
+    let last_enqueued: Option<i64> = sqlx::query_scalar(
+        "select (body->>'enqueued')::bigint from shepherd.events
+         where event_type = 'reconcile_finished' order by position desc limit 1",
+    )
+    .fetch_optional(pool)
+    .await?;
+    Ok(Counts {
+        managed,
+        in_flight,
+        penalised,
+        pending_jobs,
+        last_enqueued,
+    })
+}
+
+fn demo_faults() -> Faults {
+    Faults::default()
+        .with_latency(20, 60)
+        // Three creations refused for good: their reservations go to the sinbin.
+        .with_rule(
+            FaultRule::on(Operation::CreateDevice, FaultKind::Status { status: 422 })
+                .times(3)
+                .with_probability(0.3),
+        )
+        // Creates that happen but whose answer is lost: recovered by the witness.
+        .with_rule(
+            FaultRule::on(
+                Operation::CreateDevice,
+                FaultKind::AcceptThenFail { status: 500 },
+            )
+            .with_probability(0.08),
+        )
+        // Transient trouble anywhere.
+        .with_rule(FaultRule::new(FaultKind::Status { status: 503 }).with_probability(0.04))
+        .with_rule(
+            FaultRule::new(FaultKind::RateLimited {
+                retry_after_secs: 1,
+            })
+            .with_probability(0.01),
+        )
+}
+
+pub async fn run(args: DemoArgs, stop: Stop) -> anyhow::Result<DemoSummary> {
+    let started = Instant::now();
+    shepherd::db::recreate_database(&args.database_url).await?;
+    let pool = shepherd::db::connect(&args.database_url, 24).await?;
+    shepherd::db::migrate(&pool).await?;
+
+    let token = format!("demo-{}", uuid::Uuid::new_v4());
+    let fake = FakeMetal::start(
+        FakeConfig {
+            token: token.clone(),
+            reservations: args.reservations,
+            not_provisionable_every: 8,
+            spare_every: 10,
+            provisioning_delay: Duration::from_millis(500),
+            active_delay: Duration::from_secs(2),
+            wipe_delay: Duration::from_secs(30),
+            faults: demo_faults(),
+            ..FakeConfig::default()
+        },
+        "127.0.0.1:0".parse().expect("a literal address"),
+    )
+    .await
+    .context("cannot start the fake Metal API")?;
+
+    let quick = JobRetry {
+        max_attempts: 4,
+        initial_backoff: Duration::from_secs(1),
+        factor: 2.0,
+        max_backoff: Duration::from_secs(4),
+        timeout: Duration::from_secs(20),
+    };
+    let config = Arc::new(ProvisionerConfig {
+        max_machines: args.max_machines,
+        chunk_size: 8,
+        reconcile_rate: Rate {
+            interval: Duration::from_secs(2),
+            burst: 1,
+        },
+        device_creation_rate: Rate {
+            interval: Duration::from_millis(200),
+            burst: 1,
+        },
+        create_retry: quick,
+        assimilate_retry: quick,
+        ..ProvisionerConfig::default()
+    });
+    config.validate()?;
+    let mut client_config =
+        ClientConfig::new(fake.base_url(), fake.project_id(), ApiToken::new(&token));
+    client_config.api_rate = Duration::ZERO;
+    client_config.parallelism = 4;
+    client_config.attempt_timeout = Duration::from_secs(5);
+    client_config.retry = RetrySettings {
+        initial_interval: Duration::from_millis(100),
+        max_interval: Duration::from_secs(1),
+        max_elapsed: Duration::from_secs(5),
+        ..RetrySettings::default()
+    };
+
+    // The workers stop on the demo's end or on the operator's Ctrl-C.
+    let (stop_workers, workers_stop) = Stop::new();
+    let mut tasks = Vec::new();
+    for n in 0..args.workers.max(1) {
+        let metal = MetalClient::new(client_config.clone(), ClientMetrics::default())?;
+        let limiter = Limiter::new(pool.clone(), DEVICE_CREATION, config.device_creation_rate);
+        let ctx = Arc::new(JobContext::new(
+            pool.clone(),
+            metal,
+            config.clone(),
+            limiter,
+            "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHNoZXBoZXJkLWRlbW8ta2V5 demo".into(),
+        ));
+        ctx.ensure_ssh_key()
+            .await
+            .context("the demo cannot ensure its SSH key")?;
+        let opts = RuntimeOptions {
+            process_name: format!("demo-{n}"),
+            reconcile_concurrency: 1,
+            create_concurrency: 4,
+            assimilate_concurrency: 4,
+            heartbeat: Duration::from_secs(2),
+            missed_heartbeats: 5,
+            poll_interval: Duration::from_millis(250),
+            drain_timeout: Duration::from_secs(5),
+        };
+        tasks.push(tokio::spawn(runtime::run(
+            pool.clone(),
+            ctx,
+            opts,
+            workers_stop.clone(),
+        )));
+    }
+    tasks.push(tokio::spawn(crate::scheduler::run(
+        pool.clone(),
+        config.reconcile_rate,
+        Duration::from_secs(7 * 86400),
+        workers_stop.clone(),
+    )));
+
+    let mut interrupted = false;
+    loop {
+        tokio::select! {
+            _ = stop.clone().wait() => { interrupted = true; break; }
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
+        let c = counts(&pool).await?;
+        if args.progress {
+            println!(
+                "[{:>4.1}s] managed {:>3}/{} | in flight {:>2} | penalised {:>2} | jobs waiting {:>2} | API calls {:>4}",
+                started.elapsed().as_secs_f64(),
+                c.managed,
+                args.max_machines,
+                c.in_flight,
+                c.penalised,
+                c.pending_jobs,
+                fake.total_calls()
+            );
+        }
+        let nothing_left = c.in_flight == 0 && c.last_enqueued == Some(0);
+        if (c.managed as u64 >= args.max_machines && c.in_flight == 0) || nothing_left {
+            break;
+        }
+        if started.elapsed() > args.timeout {
+            println!(
+                "the demo did not settle within {:?}; stopping",
+                args.timeout
+            );
+            break;
+        }
+    }
+    let _ = stop_workers.send(true);
+    let drained =
+        tokio::time::timeout(Duration::from_secs(10), futures::future::join_all(tasks)).await;
+    if drained.is_err() {
+        tracing::warn!("workers did not drain within 10 s");
+    }
+    finish(&pool, &fake, args.max_machines, started, interrupted).await
+}
+
+async fn finish(
+    pool: &PgPool,
+    fake: &FakeMetal,
+    max_machines: u64,
+    started: Instant,
+    interrupted: bool,
+) -> anyhow::Result<DemoSummary> {
+    let c = counts(pool).await?;
+    let penalised: Vec<(uuid::Uuid, String)> = sqlx::query_as(
+        "select reservation_id, cause from shepherd.sinbin where now() <= until order by reservation_id",
+    )
+    .fetch_all(pool)
+    .await?;
+    let failed_attempts: i64 = sqlx::query_scalar(
+        "select count(*) from shepherd.events where event_type = 'creation_attempt_failed'",
+    )
+    .fetch_one(pool)
+    .await?;
+    let log = fake.request_log();
+    Ok(DemoSummary {
+        elapsed: started.elapsed(),
+        machines: c.managed,
+        max_machines,
+        in_flight: c.in_flight,
+        penalised,
+        api_calls: fake.total_calls(),
+        api_errors: log.iter().filter(|r| r.status >= 400).count() as u64,
+        failed_attempts,
+        interrupted,
+    })
+}
+
+pub fn print_summary(s: &DemoSummary, database_url: &str) {
+    println!();
+    println!(
+        "== shepherd demo: {:.1?}{}",
+        s.elapsed,
+        if s.interrupted { " (interrupted)" } else { "" }
+    );
+    println!(
+        "machines managed:   {} of max {}",
+        s.machines, s.max_machines
+    );
+    println!("still in flight:    {}", s.in_flight);
+    println!(
+        "API calls:          {} ({} answered with an error and were retried or handled)",
+        s.api_calls, s.api_errors
+    );
+    println!(
+        "creation attempts that failed and were retried: {}",
+        s.failed_attempts
+    );
+    println!("penalised reservations ({}):", s.penalised.len());
+    for (r, cause) in &s.penalised {
+        println!("  {r}  {cause}");
+    }
+    let db = shepherd::db::describe_url(database_url);
+    let exe = std::env::current_exe()
+        .ok()
+        .and_then(|p| {
+            let cwd = std::env::current_dir().ok()?;
+            Some(p.strip_prefix(&cwd).map(|r| r.to_path_buf()).unwrap_or(p))
+        })
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|| "shepherd".into());
+    println!();
+    println!("Look further (the demo's database is {db}):");
+    println!("  export DATABASE_URL={database_url}");
+    println!("  {exe} status");
+    println!("  {exe} machines");
+    println!("  {exe} sinbin");
+    println!("  {exe} events --last 30");
+    println!("  {exe} views rebuild");
+    println!("  psql $DATABASE_URL -c 'select * from shepherd.queue_depth'");
+    println!("  psql $DATABASE_URL -c 'select * from shepherd.sinbin_now'");
+}

@@ -1,0 +1,58 @@
+//! The demo, shortened, end to end: it settles, and its summary is what the
+//! views say.
+
+use std::time::Duration;
+
+use shepherd_workers::demo::{DemoArgs, run};
+use shepherd_workers::runtime::Stop;
+use sqlx::PgPool;
+
+#[tokio::test]
+async fn the_demo_settles_and_its_summary_matches_the_views() {
+    let base = std::env::var("DATABASE_URL").expect("DATABASE_URL is set for tests");
+    let (server, _) = base.rsplit_once('/').unwrap();
+    let url = format!("{server}/shepherd_demo_test_{}", std::process::id());
+    let args = DemoArgs {
+        database_url: url.clone(),
+        reservations: 20,
+        max_machines: 12,
+        workers: 2,
+        timeout: Duration::from_secs(60),
+        progress: false,
+    };
+    let (_keep, stop) = Stop::new();
+    let summary = run(args, stop).await.expect("the demo runs");
+    assert!(!summary.interrupted);
+    assert_eq!(summary.machines, 12, "{summary:?}");
+    assert_eq!(summary.in_flight, 0);
+    assert!(summary.api_calls > 12);
+
+    let pool = PgPool::connect(&url).await.unwrap();
+    let managed: i64 = sqlx::query_scalar("select count(*) from shepherd.managed_machines")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(managed, summary.machines);
+    let penalised: Vec<(uuid::Uuid, String)> = sqlx::query_as(
+        "select reservation_id, cause from shepherd.sinbin where now() <= until order by reservation_id",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(penalised, summary.penalised);
+    let report = shepherd::events::views::rebuild(&pool, false)
+        .await
+        .unwrap();
+    assert!(report.differences.is_empty(), "{:?}", report.differences);
+    pool.close().await;
+    let admin = PgPool::connect(&format!("{server}/postgres"))
+        .await
+        .unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "drop database if exists shepherd_demo_test_{} with (force)",
+        std::process::id()
+    )))
+    .execute(&admin)
+    .await
+    .unwrap();
+}
