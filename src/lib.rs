@@ -5,6 +5,7 @@
 pub mod config;
 pub mod db;
 pub mod events;
+pub mod fleet;
 pub mod jobs;
 pub mod limiter;
 pub mod metal;

@@ -151,6 +151,10 @@ events! {
     ReservationPenalised = "reservation_penalised", 2 { reservation: Uuid, until: DateTime<Utc>, cause: String, class: Option<ErrorClass> }
     /// An operator lifted a penalty early.
     PenaltyCleared = "penalty_cleared", 1 { reservation: Uuid, by: String, reason: String }
+    /// An operator stopped new creations cluster-wide.
+    CreationsPaused = "creations_paused", 1 { by: String, reason: String }
+    /// An operator let new creations start again.
+    CreationsResumed = "creations_resumed", 1 { by: String, reason: String }
     /// A device became a managed machine.
     MachineAssimilated = "machine_assimilated", 1 {
         machine_id: Uuid,
@@ -207,6 +211,7 @@ impl Event {
             Event::AssimilationSkipped(e) => Stream::Device(e.device),
             Event::AssimilationRejected(e) => Stream::Device(e.device),
             Event::SshKeyEnsured(e) => Stream::SshKey(e.label.clone()),
+            Event::CreationsPaused(_) | Event::CreationsResumed(_) => Stream::Operator,
             Event::Unknown { .. } => Stream::Operator,
         }
     }

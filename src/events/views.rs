@@ -57,9 +57,19 @@ pub struct UnassimilatedDevice {
     pub created_at: DateTime<Utc>,
 }
 
-/// All four views, or the part of them one event touches.
+/// Creations are paused, by whom and why.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Pause {
+    pub by: String,
+    pub reason: String,
+    pub since: DateTime<Utc>,
+}
+
+/// All the views, or the part of them one event touches.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ViewState {
+    /// `Some` while creations are paused.
+    pub paused: Option<Pause>,
     /// By provider id (unique per provider; shepherd has one provider).
     pub machines: BTreeMap<String, ManagedMachine>,
     pub sinbin: BTreeMap<Uuid, Penalty>,
@@ -161,6 +171,14 @@ pub fn apply(state: &mut ViewState, event: &Event, at: DateTime<Utc>) {
         Event::AssimilationRejected(e) => {
             state.unassimilated.remove(&e.device);
         }
+        Event::CreationsPaused(e) => {
+            state.paused = Some(Pause {
+                by: e.by.clone(),
+                reason: e.reason.clone(),
+                since: at,
+            });
+        }
+        Event::CreationsResumed(_) => state.paused = None,
         Event::ReconcileStarted(_)
         | Event::ReservationsListed(_)
         | Event::DiscrepancyFound(_)
@@ -179,6 +197,7 @@ pub fn apply(state: &mut ViewState, event: &Event, at: DateTime<Utc>) {
 pub(crate) struct Keys {
     reservations: Vec<Uuid>,
     devices: Vec<Uuid>,
+    controls: bool,
 }
 
 impl Keys {
@@ -204,6 +223,7 @@ impl Keys {
                 Event::AdoptionRequested(e) => k.devices.push(e.device),
                 Event::AssimilationSkipped(e) => k.devices.push(e.device),
                 Event::AssimilationRejected(e) => k.devices.push(e.device),
+                Event::CreationsPaused(_) | Event::CreationsResumed(_) => k.controls = true,
                 _ => {}
             }
         }
@@ -215,7 +235,7 @@ impl Keys {
     }
 
     fn is_empty(&self) -> bool {
-        self.reservations.is_empty() && self.devices.is_empty()
+        self.reservations.is_empty() && self.devices.is_empty() && !self.controls
     }
 
     /// Serialises writers per reservation and device, in a fixed order so two
@@ -229,6 +249,7 @@ impl Keys {
             .iter()
             .map(|r| format!("reservation/{r}"))
             .chain(self.devices.iter().map(|d| format!("device/{d}")))
+            .chain(self.controls.then(|| "operator/controls".to_string()))
             .collect();
         sqlx::query(
             "select pg_advisory_xact_lock(hashtextextended(k, 0))
@@ -251,7 +272,7 @@ pub(crate) async fn apply_live(
         return Ok(());
     }
     let device_ids: Vec<String> = keys.devices.iter().map(Uuid::to_string).collect();
-    let before = load(conn, &keys.reservations, &keys.devices, &device_ids).await?;
+    let before = load(conn, &keys.reservations, &keys.devices, &device_ids, keys.controls).await?;
     let mut after = before.clone();
     for e in events {
         apply(&mut after, &e.event, e.recorded_at);
@@ -265,8 +286,12 @@ async fn load(
     reservations: &[Uuid],
     devices: &[Uuid],
     device_ids: &[String],
+    controls: bool,
 ) -> Result<ViewState, sqlx::Error> {
     let mut state = ViewState::default();
+    if controls {
+        state.paused = read_pause(&mut *conn).await?;
+    }
     // A machine can be keyed by its device, or found through its reservation.
     for row in sqlx::query(
         "select machine_id, provider, provider_id, reservation_id, hostname, assimilated_at
@@ -332,11 +357,48 @@ fn diff<'a, K: Ord, V: PartialEq>(
     (removed, upserted)
 }
 
+async fn write_pause(conn: &mut PgConnection, pause: Option<&Pause>) -> Result<(), sqlx::Error> {
+    match pause {
+        Some(p) => {
+            sqlx::query(
+                "insert into shepherd.controls (name, paused, by, reason, since)
+                 values ('creations', true, $1, $2, $3)
+                 on conflict (name) do update set paused = true, by = excluded.by,
+                   reason = excluded.reason, since = excluded.since",
+            )
+            .bind(&p.by)
+            .bind(&p.reason)
+            .bind(p.since)
+            .execute(&mut *conn)
+            .await?;
+        }
+        None => {
+            sqlx::query("delete from shepherd.controls where name = 'creations'")
+                .execute(&mut *conn)
+                .await?;
+        }
+    }
+    Ok(())
+}
+
+/// Whether creations are paused, and by whom.
+pub async fn read_pause(conn: &mut PgConnection) -> Result<Option<Pause>, sqlx::Error> {
+    let row: Option<(String, String, DateTime<Utc>)> = sqlx::query_as(
+        "select by, reason, since from shepherd.controls where name = 'creations' and paused",
+    )
+    .fetch_optional(&mut *conn)
+    .await?;
+    Ok(row.map(|(by, reason, since)| Pause { by, reason, since }))
+}
+
 async fn write_changes(
     conn: &mut PgConnection,
     before: &ViewState,
     after: &ViewState,
 ) -> Result<(), sqlx::Error> {
+    if before.paused != after.paused {
+        write_pause(conn, after.paused.as_ref()).await?;
+    }
     let (gone, changed) = diff(&before.machines, &after.machines);
     if !gone.is_empty() {
         sqlx::query(
@@ -518,7 +580,10 @@ pub async fn read_live(conn: &mut PgConnection) -> Result<ViewState, sqlx::Error
 }
 
 async fn read_tables(conn: &mut PgConnection) -> Result<ViewState, sqlx::Error> {
-    let mut state = ViewState::default();
+    let mut state = ViewState {
+        paused: read_pause(&mut *conn).await?,
+        ..ViewState::default()
+    };
     for row in sqlx::query("select * from shepherd.managed_machines")
         .fetch_all(&mut *conn)
         .await?
@@ -661,7 +726,7 @@ pub async fn rebuild(pool: &PgPool, replace: bool) -> Result<RebuildReport, Stor
         let mut tx = pool.begin().await?;
         sqlx::query(
             "lock table shepherd.managed_machines, shepherd.sinbin, shepherd.pending_creations,
-             shepherd.unassimilated_devices in exclusive mode",
+             shepherd.unassimilated_devices, shepherd.controls in exclusive mode",
         )
         .execute(&mut *tx)
         .await?;
@@ -673,6 +738,7 @@ pub async fn rebuild(pool: &PgPool, replace: bool) -> Result<RebuildReport, Stor
         )
         .execute(&mut *tx)
         .await?;
+        write_pause(&mut tx, rebuilt.paused.as_ref()).await?;
         insert_machines(&mut tx, rebuilt.machines.values()).await?;
         insert_penalties(&mut tx, rebuilt.sinbin.values()).await?;
         insert_pending(&mut tx, rebuilt.pending_creations.values()).await?;

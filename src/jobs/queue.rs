@@ -99,6 +99,7 @@ pub async fn lock_capacity(
 /// Why a reservation was not admitted.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Refusal {
+    Paused { by: String, reason: String },
     AtLimit { max_machines: u64 },
     AlreadyPending,
     AlreadyManaged,
@@ -107,6 +108,9 @@ pub enum Refusal {
 impl std::fmt::Display for Refusal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
+            Refusal::Paused { by, reason } => {
+                write!(f, "creations are paused by {by}: {reason}")
+            }
             Refusal::AtLimit { max_machines } => write!(
                 f,
                 "managed machines plus creations in flight are at max_machines ({max_machines})"
@@ -130,6 +134,7 @@ pub async fn admit(
     caused_by: Option<&str>,
 ) -> Result<(Vec<(Uuid, Uuid)>, Vec<(Uuid, Refusal)>), StoreError> {
     let capacity = lock_capacity(conn, max_machines).await?;
+    let paused = crate::events::views::read_pause(conn).await?;
     let ids: Vec<Uuid> = reservations.iter().map(|(r, _)| *r).collect();
     let pending: Vec<Uuid> = sqlx::query_scalar(
         "select reservation_id from shepherd.pending_creations where reservation_id = any($1)",
@@ -147,7 +152,15 @@ pub async fn admit(
     let mut admitted = Vec::new();
     let mut refused = Vec::new();
     for &(reservation, request) in reservations {
-        if pending.contains(&reservation) || admitted.iter().any(|(r, _)| *r == reservation) {
+        if let Some(p) = &paused {
+            refused.push((
+                reservation,
+                Refusal::Paused {
+                    by: p.by.clone(),
+                    reason: p.reason.clone(),
+                },
+            ));
+        } else if pending.contains(&reservation) || admitted.iter().any(|(r, _)| *r == reservation) {
             refused.push((reservation, Refusal::AlreadyPending));
         } else if managed.contains(&reservation) {
             refused.push((reservation, Refusal::AlreadyManaged));

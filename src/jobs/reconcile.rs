@@ -39,7 +39,7 @@ pub struct ReconcileOutcome {
 
 /// What shepherd's own tables say, read in one snapshot.
 #[derive(Debug, Default)]
-pub(crate) struct Fleet {
+pub struct Fleet {
     pub managed: HashSet<Uuid>,
     pub pending: HashSet<Uuid>,
     pub unassimilated: HashSet<Uuid>,
@@ -47,12 +47,12 @@ pub(crate) struct Fleet {
 }
 
 impl Fleet {
-    pub(crate) fn in_flight(&self) -> u64 {
+    pub fn in_flight(&self) -> u64 {
         (self.pending.len() + self.unassimilated.len()) as u64
     }
 }
 
-pub(crate) async fn read_fleet(pool: &PgPool) -> Result<Fleet, sqlx::Error> {
+pub async fn read_fleet(pool: &PgPool) -> Result<Fleet, sqlx::Error> {
     let mut tx = pool.begin().await?;
     sqlx::query("set transaction isolation level repeatable read read only")
         .execute(&mut *tx)
@@ -86,7 +86,7 @@ pub(crate) async fn read_fleet(pool: &PgPool) -> Result<Fleet, sqlx::Error> {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Adoption {
+pub struct Adoption {
     pub device: Uuid,
     pub reservation: Option<Uuid>,
     pub witnessed: bool,
@@ -94,7 +94,7 @@ pub(crate) struct Adoption {
 
 /// How the pass sees the provider's devices against its own records.
 #[derive(Debug, Default)]
-pub(crate) struct Comparison {
+pub struct Comparison {
     /// Prefixed devices to adopt: witnessed orphans, or anything unknown
     /// when `assimilate` is on.
     pub adopt: Vec<Adoption>,
@@ -104,7 +104,7 @@ pub(crate) struct Comparison {
     pub missing: Vec<Uuid>,
 }
 
-pub(crate) fn compare(
+pub fn compare(
     devices: &[Device],
     fleet: &Fleet,
     prefix: &str,
@@ -139,7 +139,7 @@ pub(crate) fn compare(
 }
 
 /// Reservations by class, and the candidates in listing order.
-pub(crate) fn classify(
+pub fn classify(
     reservations: &[HardwareReservation],
     fleet: &Fleet,
 ) -> (ReservationCounts, Vec<Uuid>) {
@@ -352,6 +352,15 @@ pub async fn reconcile(ctx: &JobContext, job_id: &str) -> Result<ReconcileOutcom
         .take(take)
         .map(|&r| (r, Uuid::new_v4()))
         .collect();
+    // Paused: the pass still reports what it saw, and says why it did nothing.
+    let paused = crate::events::views::read_pause(&mut tx).await?;
+    let chosen = match &paused {
+        Some(p) => {
+            out.refused = Some(format!("creations are paused by {}: {}", p.by, p.reason));
+            vec![]
+        }
+        None => chosen,
+    };
     let (admitted, _) = queue::admit(
         &mut tx,
         &chosen,
@@ -372,6 +381,12 @@ pub async fn reconcile(ctx: &JobContext, job_id: &str) -> Result<ReconcileOutcom
         closing.push(NewEvent::new(CreationsEnqueued {
             run,
             reservations: out.enqueued.clone(),
+        }));
+    }
+    if let Some(reason) = &out.refused {
+        closing.push(NewEvent::new(ReconcileRefused {
+            run,
+            reason: reason.clone(),
         }));
     }
     closing.push(NewEvent::new(finished(run, &out)));

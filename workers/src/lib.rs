@@ -6,6 +6,7 @@ pub mod database;
 pub mod demo;
 pub mod enqueue;
 pub mod fake_metal;
+pub mod http;
 pub mod inspect;
 pub mod logging;
 pub mod runtime;

@@ -1,0 +1,315 @@
+//! What an operator asks first: how the fleet stands, and what the next
+//! pass would do. Read-only; shared by `shepherd status`, `shepherd plan`,
+//! the status page and the metrics.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::events::event::{DiscrepancyFound, Event, ReconcileFinished};
+use crate::events::store::read_stream;
+use crate::events::views::{self, Pause};
+use crate::jobs::reconcile::{classify, compare, read_fleet};
+use crate::metal::{MetalClient, MetalError};
+
+#[derive(Debug, Clone, Serialize)]
+pub struct QueueRow {
+    pub kind: String,
+    pub state: String,
+    pub jobs: i64,
+    /// Age of the oldest job in this state, by its run time.
+    pub oldest_seconds: Option<f64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PenaltyRow {
+    pub reservation_id: Uuid,
+    pub until: DateTime<Utc>,
+    pub seconds_left: i64,
+    pub failures: i32,
+    pub cause: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct WorkerRow {
+    pub name: String,
+    pub queue: String,
+    pub seconds_since_seen: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct LastReconcile {
+    pub run: Uuid,
+    pub started_at: DateTime<Utc>,
+    pub finished: Option<ReconcileFinished>,
+    pub refused: Option<String>,
+    pub discrepancy: Option<DiscrepancyFound>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Overview {
+    pub now: DateTime<Utc>,
+    /// As the workers last announced it (they write it at start).
+    pub max_machines: Option<u64>,
+    pub managed: i64,
+    pub pending_creations: i64,
+    pub unassimilated_devices: i64,
+    pub penalised: Vec<PenaltyRow>,
+    pub queue: Vec<QueueRow>,
+    pub last_reconcile: Option<LastReconcile>,
+    /// When the last pass that ended without refusing finished.
+    pub last_successful_reconcile: Option<DateTime<Utc>>,
+    pub workers: Vec<WorkerRow>,
+    pub paused: Option<Pause>,
+    pub events: i64,
+}
+
+impl Overview {
+    pub fn in_flight(&self) -> i64 {
+        self.pending_creations + self.unassimilated_devices
+    }
+}
+
+/// Records the limit the workers run with, for status and SQL to show.
+pub async fn announce_max_machines(pool: &PgPool, max_machines: u64) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "insert into shepherd.cluster_settings (key, value) values ('max_machines', $1)
+         on conflict (key) do update set value = excluded.value, updated_at = now()",
+    )
+    .bind(serde_json::json!(max_machines))
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+pub async fn overview(pool: &PgPool) -> Result<Overview, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("set transaction isolation level repeatable read read only")
+        .execute(&mut *tx)
+        .await?;
+    let now: DateTime<Utc> = sqlx::query_scalar("select now()").fetch_one(&mut *tx).await?;
+    let max_machines: Option<serde_json::Value> = sqlx::query_scalar(
+        "select value from shepherd.cluster_settings where key = 'max_machines'",
+    )
+    .fetch_optional(&mut *tx)
+    .await?;
+    let (managed, pending_creations, unassimilated_devices, events): (i64, i64, i64, i64) =
+        sqlx::query_as(
+            "select (select count(*) from shepherd.managed_machines),
+                    (select count(*) from shepherd.pending_creations),
+                    (select count(*) from shepherd.unassimilated_devices),
+                    (select coalesce(max(position), 0) from shepherd.events)",
+        )
+        .fetch_one(&mut *tx)
+        .await?;
+    let penalised = sqlx::query_as::<_, (Uuid, DateTime<Utc>, i32, String)>(
+        "select reservation_id, until, failures, cause from shepherd.sinbin
+         where now() <= until order by until desc",
+    )
+    .fetch_all(&mut *tx)
+    .await?
+    .into_iter()
+    .map(|(reservation_id, until, failures, cause)| PenaltyRow {
+        reservation_id,
+        until,
+        seconds_left: (until - now).num_seconds().max(0),
+        failures,
+        cause,
+    })
+    .collect();
+    let queue = sqlx::query_as::<_, (String, String, i64, Option<f64>)>(
+        "select kind, state, jobs, extract(epoch from oldest_age)::float8 from shepherd.queue_depth",
+    )
+    .fetch_all(&mut *tx)
+    .await?
+    .into_iter()
+    .map(|(kind, state, jobs, oldest_seconds)| QueueRow {
+        kind,
+        state,
+        jobs,
+        oldest_seconds,
+    })
+    .collect();
+    let workers = sqlx::query_as::<_, (String, String, f64)>(
+        "select id, worker_type, extract(epoch from now() - last_seen)::float8 from apalis.workers
+         where last_seen > now() - interval '10 minutes' order by id",
+    )
+    .fetch_all(&mut *tx)
+    .await?
+    .into_iter()
+    .map(|(name, queue, seconds_since_seen)| WorkerRow {
+        name,
+        queue,
+        seconds_since_seen,
+    })
+    .collect();
+    let last_run: Option<(String, DateTime<Utc>)> = sqlx::query_as(
+        "select stream, recorded_at from shepherd.events where event_type = 'reconcile_started'
+         order by position desc limit 1",
+    )
+    .fetch_optional(&mut *tx)
+    .await?;
+    let last_successful_reconcile: Option<DateTime<Utc>> = sqlx::query_scalar(
+        "select max(f.recorded_at) from shepherd.events f
+         where f.event_type = 'reconcile_finished'
+           and not exists (select 1 from shepherd.events r
+                           where r.stream = f.stream and r.event_type = 'reconcile_refused')",
+    )
+    .fetch_one(&mut *tx)
+    .await?;
+    let paused = views::read_pause(&mut tx).await?;
+    tx.commit().await?;
+
+    let last_reconcile = match last_run {
+        Some((stream, started_at)) => {
+            let events = read_stream(pool, &stream).await.map_err(|e| match e {
+                crate::events::StoreError::Database(d) => d,
+                other => sqlx::Error::Protocol(other.to_string()),
+            })?;
+            let mut last = LastReconcile {
+                run: stream
+                    .strip_prefix("reconcile/")
+                    .and_then(|s| s.parse().ok())
+                    .unwrap_or_default(),
+                started_at,
+                finished: None,
+                refused: None,
+                discrepancy: None,
+            };
+            for e in events {
+                match e.event {
+                    Event::ReconcileFinished(f) => last.finished = Some(f),
+                    Event::ReconcileRefused(r) => last.refused = Some(r.reason),
+                    Event::DiscrepancyFound(d) => last.discrepancy = Some(d),
+                    _ => {}
+                }
+            }
+            Some(last)
+        }
+        None => None,
+    };
+    Ok(Overview {
+        now,
+        max_machines: max_machines.and_then(|v| v.as_u64()),
+        managed,
+        pending_creations,
+        unassimilated_devices,
+        penalised,
+        queue,
+        last_reconcile,
+        last_successful_reconcile,
+        workers,
+        paused,
+        events,
+    })
+}
+
+/// Why a reservation would not be picked.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Skip {
+    InUse,
+    NotProvisionable,
+    Penalised,
+    InFlight,
+    /// A candidate beyond what the limit or the chunk size allows.
+    BeyondLimit,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Plan {
+    pub max_machines: u64,
+    pub chunk_size: u64,
+    pub managed: u64,
+    pub in_flight: u64,
+    pub devices_listed: usize,
+    pub discrepancy: Option<DiscrepancyFound>,
+    pub would_adopt: Vec<Uuid>,
+    pub at_limit: bool,
+    pub paused: Option<Pause>,
+    pub reservations_listed: usize,
+    pub would_create: Vec<Uuid>,
+    pub skipped: Vec<(Uuid, Skip)>,
+}
+
+/// The next pass, dry: the same listings and the same rules, nothing written.
+pub async fn plan(
+    pool: &PgPool,
+    metal: &MetalClient,
+    config: &crate::config::ProvisionerConfig,
+) -> Result<Plan, PlanError> {
+    let devices = metal.list_devices().await?;
+    let fleet = read_fleet(pool).await?;
+    let comparison = compare(&devices, &fleet, &config.device_prefix, config.assimilate);
+    let mut conn = pool.acquire().await?;
+    let paused = views::read_pause(&mut conn).await?;
+    let mut plan = Plan {
+        max_machines: config.max_machines,
+        chunk_size: config.chunk_size,
+        managed: fleet.managed.len() as u64,
+        in_flight: fleet.in_flight() + comparison.adopt.len() as u64,
+        devices_listed: devices.len(),
+        discrepancy: None,
+        would_adopt: comparison.adopt.iter().map(|a| a.device).collect(),
+        at_limit: false,
+        paused,
+        reservations_listed: 0,
+        would_create: vec![],
+        skipped: vec![],
+    };
+    if !comparison.unknown.is_empty() || !comparison.missing.is_empty() {
+        plan.discrepancy = Some(DiscrepancyFound {
+            run: Uuid::nil(),
+            unknown_devices: comparison.unknown,
+            missing_devices: comparison.missing,
+        });
+        return Ok(plan);
+    }
+    let room = (config.max_machines > 0)
+        .then(|| config.max_machines.saturating_sub(plan.managed + plan.in_flight));
+    if room == Some(0) {
+        plan.at_limit = true;
+        return Ok(plan);
+    }
+    let reservations = metal.list_reservations(&["facility", "device"]).await?;
+    plan.reservations_listed = reservations.len();
+    let (_, candidates) = classify(&reservations, &fleet);
+    let take = if plan.paused.is_some() {
+        0
+    } else {
+        room.unwrap_or(u64::MAX).min(config.chunk_size) as usize
+    };
+    for r in &reservations {
+        let skip = if r.device.is_some() {
+            Some(Skip::InUse)
+        } else if !r.provisionable {
+            Some(Skip::NotProvisionable)
+        } else if fleet.pending.contains(&r.id) {
+            Some(Skip::InFlight)
+        } else if fleet.penalised.contains(&r.id) {
+            Some(Skip::Penalised)
+        } else {
+            None
+        };
+        if let Some(s) = skip {
+            plan.skipped.push((r.id, s));
+        }
+    }
+    for (i, c) in candidates.iter().enumerate() {
+        if i < take {
+            plan.would_create.push(*c);
+        } else {
+            plan.skipped.push((*c, Skip::BeyondLimit));
+        }
+    }
+    Ok(plan)
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error("Metal API: {0}")]
+    Metal(#[from] MetalError),
+    #[error("database: {0}")]
+    Database(#[from] sqlx::Error),
+}

@@ -1,0 +1,1 @@
+//! placeholder: the status page and metrics endpoint
