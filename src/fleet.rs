@@ -88,7 +88,9 @@ pub async fn overview(pool: &PgPool) -> Result<Overview, sqlx::Error> {
     sqlx::query("set transaction isolation level repeatable read read only")
         .execute(&mut *tx)
         .await?;
-    let now: DateTime<Utc> = sqlx::query_scalar("select now()").fetch_one(&mut *tx).await?;
+    let now: DateTime<Utc> = sqlx::query_scalar("select now()")
+        .fetch_one(&mut *tx)
+        .await?;
     let max_machines: Option<serde_json::Value> = sqlx::query_scalar(
         "select value from shepherd.cluster_settings where key = 'max_machines'",
     )
@@ -266,8 +268,11 @@ pub async fn plan(
         });
         return Ok(plan);
     }
-    let room = (config.max_machines > 0)
-        .then(|| config.max_machines.saturating_sub(plan.managed + plan.in_flight));
+    let room = (config.max_machines > 0).then(|| {
+        config
+            .max_machines
+            .saturating_sub(plan.managed + plan.in_flight)
+    });
     if room == Some(0) {
         plan.at_limit = true;
         return Ok(plan);

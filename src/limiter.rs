@@ -37,39 +37,61 @@ impl Limiter {
         self.rate
     }
 
-    /// Reserves the next slot and returns how long to wait for it.
-    pub async fn reserve(&self) -> Result<Duration, sqlx::Error> {
-        if self.rate.is_unlimited() {
-            return Ok(Duration::ZERO);
-        }
+    /// Reserves the next slot; returns its start as a Unix time in seconds.
+    pub async fn reserve(&self) -> Result<f64, sqlx::Error> {
         let spacing = self.rate.spacing().as_secs_f64();
         let slack = spacing * f64::from(self.rate.burst.saturating_sub(1));
-        let wait: f64 = sqlx::query_scalar(
+        sqlx::query_scalar(
             "insert into shepherd.limiters as l (name, next_at)
              values ($1, clock_timestamp() + make_interval(secs => $2))
              on conflict (name) do update
                set next_at = greatest(l.next_at, clock_timestamp() - make_interval(secs => $3))
                              + make_interval(secs => $2)
-             returning greatest(0, extract(epoch from
-                 (next_at - make_interval(secs => $2)) - clock_timestamp()))::float8",
+             returning extract(epoch from next_at - make_interval(secs => $2))::float8",
         )
         .bind(self.name)
         .bind(spacing)
         .bind(slack)
         .fetch_one(&self.pool)
-        .await?;
-        Ok(Duration::from_secs_f64(wait))
+        .await
     }
 
-    /// Waits for the next slot. Dropping the future gives up the wait (the
-    /// slot stays taken).
+    /// Waits for a slot and returns how long it waited. A slot this caller
+    /// reaches too late (the answer was slow, or the process was not
+    /// scheduled) is given up and another taken: late slots bunched together
+    /// are how a limiter lets a burst through. The cost is a slot left unused,
+    /// never one used twice. Slots are compared with this host's clock, so
+    /// hosts must keep their clocks within a fraction of the spacing (NTP).
+    /// Dropping the future gives up the wait.
     pub async fn acquire(&self) -> Result<Duration, sqlx::Error> {
-        let wait = self.reserve().await?;
-        if !wait.is_zero() {
-            tokio::time::sleep(wait).await;
+        if self.rate.is_unlimited() {
+            return Ok(Duration::ZERO);
         }
-        Ok(wait)
+        let started = std::time::Instant::now();
+        let tolerance = (self.rate.spacing().as_secs_f64() / 4.0).max(0.002);
+        loop {
+            let slot = self.reserve().await?;
+            let wait = slot - unix_now();
+            if wait > 0.0 {
+                tokio::time::sleep(Duration::from_secs_f64(wait)).await;
+            }
+            if unix_now() - slot <= tolerance {
+                return Ok(started.elapsed());
+            }
+            tracing::debug!(
+                limiter = self.name,
+                late_ms = (unix_now() - slot) * 1000.0,
+                "slot missed; taking another"
+            );
+        }
     }
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
 }
 
 /// The Metal client's minimum interval between calls, held across every

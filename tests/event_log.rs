@@ -144,6 +144,16 @@ fn one_of_each() -> Vec<Event> {
             witnessed: true,
         }
         .into(),
+        CreationsPaused {
+            by: "ops".into(),
+            reason: "window".into(),
+        }
+        .into(),
+        CreationsResumed {
+            by: "ops".into(),
+            reason: String::new(),
+        }
+        .into(),
     ]
 }
 
@@ -483,7 +493,12 @@ fn random_event(rng: &mut impl Rng, reservations: &[Uuid], devices: &[Uuid]) -> 
     let r = reservations[rng.random_range(0..reservations.len())];
     let d = devices[rng.random_range(0..devices.len())];
     let offset = TimeDelta::seconds(rng.random_range(-3600..3600));
-    match rng.random_range(0..11) {
+    match rng.random_range(0..12) {
+        11 => CreationsPaused {
+            by: "ops".into(),
+            reason: format!("r{}", rng.random::<u8>()),
+        }
+        .into(),
         10 => AdoptionRequested {
             run: Uuid::nil(),
             device: d,

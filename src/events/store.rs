@@ -192,6 +192,25 @@ pub async fn read_stream(pool: &PgPool, stream: &str) -> Result<Vec<StoredEvent>
     rows.iter().map(decode_row).collect()
 }
 
+/// A device's own stream plus the creation event (on its reservation's
+/// stream) that made it, in order.
+pub async fn read_device_history(
+    pool: &PgPool,
+    device: Uuid,
+) -> Result<Vec<StoredEvent>, StoreError> {
+    let rows = sqlx::query(concat!(
+        "select ",
+        columns!(),
+        " from shepherd.events where stream = 'device/' || $1::text
+           or (event_type = 'device_created' and body->>'device' = $1::text)
+         order by position"
+    ))
+    .bind(device)
+    .fetch_all(pool)
+    .await?;
+    rows.iter().map(decode_row).collect()
+}
+
 /// The last `limit` events, oldest first.
 pub async fn read_recent(pool: &PgPool, limit: i64) -> Result<Vec<StoredEvent>, StoreError> {
     let rows = sqlx::query(concat!(

@@ -272,7 +272,14 @@ pub(crate) async fn apply_live(
         return Ok(());
     }
     let device_ids: Vec<String> = keys.devices.iter().map(Uuid::to_string).collect();
-    let before = load(conn, &keys.reservations, &keys.devices, &device_ids, keys.controls).await?;
+    let before = load(
+        conn,
+        &keys.reservations,
+        &keys.devices,
+        &device_ids,
+        keys.controls,
+    )
+    .await?;
     let mut after = before.clone();
     for e in events {
         apply(&mut after, &e.event, e.recorded_at);

@@ -160,7 +160,8 @@ pub async fn admit(
                     reason: p.reason.clone(),
                 },
             ));
-        } else if pending.contains(&reservation) || admitted.iter().any(|(r, _)| *r == reservation) {
+        } else if pending.contains(&reservation) || admitted.iter().any(|(r, _)| *r == reservation)
+        {
             refused.push((reservation, Refusal::AlreadyPending));
         } else if managed.contains(&reservation) {
             refused.push((reservation, Refusal::AlreadyManaged));

@@ -104,12 +104,7 @@ pub struct Comparison {
     pub missing: Vec<Uuid>,
 }
 
-pub fn compare(
-    devices: &[Device],
-    fleet: &Fleet,
-    prefix: &str,
-    assimilate: bool,
-) -> Comparison {
+pub fn compare(devices: &[Device], fleet: &Fleet, prefix: &str, assimilate: bool) -> Comparison {
     let mut c = Comparison::default();
     let present: HashSet<Uuid> = devices.iter().map(|d| d.id).collect();
     for d in devices {

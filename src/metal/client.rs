@@ -399,7 +399,6 @@ impl MetalClient {
                     });
                 }
                 let body = self.create_body(req, &reservation, witness)?;
-                pace().await?;
                 let call = Call {
                     op: Operation::CreateDevice,
                     method: Method::POST,
@@ -407,7 +406,11 @@ impl MetalClient {
                     query: vec![],
                     body: Some(&body),
                 };
-                match self.json_once::<Device>(call).await {
+                let posted = match self.attempt_paced(&call, Some(pace)).await {
+                    Ok((status, body)) => decode::<Device>(call.op, status, &body),
+                    Err(e) => Err(e),
+                };
+                match posted {
                     Ok(device) => Ok(CreatedDevice {
                         device,
                         recovered: false,
@@ -716,7 +719,26 @@ impl MetalClient {
     /// One attempt through the gate, with its own timeout. Returns the status
     /// and body of a success; any other answer becomes an error.
     async fn attempt(&self, call: &Call<'_>) -> Result<(u16, Vec<u8>), MetalError> {
+        self.attempt_paced::<fn() -> std::future::Ready<Result<(), MetalError>>, _>(call, None)
+            .await
+    }
+
+    /// One attempt; `pace`, when given, is awaited after the attempt has its
+    /// slot in the gate, right before the request is sent, so nothing of our
+    /// own stands between a rate limiter's slot and the wire.
+    async fn attempt_paced<P, Fut>(
+        &self,
+        call: &Call<'_>,
+        pace: Option<&P>,
+    ) -> Result<(u16, Vec<u8>), MetalError>
+    where
+        P: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<(), MetalError>>,
+    {
         let admission = self.inner.gate.admit(call.op).await?;
+        if let Some(pace) = pace {
+            pace().await?;
+        }
         let started = tokio::time::Instant::now();
         let url = format!("{}{}", self.inner.base_url, call.path);
         let mut request = self.inner.http.request(call.method.clone(), &url);

@@ -176,6 +176,7 @@ pub async fn run(args: DemoArgs, stop: Stop) -> anyhow::Result<DemoSummary> {
         ..ProvisionerConfig::default()
     });
     config.validate()?;
+    shepherd::fleet::announce_max_machines(&pool, config.max_machines).await?;
     let mut client_config =
         ClientConfig::new(fake.base_url(), fake.project_id(), ApiToken::new(&token));
     client_config.api_rate = Duration::ZERO;

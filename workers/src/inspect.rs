@@ -52,7 +52,10 @@ pub async fn machines(args: ListArgs) -> anyhow::Result<()> {
 }
 
 #[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct SinbinArgs {
+    #[command(subcommand)]
+    command: Option<crate::operate::SinbinCommand>,
     #[command(flatten)]
     list: ListArgs,
     /// Also list expired penalties (kept for their failure counts)
@@ -61,6 +64,9 @@ pub struct SinbinArgs {
 }
 
 pub async fn sinbin(args: SinbinArgs) -> anyhow::Result<()> {
+    if let Some(crate::operate::SinbinCommand::Clear(clear)) = args.command {
+        return crate::operate::sinbin_clear(clear).await;
+    }
     let pool = args.list.db.connect(2).await?;
     let mut conn = pool.acquire().await?;
     let now: chrono::DateTime<Utc> = sqlx::query_scalar("select now()")

@@ -9,6 +9,7 @@ pub mod fake_metal;
 pub mod http;
 pub mod inspect;
 pub mod logging;
+pub mod operate;
 pub mod runtime;
 pub mod scheduler;
 pub mod settings;

@@ -2,7 +2,7 @@
 //! module; this file only parses flags, sets up logging and maps failures to
 //! a one-line message and a non-zero exit.
 
-use shepherd_workers::{database, demo, enqueue, fake_metal, inspect, logging, worker};
+use shepherd_workers::{database, demo, enqueue, fake_metal, inspect, logging, operate, worker};
 
 use std::process::ExitCode;
 
@@ -34,11 +34,22 @@ enum Command {
     /// Enqueue a manual job
     #[command(subcommand)]
     Enqueue(enqueue::EnqueueCommand),
+    /// How the fleet stands: managed vs limit, in flight, sinbin, queue, last pass, workers
+    Status(operate::StatusArgs),
+    /// What the next reconcile would do, without doing it
+    Plan(Box<operate::PlanArgs>),
+    /// The events of one reservation or device, in order
+    #[command(subcommand)]
+    History(operate::HistoryOf),
+    /// Stop new creations cluster-wide (reconciles go on reporting)
+    Pause(operate::ControlArgs),
+    /// Let new creations start again
+    Resume(operate::ControlArgs),
     /// Create the database if needed and apply the schema
     Migrate(database::DatabaseArgs),
     /// List the machines shepherd manages
     Machines(inspect::ListArgs),
-    /// List penalised reservations with cause and time left
+    /// List penalised reservations with cause and time left, or clear them
     Sinbin(inspect::SinbinArgs),
     /// Show the event log, optionally one stream, optionally following it
     Events(inspect::EventsArgs),
@@ -78,6 +89,11 @@ fn main() -> ExitCode {
             Command::Worker(args) => worker::worker(*args).await,
             Command::Scheduler(args) => worker::scheduler(args).await,
             Command::Enqueue(command) => enqueue::enqueue(command).await,
+            Command::Status(args) => operate::status(args).await,
+            Command::Plan(args) => operate::plan(*args).await,
+            Command::History(of) => operate::history(of).await,
+            Command::Pause(args) => operate::pause(args).await,
+            Command::Resume(args) => operate::resume(args).await,
             Command::Migrate(args) => database::migrate(args).await,
             Command::Machines(args) => inspect::machines(args).await,
             Command::Sinbin(args) => inspect::sinbin(args).await,
@@ -89,8 +105,22 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("shepherd: {e:#}");
+            eprintln!("shepherd: {}", describe(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// The error and its causes on one line, skipping a cause whose text the
+/// message before it already carries (many errors print their source too).
+fn describe(e: &anyhow::Error) -> String {
+    let mut out = e.to_string();
+    for cause in e.chain().skip(1) {
+        let text = cause.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+    }
+    out
 }

@@ -59,6 +59,15 @@ pub struct WorkerArgs {
     #[arg(long, env = "SHEPHERD_JOB_RETENTION", default_value = "7d", value_parser = parse_duration)]
     pub job_retention: Duration,
 
+    /// Where this worker serves its status page, /metrics, /healthz and
+    /// /readyz. Localhost by default: exposing it is a decision to make.
+    #[arg(
+        long,
+        env = "SHEPHERD_METRICS_LISTEN",
+        default_value = "127.0.0.1:9090"
+    )]
+    pub metrics_listen: std::net::SocketAddr,
+
     /// Database connections this process may hold
     #[arg(long, env = "SHEPHERD_DB_CONNECTIONS", default_value_t = 16)]
     pub db_connections: u32,
@@ -96,7 +105,12 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
     shepherd::db::check_url(&args.db.database_url)?;
 
     let pool = args.db.prepare(args.db_connections).await?;
-    let metal = args.metal.client(Some(&pool), ClientMetrics::default())?;
+    shepherd::fleet::announce_max_machines(&pool, config.max_machines).await?;
+    let client_metrics = ClientMetrics::default();
+    let metal = args.metal.client(Some(&pool), client_metrics.clone())?;
+    let listener = tokio::net::TcpListener::bind(args.metrics_listen)
+        .await
+        .with_context(|| format!("--metrics-listen: cannot listen on {}", args.metrics_listen))?;
     let creation_limiter = Limiter::new(
         pool.clone(),
         limiter::DEVICE_CREATION,
@@ -116,6 +130,16 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
     tracing::info!(key = %key, label = %config.ssh_key_label, "SSH key ensured");
 
     let stop = stop_on_signal();
+    // The status page stays up while jobs drain, and stops after them.
+    let (http_stop_tx, http_stop) = Stop::new();
+    let http = tokio::spawn(crate::http::serve(
+        listener,
+        crate::http::HttpState {
+            pool: pool.clone(),
+            client_metrics,
+        },
+        http_stop,
+    ));
     let opts = RuntimeOptions {
         process_name: process_name(),
         reconcile_concurrency: args.reconcile_concurrency as usize,
@@ -138,6 +162,10 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
     runtime::run(pool.clone(), ctx, opts, stop).await;
     if let Some(s) = scheduler {
         let _ = s.await;
+    }
+    let _ = http_stop_tx.send(true);
+    if let Ok(Err(e)) = http.await {
+        tracing::warn!(error = %e, "the status page server failed");
     }
     pool.close().await;
     tracing::info!("worker exited cleanly");

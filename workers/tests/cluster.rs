@@ -77,8 +77,11 @@ impl Cluster {
     fn spawn_worker(&mut self, extra: &[&str]) {
         let n = self.workers.len();
         let log = std::fs::File::create(self.dir.join(format!("worker-{n}.log"))).unwrap();
+        let port = format!("127.0.0.1:{}", free_port());
         let mut args = vec![
             "worker",
+            "--metrics-listen",
+            &port,
             "--scheduler",
             "--heartbeat",
             "1s",
@@ -185,6 +188,14 @@ impl Drop for Cluster {
             let _ = w.wait();
         }
     }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 fn signal(child: &Child, sig: &str) {

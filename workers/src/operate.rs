@@ -1,0 +1,347 @@
+//! The operator's commands: `status`, `plan`, `history`, `pause`, `resume`
+//! and `sinbin clear`.
+
+use anyhow::{Context, bail};
+use clap::{Args, Subcommand};
+use shepherd::fleet::{self, Overview};
+use shepherd::metal::ClientMetrics;
+use uuid::Uuid;
+
+use crate::database::DatabaseArgs;
+use crate::inspect::print_event;
+use crate::settings::{MetalArgs, ProvisionerArgs};
+use crate::table::Table;
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    db: DatabaseArgs,
+    /// Print JSON instead of tables
+    #[arg(long)]
+    json: bool,
+}
+
+fn age(seconds: f64) -> String {
+    crate::table::human_duration(chrono::TimeDelta::milliseconds((seconds * 1000.0) as i64))
+}
+
+pub fn render_status(o: &Overview) -> String {
+    let mut out = String::new();
+    let limit = match o.max_machines {
+        Some(0) => "no limit".to_string(),
+        Some(n) => n.to_string(),
+        None => "unknown (no worker has announced it)".to_string(),
+    };
+    out.push_str(&format!(
+        "managed      {} / {limit}\nin flight    {} ({} creations pending, {} devices not yet assimilated)\n",
+        o.managed,
+        o.in_flight(),
+        o.pending_creations,
+        o.unassimilated_devices
+    ));
+    match &o.paused {
+        Some(p) => out.push_str(&format!(
+            "creations    PAUSED by {} since {}: {}\n",
+            p.by,
+            p.since.format("%Y-%m-%d %H:%M:%S"),
+            p.reason
+        )),
+        None => out.push_str("creations    running\n"),
+    }
+    out.push_str("\nlast reconcile\n");
+    match &o.last_reconcile {
+        None => out.push_str("  none yet\n"),
+        Some(r) => {
+            out.push_str(&format!(
+                "  run {} started {} ago\n",
+                r.run,
+                crate::table::human_duration(o.now - r.started_at)
+            ));
+            if let Some(d) = &r.discrepancy {
+                out.push_str("  !!! DISCREPANCY: the provider and shepherd disagree; no work is being done !!!\n");
+                for id in &d.unknown_devices {
+                    out.push_str(&format!(
+                        "  !!! unknown prefixed device {id} (not managed, not witnessed)\n"
+                    ));
+                }
+                for id in &d.missing_devices {
+                    out.push_str(&format!(
+                        "  !!! managed machine's device {id} is gone from the provider\n"
+                    ));
+                }
+            }
+            if let Some(reason) = &r.refused {
+                out.push_str(&format!("  refused: {reason}\n"));
+            }
+            match &r.finished {
+                Some(f) => out.push_str(&format!(
+                    "  finished: {} managed, {} in flight, {} enqueued{}\n",
+                    f.managed,
+                    f.in_flight,
+                    f.enqueued,
+                    if f.at_limit { ", at the limit" } else { "" }
+                )),
+                None if r.refused.is_none() => out.push_str("  still running\n"),
+                None => {}
+            }
+        }
+    }
+    out.push_str(&format!(
+        "\npenalised reservations ({})\n",
+        o.penalised.len()
+    ));
+    if !o.penalised.is_empty() {
+        let mut t = Table::new(&["RESERVATION", "TIME LEFT", "FAILURES", "CAUSE"]);
+        for p in &o.penalised {
+            t.row(vec![
+                p.reservation_id.to_string(),
+                age(p.seconds_left as f64),
+                p.failures.to_string(),
+                p.cause.clone(),
+            ]);
+        }
+        out.push_str(&t.render());
+    }
+    out.push_str("\nqueue\n");
+    if o.queue.is_empty() {
+        out.push_str("  empty\n");
+    } else {
+        let mut t = Table::new(&["KIND", "STATE", "JOBS", "OLDEST"]);
+        for q in &o.queue {
+            t.row(vec![
+                q.kind.clone(),
+                q.state.clone(),
+                q.jobs.to_string(),
+                q.oldest_seconds.map(age).unwrap_or_default(),
+            ]);
+        }
+        out.push_str(&t.render());
+    }
+    out.push_str(&format!(
+        "\nworkers seen in the last 10 minutes ({})\n",
+        o.workers.len()
+    ));
+    if !o.workers.is_empty() {
+        let mut t = Table::new(&["WORKER", "QUEUE", "LAST SEEN"]);
+        for w in &o.workers {
+            t.row(vec![
+                w.name.clone(),
+                w.queue.clone(),
+                format!("{} ago", age(w.seconds_since_seen)),
+            ]);
+        }
+        out.push_str(&t.render());
+    }
+    out
+}
+
+pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
+    let pool = args.db.connect(2).await?;
+    let overview = fleet::overview(&pool).await?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&overview)?);
+    } else {
+        print!("{}", render_status(&overview));
+    }
+    Ok(())
+}
+
+#[derive(Debug, Args)]
+pub struct PlanArgs {
+    #[command(flatten)]
+    db: DatabaseArgs,
+    #[command(flatten)]
+    metal: MetalArgs,
+    #[command(flatten)]
+    provisioner: ProvisionerArgs,
+    /// Print JSON instead of a report
+    #[arg(long)]
+    json: bool,
+}
+
+pub async fn plan(args: PlanArgs) -> anyhow::Result<()> {
+    let config = args.provisioner.config()?;
+    let metal = args.metal.client(None, ClientMetrics::default())?;
+    let pool = args.db.connect(2).await?;
+    let plan = fleet::plan(&pool, &metal, &config).await?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&plan)?);
+        return Ok(());
+    }
+    println!(
+        "listed {} devices; {} managed, {} in flight, limit {}",
+        plan.devices_listed,
+        plan.managed,
+        plan.in_flight,
+        if plan.max_machines == 0 {
+            "none".to_string()
+        } else {
+            plan.max_machines.to_string()
+        }
+    );
+    if !plan.would_adopt.is_empty() {
+        println!(
+            "would adopt {} devices: {:?}",
+            plan.would_adopt.len(),
+            plan.would_adopt
+        );
+    }
+    if let Some(d) = &plan.discrepancy {
+        println!("DISCREPANCY: the pass would refuse to work");
+        println!("  unknown devices: {:?}", d.unknown_devices);
+        println!("  missing devices: {:?}", d.missing_devices);
+        return Ok(());
+    }
+    if plan.at_limit {
+        println!("at the limit: the pass would not list reservations");
+        return Ok(());
+    }
+    if let Some(p) = &plan.paused {
+        println!("creations are paused by {}: {}", p.by, p.reason);
+    }
+    println!("listed {} reservations", plan.reservations_listed);
+    println!(
+        "would create {} devices (chunk size {}):",
+        plan.would_create.len(),
+        plan.chunk_size
+    );
+    for r in &plan.would_create {
+        println!("  {r}  -> {}", config.hostname(*r));
+    }
+    let mut t = Table::new(&["SKIPPED RESERVATION", "WHY"]);
+    for (r, why) in &plan.skipped {
+        t.row(vec![
+            r.to_string(),
+            serde_json::to_value(why)?
+                .as_str()
+                .unwrap_or("")
+                .replace('_', " "),
+        ]);
+    }
+    print!("{}", t.render());
+    Ok(())
+}
+
+#[derive(Debug, Subcommand)]
+pub enum HistoryOf {
+    /// A reservation's events
+    Reservation {
+        id: Uuid,
+        #[command(flatten)]
+        db: DatabaseArgs,
+        #[arg(long)]
+        json: bool,
+    },
+    /// A device's events, with the creation that made it
+    Device {
+        id: Uuid,
+        #[command(flatten)]
+        db: DatabaseArgs,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+pub async fn history(of: HistoryOf) -> anyhow::Result<()> {
+    let (stream, db, json, device) = match of {
+        HistoryOf::Reservation { id, db, json } => (format!("reservation/{id}"), db, json, None),
+        HistoryOf::Device { id, db, json } => (format!("device/{id}"), db, json, Some(id)),
+    };
+    let pool = db.connect(2).await?;
+    let events = match device {
+        Some(d) => shepherd::events::store::read_device_history(&pool, d).await?,
+        None => shepherd::events::store::read_stream(&pool, &stream).await?,
+    };
+    if events.is_empty() {
+        bail!("no events for {stream}");
+    }
+    for e in &events {
+        print_event(e, json)?;
+    }
+    Ok(())
+}
+
+#[derive(Debug, Args)]
+pub struct ControlArgs {
+    #[command(flatten)]
+    db: DatabaseArgs,
+    /// Why (recorded in the event)
+    #[arg(long, default_value = "")]
+    reason: String,
+}
+
+fn operator() -> String {
+    format!(
+        "cli:{}",
+        std::env::var("USER").unwrap_or_else(|_| "unknown".into())
+    )
+}
+
+pub async fn pause(args: ControlArgs) -> anyhow::Result<()> {
+    let pool = args.db.connect(2).await?;
+    sqlx::query("select shepherd.pause_creations($1, $2)")
+        .bind(&args.reason)
+        .bind(operator())
+        .execute(&pool)
+        .await
+        .context("cannot pause creations")?;
+    println!("creations paused cluster-wide; reconciles go on reporting");
+    Ok(())
+}
+
+pub async fn resume(args: ControlArgs) -> anyhow::Result<()> {
+    let pool = args.db.connect(2).await?;
+    sqlx::query("select shepherd.resume_creations($1, $2)")
+        .bind(&args.reason)
+        .bind(operator())
+        .execute(&pool)
+        .await
+        .context("cannot resume creations")?;
+    println!("creations resumed");
+    Ok(())
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SinbinCommand {
+    /// Lift penalties early (recorded with who and why)
+    Clear(ClearArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ClearArgs {
+    /// The reservation whose penalty to lift
+    #[arg(required_unless_present = "all", conflicts_with = "all")]
+    reservation: Option<Uuid>,
+    /// Lift every active penalty
+    #[arg(long)]
+    all: bool,
+    #[command(flatten)]
+    control: ControlArgs,
+}
+
+pub async fn sinbin_clear(args: ClearArgs) -> anyhow::Result<()> {
+    let pool = args.control.db.connect(2).await?;
+    match args.reservation {
+        Some(r) => {
+            let cleared: bool = sqlx::query_scalar("select shepherd.clear_penalty($1, $2, $3)")
+                .bind(r)
+                .bind(&args.control.reason)
+                .bind(operator())
+                .fetch_one(&pool)
+                .await?;
+            if !cleared {
+                bail!("reservation {r} is not in the sinbin");
+            }
+            println!("penalty of reservation {r} lifted");
+        }
+        None => {
+            let n: i32 = sqlx::query_scalar("select shepherd.clear_all_penalties($1, $2)")
+                .bind(&args.control.reason)
+                .bind(operator())
+                .fetch_one(&pool)
+                .await?;
+            println!("{n} penalties lifted");
+        }
+    }
+    Ok(())
+}

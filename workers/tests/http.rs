@@ -1,0 +1,396 @@
+//! The status page, the history pages, the metrics and the probes, served
+//! over a real socket against a known event log.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use chrono::Utc;
+use reqwest::StatusCode;
+use shepherd::events::event::*;
+use shepherd::events::{NewEvent, record};
+use shepherd::jobs::{ReconcileArgs, queue};
+use shepherd::metal::ClientMetrics;
+use shepherd_workers::http::{HttpState, serve};
+use shepherd_workers::runtime::Stop;
+use sqlx::PgPool;
+use sqlx::postgres::PgPoolOptions;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use uuid::Uuid;
+
+struct Server {
+    base: String,
+    stop: watch::Sender<bool>,
+    task: JoinHandle<std::io::Result<()>>,
+}
+
+impl Server {
+    async fn start(pool: PgPool) -> Server {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let (stop, handle) = Stop::new();
+        let state = HttpState {
+            pool,
+            client_metrics: ClientMetrics::default(),
+        };
+        let task = tokio::spawn(serve(listener, state, handle));
+        Server { base, stop, task }
+    }
+
+    async fn get(&self, path: &str) -> (StatusCode, String, String) {
+        let response = reqwest::get(format!("{}{path}", self.base)).await.unwrap();
+        let status = response.status();
+        let content_type = response
+            .headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .map(|v| v.to_str().unwrap().to_string())
+            .unwrap_or_default();
+        (status, content_type, response.text().await.unwrap())
+    }
+
+    async fn stop(self) {
+        self.stop.send(true).unwrap();
+        tokio::time::timeout(Duration::from_secs(5), self.task)
+            .await
+            .expect("the server stops when asked")
+            .unwrap()
+            .unwrap();
+    }
+}
+
+async fn append(pool: &PgPool, events: Vec<Event>) {
+    let mut tx = pool.begin().await.unwrap();
+    record(&mut tx, events.into_iter().map(NewEvent::new).collect())
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+}
+
+fn assimilated(device: Uuid, reservation: Uuid, hostname: &str) -> Event {
+    MachineAssimilated {
+        machine_id: Uuid::new_v4(),
+        provider: "equinix".into(),
+        provider_id: device.to_string(),
+        reservation: Some(reservation),
+        hostname: Some(hostname.into()),
+    }
+    .into()
+}
+
+/// The ids of the fleet `seed` builds.
+struct Fleet {
+    managed: Uuid,
+    device: Uuid,
+    penalised: Uuid,
+    unknown_device: Uuid,
+}
+
+const CAUSE: &str = "createDevice: no capacity <da11> & retry later (422)";
+
+/// One managed machine, one pending creation, one penalised reservation, a
+/// reconcile refused over an unknown device, a queued job, limit 10.
+async fn seed(pool: &PgPool) -> Fleet {
+    shepherd::db::migrate(pool).await.unwrap();
+    let fleet = Fleet {
+        managed: Uuid::new_v4(),
+        device: Uuid::new_v4(),
+        penalised: Uuid::new_v4(),
+        unknown_device: Uuid::new_v4(),
+    };
+    let pending = Uuid::new_v4();
+    let run = Uuid::new_v4();
+    append(
+        pool,
+        vec![
+            CreationRequested {
+                reservation: fleet.managed,
+                request: Uuid::new_v4(),
+                manual: false,
+            }
+            .into(),
+            DeviceCreated {
+                reservation: fleet.managed,
+                device: fleet.device,
+                hostname: "shepherd-alpha".into(),
+                witness: "shepherd-witness:w1".into(),
+                recovered: false,
+            }
+            .into(),
+            assimilated(fleet.device, fleet.managed, "shepherd-alpha"),
+            CreationRequested {
+                reservation: pending,
+                request: Uuid::new_v4(),
+                manual: true,
+            }
+            .into(),
+            ReservationPenalised {
+                reservation: fleet.penalised,
+                until: Utc::now() + chrono::TimeDelta::hours(1),
+                cause: CAUSE.into(),
+                class: None,
+            }
+            .into(),
+            ReconcileStarted {
+                run,
+                max_machines: 10,
+                chunk_size: 5,
+            }
+            .into(),
+            ReservationsListed {
+                run,
+                counts: ReservationCounts {
+                    total: 9,
+                    available: 5,
+                    in_use: 1,
+                    not_provisionable: 1,
+                    penalised: 1,
+                    in_flight: 1,
+                },
+            }
+            .into(),
+            DiscrepancyFound {
+                run,
+                unknown_devices: vec![fleet.unknown_device],
+                missing_devices: vec![],
+            }
+            .into(),
+            ReconcileRefused {
+                run,
+                reason: "provider and shepherd disagree".into(),
+            }
+            .into(),
+        ],
+    )
+    .await;
+    let mut tx = pool.begin().await.unwrap();
+    queue::push_reconcile(
+        &mut tx,
+        &ReconcileArgs {
+            requested_by: "test".into(),
+        },
+        None,
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    shepherd::fleet::announce_max_machines(pool, 10)
+        .await
+        .unwrap();
+    fleet
+}
+
+/// Every sample of an OpenMetrics text exposition, by series.
+fn samples(text: &str) -> HashMap<String, f64> {
+    assert!(text.ends_with("# EOF\n"), "no EOF marker:\n{text}");
+    let mut out = HashMap::new();
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let (series, value) = line
+            .rsplit_once(' ')
+            .unwrap_or_else(|| panic!("not a sample: {line}"));
+        let name = series.split('{').next().unwrap();
+        assert!(
+            name.starts_with("shepherd_")
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'),
+            "bad metric name in {line}"
+        );
+        let value: f64 = value
+            .parse()
+            .unwrap_or_else(|_| panic!("bad value in {line}"));
+        assert!(
+            out.insert(series.to_string(), value).is_none(),
+            "{series} twice"
+        );
+    }
+    out
+}
+
+/// Positions of `needles` in `haystack`, asserting each is present.
+fn positions(haystack: &str, needles: &[&str]) -> Vec<usize> {
+    needles
+        .iter()
+        .map(|n| {
+            haystack
+                .find(n)
+                .unwrap_or_else(|| panic!("{n} missing from:\n{haystack}"))
+        })
+        .collect()
+}
+
+#[sqlx::test(migrations = false)]
+async fn the_status_page_shows_the_fleet_and_shouts_about_a_discrepancy(pool: PgPool) {
+    let fleet = seed(&pool).await;
+    let server = Server::start(pool).await;
+
+    let (status, content_type, page) = server.get("/").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(content_type.starts_with("text/html"), "{content_type}");
+    assert!(page.contains("<title>shepherd</title>"));
+    assert!(page.contains(r#"<meta http-equiv="refresh" content="5">"#));
+    assert!(page.contains("shepherd-alpha"), "hostname:\n{page}");
+    assert!(page.contains("<th>Machine limit</th><td>10</td>"));
+    assert!(page.contains("<th>Managed machines</th><td>1</td>"));
+    // The cause is shown, escaped.
+    assert!(page.contains("createDevice: no capacity &lt;da11&gt; &amp; retry later (422)"));
+    assert!(!page.contains("<da11>"));
+    assert!(page.contains("class=\"alarm\""));
+    assert!(page.contains("DISCREPANCY"));
+    assert!(page.contains(&format!("href=\"/device/{}\"", fleet.unknown_device)));
+    assert!(page.contains(&format!("href=\"/reservation/{}\"", fleet.penalised)));
+    assert!(page.contains(&format!("href=\"/device/{}\"", fleet.device)));
+    assert!(page.contains("provider and shepherd disagree"));
+    assert!(page.contains("reservation_penalised"));
+
+    server.stop().await;
+}
+
+#[sqlx::test(migrations = false)]
+async fn history_pages_list_events_in_order_and_refuse_bad_ids(pool: PgPool) {
+    let fleet = seed(&pool).await;
+    let server = Server::start(pool).await;
+
+    let (status, _, page) = server.get(&format!("/reservation/{}", fleet.managed)).await;
+    assert_eq!(status, StatusCode::OK);
+    let at = positions(&page, &["creation_requested", "device_created"]);
+    assert!(at[0] < at[1], "out of order:\n{page}");
+    // The created device links to its own history.
+    assert!(page.contains(&format!("href=\"/device/{}\"", fleet.device)));
+
+    let (status, _, page) = server.get(&format!("/device/{}", fleet.device)).await;
+    assert_eq!(status, StatusCode::OK);
+    let at = positions(&page, &["device_created", "machine_assimilated"]);
+    assert!(at[0] < at[1], "out of order:\n{page}");
+    assert!(!page.contains("creation_requested"));
+
+    for kind in ["reservation", "device"] {
+        let (status, _, page) = server.get(&format!("/{kind}/not-a-uuid")).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{kind}");
+        assert!(page.contains(&format!("is not a {kind} id")), "{page}");
+
+        let nobody = Uuid::new_v4();
+        let (status, _, page) = server.get(&format!("/{kind}/{nobody}")).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{kind}");
+        assert!(
+            page.contains(&format!("No events for {kind} {nobody}")),
+            "{page}"
+        );
+    }
+
+    server.stop().await;
+}
+
+#[sqlx::test(migrations = false)]
+async fn metrics_read_the_database_at_each_scrape(pool: PgPool) {
+    seed(&pool).await;
+    let server = Server::start(pool.clone()).await;
+
+    let (status, content_type, text) = server.get("/metrics").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        content_type,
+        "application/openmetrics-text; version=1.0.0; charset=utf-8"
+    );
+    let m = samples(&text);
+    for (series, value) in [
+        ("shepherd_machines_managed", 1.0),
+        ("shepherd_machines_in_flight", 1.0),
+        ("shepherd_machines_limit", 10.0),
+        ("shepherd_sinbin_reservations", 1.0),
+        ("shepherd_creations_paused", 0.0),
+        ("shepherd_reservations{class=\"total\"}", 9.0),
+        ("shepherd_reservations{class=\"available\"}", 5.0),
+        ("shepherd_creations_total{outcome=\"created\"}", 1.0),
+        ("shepherd_creations_total{outcome=\"recovered\"}", 0.0),
+        ("shepherd_creations_total{outcome=\"given_up\"}", 0.0),
+        ("shepherd_discrepancies_total", 1.0),
+        ("shepherd_assimilations_total{outcome=\"assimilated\"}", 1.0),
+        ("shepherd_assimilations_total{outcome=\"rejected\"}", 0.0),
+        ("shepherd_jobs{kind=\"reconcile\",state=\"Pending\"}", 1.0),
+        ("shepherd_metal_calls_in_flight", 0.0),
+        ("shepherd_metal_calls_waiting", 0.0),
+    ] {
+        assert_eq!(m.get(series), Some(&value), "{series} in:\n{text}");
+    }
+    let age = m["shepherd_job_oldest_age_seconds{kind=\"reconcile\",state=\"Pending\"}"];
+    assert!((0.0..60.0).contains(&age), "{age}");
+    assert!(text.contains("# TYPE shepherd_creations counter"));
+    // The only pass was refused.
+    assert!(!text.contains("shepherd_last_successful_reconcile_age_seconds"));
+
+    append(
+        &pool,
+        vec![assimilated(Uuid::new_v4(), Uuid::new_v4(), "shepherd-beta")],
+    )
+    .await;
+    let m = samples(&server.get("/metrics").await.2);
+    assert_eq!(m["shepherd_machines_managed"], 2.0);
+    assert_eq!(
+        m["shepherd_assimilations_total{outcome=\"assimilated\"}"],
+        2.0
+    );
+    let run = Uuid::new_v4();
+    append(
+        &pool,
+        vec![
+            ReconcileStarted {
+                run,
+                max_machines: 10,
+                chunk_size: 5,
+            }
+            .into(),
+            ReconcileFinished {
+                run,
+                managed: 2,
+                in_flight: 1,
+                enqueued: 0,
+                at_limit: false,
+            }
+            .into(),
+        ],
+    )
+    .await;
+    let m = samples(&server.get("/metrics").await.2);
+    let age = m["shepherd_last_successful_reconcile_age_seconds"];
+    assert!((0.0..60.0).contains(&age), "{age}");
+    assert!(!server.get("/").await.2.contains("DISCREPANCY"));
+
+    server.stop().await;
+}
+
+#[sqlx::test(migrations = false)]
+async fn probes_follow_the_database(pool: PgPool) {
+    shepherd::db::migrate(&pool).await.unwrap();
+    // A pool of its own, so closing it leaves the test's pool to clean up.
+    let own = PgPoolOptions::new()
+        .max_connections(2)
+        .connect_with((*pool.connect_options()).clone())
+        .await
+        .unwrap();
+    let server = Server::start(own.clone()).await;
+
+    assert_eq!(
+        server.get("/healthz").await,
+        (
+            StatusCode::OK,
+            "text/plain; charset=utf-8".into(),
+            "ok".into()
+        )
+    );
+    let (status, _, body) = server.get("/readyz").await;
+    assert_eq!((status, body.as_str()), (StatusCode::OK, "ready"));
+
+    own.close().await;
+    let (status, _, body) = server.get("/readyz").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(body.starts_with("not ready"), "{body}");
+    assert!(!body.contains("postgres://"));
+    assert_eq!(server.get("/healthz").await.0, StatusCode::OK);
+    for path in ["/", "/metrics"] {
+        let (status, _, body) = server.get(path).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{path}");
+        assert!(!body.contains("postgres://"), "{body}");
+    }
+
+    server.stop().await;
+}

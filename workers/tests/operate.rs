@@ -1,0 +1,197 @@
+//! The operator's commands on known states: status, plan (which changes
+//! nothing), history, pause and resume, and clearing the sinbin, through the
+//! real binary and through the SQL functions.
+
+use std::process::Command;
+
+use shepherd::metal::fake::{FakeConfig, FakeMetal};
+use sqlx::PgPool;
+
+const TOKEN: &str = "operate-test-token";
+
+async fn url_of(pool: &PgPool) -> String {
+    let name: String = sqlx::query_scalar("select current_database()")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    let base = std::env::var("DATABASE_URL").unwrap();
+    format!("{}/{name}", base.rsplit_once('/').unwrap().0)
+}
+
+struct World {
+    pool: PgPool,
+    url: String,
+    fake: FakeMetal,
+}
+
+impl World {
+    async fn new(pool: PgPool) -> World {
+        shepherd::db::migrate(&pool).await.unwrap();
+        let fake = FakeMetal::start(
+            FakeConfig {
+                token: TOKEN.into(),
+                reservations: 12,
+                not_provisionable_every: 4,
+                ..FakeConfig::default()
+            },
+            "127.0.0.1:0".parse().unwrap(),
+        )
+        .await
+        .unwrap();
+        World {
+            url: url_of(&pool).await,
+            pool,
+            fake,
+        }
+    }
+
+    /// Runs the binary off the test's thread: the fake it talks to is served
+    /// by this thread's runtime.
+    async fn run(&self, args: &[&str]) -> (bool, String, String) {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_shepherd"));
+        cmd.args(args)
+            .env("DATABASE_URL", &self.url)
+            .env("METAL_API_URL", self.fake.base_url())
+            .env("METAL_PROJECT_ID", self.fake.project_id().to_string())
+            .env("METAL_AUTH_TOKEN", TOKEN)
+            .env("SHEPHERD_LOG", "warn")
+            .env("SHEPHERD_API_RATE", "0s");
+        let out = tokio::task::spawn_blocking(move || cmd.output())
+            .await
+            .unwrap()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    async fn counts(&self) -> (i64, i64) {
+        sqlx::query_as(
+            "select (select count(*) from shepherd.events), (select count(*) from apalis.jobs)",
+        )
+        .fetch_one(&self.pool)
+        .await
+        .unwrap()
+    }
+}
+
+#[sqlx::test(migrations = false)]
+async fn plan_picks_what_a_pass_would_and_changes_nothing(pool: PgPool) {
+    let w = World::new(pool).await;
+    let before = w.counts().await;
+    let calls_before = w.fake.total_calls();
+    let (ok, out, err) = w
+        .run(&["plan", "--json", "--max-machines", "5", "--chunk-size", "4"])
+        .await;
+    assert!(ok, "{err}");
+    let plan: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(plan["reservations_listed"], 12);
+    assert_eq!(plan["would_create"].as_array().unwrap().len(), 4, "{plan}");
+    let skipped = plan["skipped"].as_array().unwrap();
+    let why = |w: &str| skipped.iter().filter(|s| s[1] == w).count();
+    assert_eq!(why("not_provisionable"), 3);
+    assert_eq!(why("beyond_limit"), 12 - 3 - 4);
+    assert_eq!(w.counts().await, before, "plan wrote something");
+    assert_eq!(w.fake.calls(shepherd::metal::Operation::CreateDevice), 0);
+    assert!(w.fake.total_calls() > calls_before);
+    let (ok, out, _) = w
+        .run(&["plan", "--max-machines", "5", "--chunk-size", "4"])
+        .await;
+    assert!(ok);
+    assert!(out.contains("would create 4 devices"), "{out}");
+    assert!(out.contains("not provisionable"), "{out}");
+}
+
+#[sqlx::test(migrations = false)]
+async fn status_history_pause_resume_and_clear_on_a_known_state(pool: PgPool) {
+    let w = World::new(pool).await;
+    shepherd::fleet::announce_max_machines(&w.pool, 7)
+        .await
+        .unwrap();
+    let r = w.fake.reservations()[0].id;
+    let mut tx = w.pool.begin().await.unwrap();
+    use shepherd::events::event::*;
+    shepherd::events::record(
+        &mut tx,
+        vec![shepherd::events::NewEvent::new(ReservationPenalised {
+            reservation: r,
+            until: chrono::Utc::now() + chrono::TimeDelta::hours(1),
+            cause: "createDevice: rejected as invalid (422): bad plan".into(),
+            class: None,
+        })],
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+
+    let (ok, out, err) = w.run(&["status"]).await;
+    assert!(ok, "{err}");
+    assert!(out.contains("managed      0 / 7"), "{out}");
+    assert!(
+        out.contains("bad plan") && out.contains(&r.to_string()),
+        "{out}"
+    );
+    let (ok, out, _) = w.run(&["status", "--json"]).await;
+    assert!(ok);
+    let status: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(status["max_machines"], 7);
+    assert_eq!(status["penalised"][0]["reservation_id"], r.to_string());
+
+    let (ok, out, _) = w.run(&["history", "reservation", &r.to_string()]).await;
+    assert!(ok);
+    assert!(out.contains("reservation_penalised"), "{out}");
+    let (ok, _, err) = w
+        .run(&["history", "device", &uuid::Uuid::new_v4().to_string()])
+        .await;
+    assert!(!ok && err.contains("no events"), "{err}");
+
+    // Pause: a pass reports but enqueues nothing; resume: it enqueues again.
+    let (ok, _, err) = w.run(&["pause", "--reason", "window"]).await;
+    assert!(ok, "{err}");
+    let (_, out, _) = w.run(&["status"]).await;
+    assert!(out.contains("PAUSED") && out.contains("window"), "{out}");
+    let (ok, out, _) = w.run(&["plan", "--json"]).await;
+    assert!(ok);
+    let plan: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(
+        plan["would_create"].as_array().unwrap().is_empty(),
+        "{plan}"
+    );
+    assert_eq!(plan["paused"]["reason"], "window");
+    let (ok, _, _) = w.run(&["resume"]).await;
+    assert!(ok);
+    let (_, out, _) = w.run(&["plan", "--json"]).await;
+    let plan: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(!plan["would_create"].as_array().unwrap().is_empty());
+
+    // Clearing the sinbin, from the CLI and from SQL, recorded with who and why.
+    let (ok, out, err) = w
+        .run(&["sinbin", "clear", &r.to_string(), "--reason", "plan fixed"])
+        .await;
+    assert!(ok, "{err}");
+    assert!(out.contains("lifted"));
+    let (ok, _, err) = w.run(&["sinbin", "clear", &r.to_string()]).await;
+    assert!(!ok && err.contains("not in the sinbin"), "{err}");
+    let body: serde_json::Value =
+        sqlx::query_scalar("select body from shepherd.events where event_type = 'penalty_cleared'")
+            .fetch_one(&w.pool)
+            .await
+            .unwrap();
+    assert_eq!(body["reason"], "plan fixed");
+    assert!(body["by"].as_str().unwrap().starts_with("cli:"));
+    sqlx::query("select shepherd.pause_creations('from sql')")
+        .execute(&w.pool)
+        .await
+        .unwrap();
+    sqlx::query("select shepherd.resume_creations()")
+        .execute(&w.pool)
+        .await
+        .unwrap();
+    // The SQL controls and the Rust apply() agree.
+    let report = shepherd::events::views::rebuild(&w.pool, false)
+        .await
+        .unwrap();
+    assert!(report.differences.is_empty(), "{:?}", report.differences);
+}
