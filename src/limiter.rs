@@ -72,9 +72,11 @@ impl Limiter {
         loop {
             let slot = self.reserve().await?;
             let wait = slot - unix_now();
-            if wait > 0.0 {
-                tokio::time::sleep(Duration::from_secs_f64(wait)).await;
+            // A slot already due when granted is burst credit: use it now.
+            if wait <= 0.0 {
+                return Ok(started.elapsed());
             }
+            tokio::time::sleep(Duration::from_secs_f64(wait)).await;
             if unix_now() - slot <= tolerance {
                 return Ok(started.elapsed());
             }

@@ -430,6 +430,7 @@ async fn assimilating_a_managed_device_is_a_recorded_no_op(pool: PgPool) {
         device,
         reservation: None,
         manual: true,
+        created: None,
         attempt: 1,
     };
     queue::push_assimilate(&mut tx, &args, None).await.unwrap();
@@ -512,4 +513,40 @@ async fn successor_keys_are_scoped_so_later_attempts_are_not_blocked(pool: PgPoo
             .is_some()
     );
     tx.commit().await.unwrap();
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_pause_stops_creations_and_a_resume_restarts_them(pool: PgPool) {
+    let w = World::with(pool, 10, config(5, 5)).await;
+    sqlx::query("select shepherd.pause_creations('maintenance')")
+        .execute(&w.pool)
+        .await
+        .unwrap();
+    let pass = w.reconcile().await;
+    assert!(pass.enqueued.is_empty(), "{pass:?}");
+    assert!(pass.listed_reservations, "a paused pass still reports");
+    assert!(
+        pass.refused
+            .as_deref()
+            .unwrap_or("")
+            .contains("maintenance"),
+        "{pass:?}"
+    );
+    // A manual job is refused too, with the reason recorded.
+    sqlx::query("select shepherd.enqueue_create_device($1)")
+        .bind(w.fake.reservations()[0].id)
+        .execute(&w.pool)
+        .await
+        .unwrap();
+    w.drain().await;
+    assert_eq!(w.fake.calls(Operation::CreateDevice), 0);
+    assert_eq!(w.events("creation_refused").await, 1);
+    sqlx::query("select shepherd.resume_creations()")
+        .execute(&w.pool)
+        .await
+        .unwrap();
+    let pass = w.reconcile().await;
+    assert_eq!(pass.enqueued.len(), 5);
+    w.drain().await;
+    assert_eq!(w.managed().await, 5);
 }

@@ -28,6 +28,17 @@ pub async fn assimilate(
     args: &AssimilateArgs,
     job_id: &str,
 ) -> Result<AssimilateOutcome, JobError> {
+    // Our own create just returned this device: nothing to verify.
+    if let Some(facts) = &args.created {
+        return record_machine(
+            ctx,
+            args,
+            job_id,
+            args.reservation,
+            Some(facts.hostname.clone()),
+        )
+        .await;
+    }
     let device = match ctx.metal.get_device(args.device).await {
         Ok(d) => d,
         Err(e)
@@ -69,7 +80,24 @@ pub async fn assimilate(
         let reason = format!("the device belongs to project {project}, not to shepherd's");
         return reject(ctx, args, job_id, reason).await;
     }
+    record_machine(
+        ctx,
+        args,
+        job_id,
+        device.reservation_id().or(args.reservation),
+        device.hostname.clone(),
+    )
+    .await
+}
 
+/// Records the machine, or that it was already managed, under the device's lock.
+async fn record_machine(
+    ctx: &JobContext,
+    args: &AssimilateArgs,
+    job_id: &str,
+    reservation: Option<Uuid>,
+    hostname: Option<String>,
+) -> Result<AssimilateOutcome, JobError> {
     let mut tx = ctx.pool.begin().await?;
     sqlx::query("select pg_advisory_xact_lock(hashtextextended($1, 0))")
         .bind(format!("device/{}", args.device))
@@ -106,8 +134,8 @@ pub async fn assimilate(
                         machine_id,
                         provider: PROVIDER_EQUINIX.into(),
                         provider_id: args.device.to_string(),
-                        reservation: device.reservation_id().or(args.reservation),
-                        hostname: device.hostname.clone(),
+                        reservation,
+                        hostname,
                     })
                     .caused_by(job_id),
                 ],

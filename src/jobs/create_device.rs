@@ -110,17 +110,18 @@ pub async fn create_device(
     let outcome = match result {
         Ok(created) => {
             let device = created.device.id;
+            let hostname = created
+                .device
+                .hostname
+                .clone()
+                .unwrap_or_else(|| config.hostname(args.reservation));
             record(
                 &mut tx,
                 vec![
                     NewEvent::new(DeviceCreated {
                         reservation: args.reservation,
                         device,
-                        hostname: created
-                            .device
-                            .hostname
-                            .clone()
-                            .unwrap_or_else(|| config.hostname(args.reservation)),
+                        hostname: hostname.clone(),
                         witness: Witness::new(args.request).tag(),
                         recovered: created.recovered,
                     })
@@ -132,6 +133,7 @@ pub async fn create_device(
                 device,
                 reservation: Some(args.reservation),
                 manual: false,
+                created: Some(super::CreatedDeviceFacts { hostname }),
                 attempt: 1,
             };
             queue::push_assimilate(&mut tx, &next, None).await?;

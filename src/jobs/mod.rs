@@ -61,8 +61,17 @@ pub struct AssimilateArgs {
     pub reservation: Option<Uuid>,
     #[serde(default)]
     pub manual: bool,
+    /// Set when the provider has just returned this device to our own
+    /// create: its existence and project are known, so no call is needed.
+    #[serde(default)]
+    pub created: Option<CreatedDeviceFacts>,
     #[serde(default = "first_attempt")]
     pub attempt: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CreatedDeviceFacts {
+    pub hostname: String,
 }
 
 fn first_attempt() -> u32 {

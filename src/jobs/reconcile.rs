@@ -263,6 +263,7 @@ pub async fn reconcile(ctx: &JobContext, job_id: &str) -> Result<ReconcileOutcom
                 device: a.device,
                 reservation: a.reservation,
                 manual: false,
+                created: None,
                 attempt: 1,
             };
             queue::push_assimilate(&mut tx, &args, None).await?;

@@ -132,6 +132,7 @@ pub async fn enqueue(command: EnqueueCommand) -> anyhow::Result<()> {
                     device: args.device,
                     reservation: device.reservation_id(),
                     manual: true,
+                    created: None,
                     attempt: 1,
                 },
                 None,

@@ -2,6 +2,7 @@
 //! the domain's job handlers to apalis, the scheduler, and the operator
 //! surfaces. The binary (`main.rs`) only parses flags and reports errors.
 
+pub mod bench;
 pub mod database;
 pub mod demo;
 pub mod enqueue;

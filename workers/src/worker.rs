@@ -68,6 +68,11 @@ pub struct WorkerArgs {
     )]
     pub metrics_listen: std::net::SocketAddr,
 
+    /// Do not apply migrations at start (run `shepherd migrate` with a
+    /// privileged role instead, and the workers with a least-privilege one)
+    #[arg(long, env = "SHEPHERD_SKIP_MIGRATIONS")]
+    pub skip_migrations: bool,
+
     /// Database connections this process may hold
     #[arg(long, env = "SHEPHERD_DB_CONNECTIONS", default_value_t = 16)]
     pub db_connections: u32,
@@ -104,7 +109,11 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
     args.metal.client_config()?;
     shepherd::db::check_url(&args.db.database_url)?;
 
-    let pool = args.db.prepare(args.db_connections).await?;
+    let pool = if args.skip_migrations {
+        args.db.connect(args.db_connections).await?
+    } else {
+        args.db.prepare(args.db_connections).await?
+    };
     shepherd::fleet::announce_max_machines(&pool, config.max_machines).await?;
     let client_metrics = ClientMetrics::default();
     let metal = args.metal.client(Some(&pool), client_metrics.clone())?;

@@ -1,0 +1,87 @@
+//! The cluster-wide limiter hands out slots at least one spacing apart,
+//! whoever asks and however many ask at once.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use shepherd::config::Rate;
+use shepherd::limiter::Limiter;
+use sqlx::PgPool;
+
+#[sqlx::test(migrations = false)]
+async fn slots_are_spaced_across_concurrent_callers(pool: PgPool) {
+    common::migrated(&pool).await;
+    let spacing = Duration::from_millis(40);
+    let granted = Arc::new(Mutex::new(Vec::new()));
+    // Three "processes", each with its own limiter and pool connection.
+    let tasks: Vec<_> = (0..3)
+        .map(|_| {
+            let limiter = Limiter::new(
+                pool.clone(),
+                "test",
+                Rate {
+                    interval: spacing,
+                    burst: 1,
+                },
+            );
+            let granted = granted.clone();
+            tokio::spawn(async move {
+                for _ in 0..10 {
+                    limiter.acquire().await.unwrap();
+                    granted.lock().unwrap().push(Instant::now());
+                }
+            })
+        })
+        .collect();
+    let started = Instant::now();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let mut times = granted.lock().unwrap().clone();
+    times.sort();
+    let gaps: Vec<u128> = times
+        .windows(2)
+        .map(|w| w[1].duration_since(w[0]).as_millis())
+        .collect();
+    // Each grant is within a quarter spacing of its slot, so two grants are
+    // at least three quarters of a spacing apart.
+    assert!(gaps.iter().all(|g| *g >= 30), "gaps (ms): {gaps:?}");
+    assert!(
+        started.elapsed() >= spacing * 29,
+        "30 slots in {:?}",
+        started.elapsed()
+    );
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_burst_lets_that_many_through_at_once_and_no_more(pool: PgPool) {
+    common::migrated(&pool).await;
+    let limiter = Limiter::new(
+        pool.clone(),
+        "burst",
+        Rate {
+            interval: Duration::from_millis(300),
+            burst: 3,
+        },
+    );
+    // Let the row lag behind the clock so the burst allowance is full.
+    limiter.acquire().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let started = Instant::now();
+    for _ in 0..3 {
+        limiter.acquire().await.unwrap();
+    }
+    let burst = started.elapsed();
+    limiter.acquire().await.unwrap();
+    let after = started.elapsed();
+    assert!(
+        burst < Duration::from_millis(150),
+        "the burst took {burst:?}"
+    );
+    assert!(
+        after >= Duration::from_millis(80),
+        "the fourth came after {after:?}"
+    );
+}
