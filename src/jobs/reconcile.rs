@@ -219,21 +219,13 @@ pub async fn reconcile(ctx: &JobContext, job_id: &str) -> Result<ReconcileOutcom
     let devices = match devices {
         Ok(d) => d,
         Err(e) => {
-            let reason = format!("listing the provider's devices failed: {e}");
-            note(
+            return refuse(
                 ctx,
                 job_id,
-                vec![
-                    ReconcileRefused {
-                        run,
-                        reason: reason.clone(),
-                    }
-                    .into(),
-                ],
+                out,
+                format!("listing the provider's devices failed: {e}"),
             )
-            .await?;
-            out.refused = Some(reason);
-            return Ok(out);
+            .await;
         }
     };
     let comparison = compare(&devices, &fleet, &config.device_prefix, config.assimilate);
@@ -315,21 +307,13 @@ pub async fn reconcile(ctx: &JobContext, job_id: &str) -> Result<ReconcileOutcom
     let reservations = match ctx.metal.list_reservations(&["facility", "device"]).await {
         Ok(r) => r,
         Err(e) => {
-            let reason = format!("listing hardware reservations failed: {e}");
-            note(
+            return refuse(
                 ctx,
                 job_id,
-                vec![
-                    ReconcileRefused {
-                        run,
-                        reason: reason.clone(),
-                    }
-                    .into(),
-                ],
+                out,
+                format!("listing hardware reservations failed: {e}"),
             )
-            .await?;
-            out.refused = Some(reason);
-            return Ok(out);
+            .await;
         }
     };
     out.listed_reservations = true;
@@ -400,6 +384,31 @@ pub async fn reconcile(ctx: &JobContext, job_id: &str) -> Result<ReconcileOutcom
         enqueued = out.enqueued.len(),
         "reconcile pass finished"
     );
+    Ok(out)
+}
+
+/// Ends the pass without work, recording why.
+async fn refuse(
+    ctx: &JobContext,
+    job_id: &str,
+    mut out: ReconcileOutcome,
+    reason: String,
+) -> Result<ReconcileOutcome, JobError> {
+    tracing::warn!(%reason, "reconcile pass refused");
+    let run = out.run.unwrap_or_default();
+    note(
+        ctx,
+        job_id,
+        vec![
+            ReconcileRefused {
+                run,
+                reason: reason.clone(),
+            }
+            .into(),
+        ],
+    )
+    .await?;
+    out.refused = Some(reason);
     Ok(out)
 }
 
