@@ -161,8 +161,23 @@ pub fn print_event(e: &StoredEvent, json: bool) -> anyhow::Result<()> {
 
 pub async fn events(args: EventsArgs) -> anyhow::Result<()> {
     let pool = args.list.db.connect(2).await?;
-    // Start from the feed's safe horizon so --follow continues exactly
-    // where the listing ends.
+    if !args.follow {
+        // A listing is by position: cheap, and exact once writers are done.
+        let mut events = match &args.stream {
+            Some(s) => shepherd::events::store::read_stream(&pool, s).await?,
+            None => shepherd::events::store::read_recent(&pool, args.last.max(0)).await?,
+        };
+        let keep = args.last.max(0) as usize;
+        if events.len() > keep {
+            events.drain(..events.len() - keep);
+        }
+        for e in &events {
+            print_event(e, args.list.json)?;
+        }
+        return Ok(());
+    }
+    // Following reads the feed in commit-safe order from the start, so the
+    // backlog and what follows it meet exactly: nothing skipped, nothing twice.
     let mut follower = match &args.stream {
         Some(s) => Follower::from_start().stream(s.clone()),
         None => Follower::from_start(),
@@ -181,9 +196,6 @@ pub async fn events(args: EventsArgs) -> anyhow::Result<()> {
     }
     for e in &backlog {
         print_event(e, args.list.json)?;
-    }
-    if !args.follow {
-        return Ok(());
     }
     let stop = crate::shutdown::signalled();
     tokio::pin!(stop);
