@@ -549,4 +549,20 @@ async fn a_pause_stops_creations_and_a_resume_restarts_them(pool: PgPool) {
     assert_eq!(pass.enqueued.len(), 5);
     w.drain().await;
     assert_eq!(w.managed().await, 5);
+    // The pause is a view like the others: a row nobody recorded is a
+    // difference, and a rebuild removes it.
+    sqlx::query(
+        "insert into shepherd.controls values ('creations', true, 'nobody', 'hand-made', now())",
+    )
+    .execute(&w.pool)
+    .await
+    .unwrap();
+    let report = shepherd::events::views::rebuild(&w.pool, true)
+        .await
+        .unwrap();
+    assert_eq!(report.differences.len(), 1, "{report:?}");
+    let report = shepherd::events::views::rebuild(&w.pool, false)
+        .await
+        .unwrap();
+    assert!(report.differences.is_empty(), "{report:?}");
 }

@@ -685,6 +685,12 @@ fn describe_diff<K: Ord + std::fmt::Debug, V: PartialEq + std::fmt::Debug>(
 
 pub fn differences(live: &ViewState, rebuilt: &ViewState) -> Vec<String> {
     let mut out = Vec::new();
+    if live.paused != rebuilt.paused {
+        out.push(format!(
+            "controls: live {:?}, rebuilt {:?}",
+            live.paused, rebuilt.paused
+        ));
+    }
     describe_diff(
         "managed_machines",
         &live.machines,
