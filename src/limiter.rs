@@ -68,16 +68,18 @@ impl Limiter {
             return Ok(Duration::ZERO);
         }
         let started = std::time::Instant::now();
-        let tolerance = (self.rate.spacing().as_secs_f64() / 4.0).max(0.002);
+        let spacing = self.rate.spacing().as_secs_f64();
+        let tolerance = (spacing / 4.0).max(0.002);
+        // A slot may lie in the past by up to the burst allowance: that is
+        // credit. Later than that, the answer or this process was slow.
+        let credit = spacing * f64::from(self.rate.burst.saturating_sub(1));
         loop {
             let slot = self.reserve().await?;
             let wait = slot - unix_now();
-            // A slot already due when granted is burst credit: use it now.
-            if wait <= 0.0 {
-                return Ok(started.elapsed());
+            if wait > 0.0 {
+                tokio::time::sleep(Duration::from_secs_f64(wait)).await;
             }
-            tokio::time::sleep(Duration::from_secs_f64(wait)).await;
-            if unix_now() - slot <= tolerance {
+            if unix_now() - slot <= tolerance + credit {
                 return Ok(started.elapsed());
             }
             tracing::debug!(

@@ -74,7 +74,8 @@ struct Counts {
     in_flight: i64,
     penalised: i64,
     pending_jobs: i64,
-    last_enqueued: Option<i64>,
+    /// The last pass saw nothing in flight, had room, and found nothing to do.
+    last_pass_idle: bool,
 }
 
 async fn counts(pool: &PgPool) -> Result<Counts, sqlx::Error> {
@@ -87,8 +88,10 @@ async fn counts(pool: &PgPool) -> Result<Counts, sqlx::Error> {
     )
     .fetch_one(pool)
     .await?;
-    let last_enqueued: Option<i64> = sqlx::query_scalar(
-        "select (body->>'enqueued')::bigint from shepherd.events
+    let last_pass_idle: Option<bool> = sqlx::query_scalar(
+        "select (body->>'enqueued')::bigint = 0 and (body->>'in_flight')::bigint = 0
+                and not (body->>'at_limit')::bool
+         from shepherd.events
          where event_type = 'reconcile_finished' order by position desc limit 1",
     )
     .fetch_optional(pool)
@@ -98,7 +101,7 @@ async fn counts(pool: &PgPool) -> Result<Counts, sqlx::Error> {
         in_flight,
         penalised,
         pending_jobs,
-        last_enqueued,
+        last_pass_idle: last_pass_idle.unwrap_or(false),
     })
 }
 
@@ -253,7 +256,7 @@ pub async fn run(args: DemoArgs, stop: Stop) -> anyhow::Result<DemoSummary> {
                 fake.total_calls()
             );
         }
-        let nothing_left = c.in_flight == 0 && c.last_enqueued == Some(0);
+        let nothing_left = c.in_flight == 0 && c.last_pass_idle;
         if (c.managed as u64 >= args.max_machines && c.in_flight == 0) || nothing_left {
             break;
         }

@@ -196,6 +196,23 @@ fn config(queue: &str, opts: &RuntimeOptions) -> Config {
         .missed_heartbeats(opts.missed_heartbeats as usize)
 }
 
+/// Hands a worker's claimed jobs back to the queue. Their handlers have
+/// finished or been dropped; every handler is idempotent, so a job whose
+/// result was not acknowledged runs again harmlessly.
+async fn release(pool: &PgPool, worker: &str) {
+    let released = sqlx::query(
+        "update apalis.jobs set status = 'Pending', lock_by = null, lock_at = null
+         where lock_by = $1 and status in ('Queued', 'Running')",
+    )
+    .bind(worker)
+    .execute(pool)
+    .await;
+    match released {
+        Ok(r) => tracing::info!(worker, jobs = r.rows_affected(), "released claimed jobs"),
+        Err(e) => tracing::warn!(worker, error = %e, "could not release claimed jobs"),
+    }
+}
+
 /// Builds and runs one kind's worker until shutdown, rebuilding it after a
 /// backoff whenever apalis gives up on it.
 macro_rules! supervise {
@@ -217,12 +234,29 @@ macro_rules! supervise {
                     .concurrency($concurrency)
                     .build($handler);
                 let stop = shared.stop.clone();
-                let result = worker
-                    .run_until(async move {
+                let run = worker.run_until(async move {
+                    stop.wait().await;
+                    Ok::<(), std::io::Error>(())
+                });
+                // apalis has been seen not to return after a drain; past the
+                // drain timeout and a grace, the worker is abandoned and its
+                // rows released here, so a stopping process always exits.
+                let overdue = {
+                    let stop = shared.stop.clone();
+                    let limit = shared.drain_timeout + Duration::from_secs(5);
+                    async move {
                         stop.wait().await;
-                        Ok::<(), std::io::Error>(())
-                    })
-                    .await;
+                        tokio::time::sleep(limit).await;
+                    }
+                };
+                let result = tokio::select! {
+                    r = run => r.map_err(|e| e.to_string()),
+                    _ = overdue => {
+                        tracing::warn!(worker = %name, "worker did not stop after draining; releasing its jobs");
+                        release(&pool, &name).await;
+                        Ok(())
+                    }
+                };
                 if shared.stop.is_stopping() {
                     tracing::info!(worker = %name, "worker stopped");
                     break;

@@ -41,7 +41,7 @@ fn start_fake(config: FakeConfig) -> FakeMetal {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
+            .worker_threads(2)
             .enable_all()
             .build()
             .unwrap();
@@ -233,10 +233,12 @@ fn log_of(dir: &Path, n: usize) -> String {
 
 /// Creations never reach the provider faster than the limiter's spacing,
 /// across all processes. The limiter spaces its slots exactly (see
-/// tests/limiter.rs); between a slot and the fake's stamp lies the
-/// scheduling jitter of a loaded two-core machine running several workers
-/// (up to ~50 ms seen), so two spacings of slack are allowed per window of
-/// ten. Over the whole run the bound holds within one spacing.
+/// tests/limiter.rs, no slack). Between a slot and the fake's stamp lies
+/// this machine: two cores shared by Postgres, three workers, the fake and
+/// the test. Stalls of ~80 ms were seen after which requests sent on their
+/// slots arrive together (gaps 2, 0, 0 ms, then 76 ms), so a window of ten
+/// may lose up to three spacings to jitter. Over the whole run stalls
+/// cannot add requests, and the bound holds within one spacing.
 fn assert_paced(fake: &FakeMetal, spacing: Duration) {
     let mut starts: Vec<_> = fake
         .request_log()
@@ -245,15 +247,16 @@ fn assert_paced(fake: &FakeMetal, spacing: Duration) {
         .map(|r| r.started)
         .collect();
     starts.sort();
-    for w in starts.windows(10) {
+    for (i, w) in starts.windows(10).enumerate() {
         let span = w[9].duration_since(w[0]);
+        let at = w[0].duration_since(starts[0]).as_millis();
         let gaps: Vec<_> = w
             .windows(2)
             .map(|p| p[1].duration_since(p[0]).as_millis())
             .collect();
         assert!(
-            span + spacing * 2 >= spacing * 9,
-            "ten creations within {span:?}, gaps (ms) {gaps:?}"
+            span + spacing * 3 >= spacing * 9,
+            "ten creations within {span:?} (window {i}, {at} ms in), gaps (ms) {gaps:?}"
         );
     }
     let all = starts[starts.len() - 1].duration_since(starts[0]);
