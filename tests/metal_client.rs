@@ -481,7 +481,7 @@ async fn cancellation_stops_a_call_stuck_in_backoff() {
     assert_eq!(client.metrics().in_flight.get(), 0);
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn parallelism_holds_under_twenty_concurrent_callers() {
     let config = fake_config(3);
     let project = config.project_id;
@@ -518,7 +518,9 @@ async fn parallelism_holds_under_twenty_concurrent_callers() {
     assert!(max_overlap >= 2, "parallelism was not used at all");
 }
 
-#[tokio::test]
+// Several threads, so the fake's stamps are not held up by the callers' own
+// scheduling on one thread.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_minimum_interval_holds_under_twenty_concurrent_callers() {
     let config = fake_config(3);
     let project = config.project_id;
