@@ -26,7 +26,6 @@ pub struct Limiter {
 /// Limiter names: one row each in `shepherd.limiters`.
 pub const DEVICE_CREATION: &str = "device_creation";
 pub const METAL_API: &str = "metal_api";
-pub const RECONCILE: &str = "reconcile";
 
 impl Limiter {
     pub fn new(pool: PgPool, name: &'static str, rate: Rate) -> Self {
