@@ -127,6 +127,11 @@ impl Cluster {
         self.workers.push(child);
     }
 
+    /// One number from the test's database.
+    async fn count(&self, sql: &'static str) -> i64 {
+        sqlx::query_scalar(sql).fetch_one(&self.pool).await.unwrap()
+    }
+
     async fn managed(&self) -> i64 {
         sqlx::query_scalar("select count(*) from shepherd.managed_machines")
             .fetch_one(&self.pool)
@@ -345,12 +350,9 @@ async fn a_worker_killed_mid_creation_loses_nothing(pool: PgPool) {
     assert_eq!(managed.len(), 150);
     c.assert_consistent(&managed);
     assert_paced(&c.fake, Duration::from_millis(40));
-    let stuck: i64 = sqlx::query_scalar(
-        "select count(*) from apalis.jobs where status in ('Running', 'Queued')",
-    )
-    .fetch_one(&c.pool)
-    .await
-    .unwrap();
+    let stuck = c
+        .count("select count(*) from apalis.jobs where status in ('Running', 'Queued')")
+        .await;
     // The killed worker's claimed jobs were rescued by heartbeat timeout.
     assert_eq!(stuck, 0, "jobs left claimed by a dead worker");
 }
@@ -385,12 +387,9 @@ async fn sigterm_on_a_busy_worker_exits_zero_and_leaves_nothing_running(pool: Pg
     signal(&c.workers[0], "TERM");
     let status = c.workers[0].wait().unwrap();
     assert!(status.success(), "exit {status:?}: {}", log_of(&c.dir, 0));
-    let stuck: i64 = sqlx::query_scalar(
-        "select count(*) from apalis.jobs where status in ('Running', 'Queued')",
-    )
-    .fetch_one(&c.pool)
-    .await
-    .unwrap();
+    let stuck = c
+        .count("select count(*) from apalis.jobs where status in ('Running', 'Queued')")
+        .await;
     assert_eq!(stuck, 0, "{}", log_of(&c.dir, 0));
     assert!(log_of(&c.dir, 0).contains("worker exited cleanly"));
 }
@@ -492,12 +491,9 @@ async fn bad_settings_are_refused_before_any_call(pool: PgPool) {
         .unwrap();
     assert!(String::from_utf8_lossy(&out.stderr).contains("DATABASE_URL"));
     assert_eq!(c.fake.total_calls(), 0, "a bad setting reached the API");
-    let tables: i64 = sqlx::query_scalar(
-        "select count(*) from information_schema.schemata where schema_name = 'shepherd'",
-    )
-    .fetch_one(&c.pool)
-    .await
-    .unwrap();
+    let tables = c
+        .count("select count(*) from information_schema.schemata where schema_name = 'shepherd'")
+        .await;
     assert_eq!(tables, 0, "a bad setting reached the database");
 }
 
@@ -533,10 +529,7 @@ async fn finished_jobs_are_pruned_after_their_retention(pool: PgPool) {
     // Old Done and Killed go; a recent Done, a Pending, and a Failed job
     // with attempts left stay.
     assert_eq!(pruned, 2);
-    let left: i64 = sqlx::query_scalar("select count(*) from apalis.jobs")
-        .fetch_one(&c.pool)
-        .await
-        .unwrap();
+    let left = c.count("select count(*) from apalis.jobs").await;
     assert_eq!(left, 3);
 }
 
@@ -562,12 +555,7 @@ async fn a_busy_worker_keeps_heartbeating(pool: PgPool) {
     let mut samples = 0;
     let mut worst = 0.0f64;
     while started.elapsed() < Duration::from_secs(30) && samples < 40 {
-        let busy: i64 = sqlx::query_scalar(
-            "select count(*) from apalis.jobs where job_type = 'create_device' and status = 'Running'",
-        )
-        .fetch_one(&c.pool)
-        .await
-        .unwrap();
+        let busy = c.count("select count(*) from apalis.jobs where job_type = 'create_device' and status = 'Running'").await;
         let age: Option<f64> = sqlx::query_scalar(
             "select extract(epoch from now() - last_seen)::float8 from apalis.workers
              where worker_type = 'create_device' order by last_seen desc limit 1",
