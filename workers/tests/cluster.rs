@@ -12,9 +12,13 @@ use sqlx::PgPool;
 
 const TOKEN: &str = "cluster-test-token-7f3a";
 
-/// The scale-out tests measure request timing: run them one at a time, not
-/// beside each other on a two-core machine.
-static TIMED: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+/// The tests that measure request timing run alone: not beside each other,
+/// and not beside the other tests of this file, whose worker processes
+/// would share the two cores with them. A stall of the fake's process
+/// stamps requests sent on time together; seen in CI when a timed test ran
+/// beside untimed ones. Timed tests hold it for writing, the rest for
+/// reading.
+static TIMED: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 
 struct Cluster {
     pool: PgPool,
@@ -284,7 +288,7 @@ async fn migrate(cluster: &Cluster) {
 
 #[sqlx::test(migrations = false)]
 async fn three_workers_provision_exactly_the_limit(pool: PgPool) {
-    let _timed = TIMED.lock().await;
+    let _timed = TIMED.write().await;
     let mut c = Cluster::new(pool, 200, Faults::default()).await;
     migrate(&c).await;
     for _ in 0..3 {
@@ -322,7 +326,7 @@ async fn three_workers_provision_exactly_the_limit(pool: PgPool) {
 
 #[sqlx::test(migrations = false)]
 async fn a_worker_killed_mid_creation_loses_nothing(pool: PgPool) {
-    let _timed = TIMED.lock().await;
+    let _timed = TIMED.write().await;
     let mut c = Cluster::new(pool, 200, Faults::default().with_latency(20, 20)).await;
     migrate(&c).await;
     let args = [
@@ -359,6 +363,7 @@ async fn a_worker_killed_mid_creation_loses_nothing(pool: PgPool) {
 
 #[sqlx::test(migrations = false)]
 async fn sigterm_on_a_busy_worker_exits_zero_and_leaves_nothing_running(pool: PgPool) {
+    let _quiet = TIMED.read().await;
     let mut c = Cluster::new(pool, 40, Faults::default().with_latency(300, 0)).await;
     migrate(&c).await;
     c.spawn_worker(&[
@@ -396,6 +401,7 @@ async fn sigterm_on_a_busy_worker_exits_zero_and_leaves_nothing_running(pool: Pg
 
 #[sqlx::test(migrations = false)]
 async fn a_job_body_that_does_not_decode_fails_alone(pool: PgPool) {
+    let _quiet = TIMED.read().await;
     let mut c = Cluster::new(pool, 5, Faults::default()).await;
     migrate(&c).await;
     let poison: String =
@@ -418,6 +424,7 @@ async fn a_job_body_that_does_not_decode_fails_alone(pool: PgPool) {
 
 #[sqlx::test(migrations = false)]
 async fn two_schedulers_enqueue_one_reconcile_per_period(pool: PgPool) {
+    let _quiet = TIMED.read().await;
     let c = Cluster::new(pool, 1, Faults::default()).await;
     migrate(&c).await;
     use shepherd_workers::scheduler::{Tick, run_once};
@@ -436,6 +443,7 @@ async fn two_schedulers_enqueue_one_reconcile_per_period(pool: PgPool) {
 
 #[sqlx::test(migrations = false)]
 async fn a_worker_without_postgres_says_so_and_exits_non_zero(pool: PgPool) {
+    let _quiet = TIMED.read().await;
     let c = Cluster::new(pool, 1, Faults::default()).await;
     let out = c
         .command(&["worker"])
@@ -453,6 +461,7 @@ async fn a_worker_without_postgres_says_so_and_exits_non_zero(pool: PgPool) {
 
 #[sqlx::test(migrations = false)]
 async fn bad_settings_are_refused_before_any_call(pool: PgPool) {
+    let _quiet = TIMED.read().await;
     let c = Cluster::new(pool, 1, Faults::default()).await;
     let cases: &[(&[&str], &str)] = &[
         (&["worker", "--device-prefix", "FIXME-"], "device prefix"),
@@ -499,6 +508,7 @@ async fn bad_settings_are_refused_before_any_call(pool: PgPool) {
 
 #[sqlx::test(migrations = false)]
 async fn finished_jobs_are_pruned_after_their_retention(pool: PgPool) {
+    let _quiet = TIMED.read().await;
     let c = Cluster::new(pool, 1, Faults::default()).await;
     migrate(&c).await;
     for (status, age_hours) in [
@@ -538,7 +548,7 @@ async fn finished_jobs_are_pruned_after_their_retention(pool: PgPool) {
 /// job per fetch a busy worker keeps its heartbeat.
 #[sqlx::test(migrations = false)]
 async fn a_busy_worker_keeps_heartbeating(pool: PgPool) {
-    let _timed = TIMED.lock().await;
+    let _timed = TIMED.write().await;
     let mut c = Cluster::new(pool, 20, Faults::default().with_latency(400, 0)).await;
     migrate(&c).await;
     c.spawn_worker(&[
