@@ -300,10 +300,16 @@ async fn load(
         state.paused = read_pause(&mut *conn).await?;
     }
     // A machine can be keyed by its device, or found through its reservation.
+    // Two branches, not an OR: each uses its own index whatever the
+    // statistics say (an OR was planned as a scan of every machine).
     for row in sqlx::query(
         "select machine_id, provider, provider_id, reservation_id, hostname, assimilated_at
          from shepherd.managed_machines
-         where provider = $1 and (provider_id = any($2) or reservation_id = any($3))",
+         where provider = $1 and provider_id = any($2)
+         union
+         select machine_id, provider, provider_id, reservation_id, hostname, assimilated_at
+         from shepherd.managed_machines
+         where reservation_id = any($3) and provider = $1",
     )
     .bind(PROVIDER_EQUINIX)
     .bind(device_ids)
