@@ -1,0 +1,218 @@
+//! Scenario 4: one reconcile pass over a large project. Half of the
+//! reservations carry a managed device; the pass lists devices and
+//! reservations and enqueues one chunk. Each pass runs in a fresh process
+//! (`bench reconcile-once`) so its peak memory is its own.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::Context;
+use clap::Args;
+use serde::{Deserialize, Serialize};
+use shepherd::config::ProvisionerConfig;
+use shepherd::events::event::MachineAssimilated;
+use shepherd::events::{NewEvent, record};
+use shepherd::jobs::JobContext;
+use shepherd::limiter::{DEVICE_CREATION, Limiter};
+use shepherd::metal::fake::FakeConfig;
+use shepherd::metal::{ClientMetrics, Operation};
+
+use super::{PUBLIC_KEY, Server, Stage, Stats, TOKEN};
+
+#[derive(Debug, Args)]
+pub struct ReconcileBench {
+    #[command(flatten)]
+    pub server: Server,
+    /// Reservations per point (half of them managed)
+    #[arg(long, value_delimiter = ',', default_value = "1000,5000,10000")]
+    pub sizes: Vec<usize>,
+    #[arg(long, default_value_t = 3)]
+    pub repetitions: usize,
+}
+
+#[derive(Debug, Args)]
+pub struct ReconcileOnce {
+    #[command(flatten)]
+    db: crate::database::DatabaseArgs,
+    #[command(flatten)]
+    metal: crate::settings::MetalArgs,
+}
+
+/// What a pass reports to the benchmark, as one JSON line on stdout.
+#[derive(Debug, Serialize, Deserialize)]
+struct Measured {
+    seconds: f64,
+    rss_before: u64,
+    peak: u64,
+    managed: u64,
+    enqueued: usize,
+}
+
+pub async fn once(args: ReconcileOnce) -> anyhow::Result<()> {
+    let pool = args.db.connect(4).await?;
+    let metal = args.metal.client(None, ClientMetrics::default())?;
+    let config = Arc::new(ProvisionerConfig {
+        max_machines: 0,
+        ..ProvisionerConfig::default()
+    });
+    let limiter = Limiter::new(pool.clone(), DEVICE_CREATION, config.device_creation_rate);
+    let ctx = JobContext::new(pool, metal, config, limiter, PUBLIC_KEY.into());
+    let (rss_before, _) = super::memory();
+    let started = Instant::now();
+    let outcome = shepherd::jobs::reconcile::reconcile(&ctx, "bench-reconcile").await?;
+    let seconds = started.elapsed().as_secs_f64();
+    let (_, peak) = super::memory();
+    anyhow::ensure!(
+        outcome.refused.is_none() && !outcome.skipped,
+        "the pass did no work: {outcome:?}"
+    );
+    let m = Measured {
+        seconds,
+        rss_before,
+        peak,
+        managed: outcome.managed,
+        enqueued: outcome.enqueued.len(),
+    };
+    println!("{}", serde_json::to_string(&m)?);
+    Ok(())
+}
+
+struct Point {
+    seconds: f64,
+    peak_mb: f64,
+    before_mb: f64,
+    calls: u64,
+    list_calls: u64,
+}
+
+async fn point(server: &Server, size: usize) -> anyhow::Result<Point> {
+    let stage = Stage::new(
+        server,
+        "reconcile",
+        FakeConfig {
+            reservations: size,
+            ..FakeConfig::default()
+        },
+    )
+    .await?;
+    // Half the reservations get a device that shepherd manages.
+    let managed: Vec<_> = stage.fake.reservations().into_iter().step_by(2).collect();
+    let mut events = Vec::with_capacity(managed.len());
+    for r in &managed {
+        let hostname = format!("shepherd-{}", &r.id.to_string()[..18]);
+        let device = stage.fake.add_foreign_device(r.id, &hostname, vec![]);
+        events.push(NewEvent::new(MachineAssimilated {
+            machine_id: uuid::Uuid::new_v4(),
+            provider: "equinix".into(),
+            provider_id: device.to_string(),
+            reservation: Some(r.id),
+            hostname: Some(hostname),
+        }));
+    }
+    let mut tx = stage.pool.begin().await?;
+    let mut events = events.into_iter().peekable();
+    while events.peek().is_some() {
+        record(&mut tx, events.by_ref().take(1000).collect()).await?;
+    }
+    tx.commit().await?;
+    sqlx::query("analyze").execute(&stage.pool).await?;
+
+    let calls_before = stage.fake.total_calls();
+    let lists_before = list_calls(&stage);
+    let exe = std::env::current_exe()?;
+    let (url, api, project) = (
+        stage.url.clone(),
+        stage.fake.base_url(),
+        stage.fake.project_id().to_string(),
+    );
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(exe)
+            .args(["bench", "reconcile-once", "--api-rate", "0s"])
+            .env("DATABASE_URL", url)
+            .env("METAL_API_URL", api)
+            .env("METAL_PROJECT_ID", project)
+            .env("METAL_AUTH_TOKEN", TOKEN)
+            .env("SHEPHERD_LOG", "warn")
+            .output()
+    })
+    .await??;
+    anyhow::ensure!(
+        out.status.success(),
+        "the pass failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = String::from_utf8_lossy(&out.stdout);
+    let m: Measured = serde_json::from_str(line.lines().last().unwrap_or_default())
+        .with_context(|| format!("unexpected output from the pass: {line}"))?;
+    anyhow::ensure!(
+        m.managed == managed.len() as u64,
+        "the pass saw {} managed machines of {}",
+        m.managed,
+        managed.len()
+    );
+    let p = Point {
+        seconds: m.seconds,
+        peak_mb: m.peak as f64 / 1_048_576.0,
+        before_mb: m.rss_before as f64 / 1_048_576.0,
+        calls: stage.fake.total_calls() - calls_before,
+        list_calls: list_calls(&stage) - lists_before,
+    };
+    stage.finish().await?;
+    Ok(p)
+}
+
+fn list_calls(stage: &Stage) -> u64 {
+    stage.fake.calls(Operation::FindProjectDevices)
+        + stage.fake.calls(Operation::FindProjectHardwareReservations)
+}
+
+pub async fn run(args: ReconcileBench) -> anyhow::Result<()> {
+    println!(
+        "\n## Scenario 4: one reconcile pass (half the reservations managed, zero-latency fake, {} repetitions)",
+        args.repetitions
+    );
+    let mut points: Vec<Vec<Point>> = args.sizes.iter().map(|_| vec![]).collect();
+    for rep in 0..args.repetitions.max(1) {
+        let order: Vec<usize> = if rep % 2 == 0 {
+            (0..args.sizes.len()).collect()
+        } else {
+            (0..args.sizes.len()).rev().collect()
+        };
+        for i in order {
+            let p = point(&args.server, args.sizes[i]).await?;
+            println!(
+                "  rep {rep}: {:>6} reservations: {:.3} s, peak {:.1} MB, {} API calls",
+                args.sizes[i], p.seconds, p.peak_mb, p.calls
+            );
+            points[i].push(p);
+        }
+    }
+    println!(
+        "| reservations | managed | wall time, s | peak RSS, MB | RSS before the pass, MB | API calls | of which list pages |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for (i, size) in args.sizes.iter().enumerate() {
+        let ps = &points[i];
+        let t = Stats::of(ps.iter().map(|p| p.seconds));
+        let m = Stats::of(ps.iter().map(|p| p.peak_mb));
+        let b = Stats::of(ps.iter().map(|p| p.before_mb));
+        let c = Stats::of(ps.iter().map(|p| p.calls as f64));
+        let l = Stats::of(ps.iter().map(|p| p.list_calls as f64));
+        println!(
+            "| {size} | {} | {t:.3} | {m:.1} | {b:.1} | {c:.0} | {l:.0} |",
+            size.div_ceil(2)
+        );
+    }
+    if let (Some(first), Some(last)) = (points.first(), points.last()) {
+        let t0 = Stats::of(first.iter().map(|p| p.seconds)).median;
+        let t1 = Stats::of(last.iter().map(|p| p.seconds)).median;
+        let n0 = args.sizes[0] as f64;
+        let n1 = args.sizes[args.sizes.len() - 1] as f64;
+        println!(
+            "growth of the wall time from {n0} to {n1} reservations: {:.1}x for {:.0}x the size (goal at 10,000: <= 1 s, <= 100 MB)",
+            t1 / t0,
+            n1 / n0
+        );
+    }
+    Ok(())
+}
