@@ -414,6 +414,30 @@ async fn manual_jobs_for_unknown_ids_are_refused_and_recorded(pool: PgPool) {
 }
 
 #[sqlx::test(migrations = false)]
+async fn a_manual_assimilate_of_a_device_in_another_project_is_rejected(pool: PgPool) {
+    let w = World::with(pool, 3, config(5, 5)).await;
+    let elsewhere = Uuid::new_v4();
+    let r = w.fake.reservations()[0].id;
+    w.ctx.metal.move_reservation(r, elsewhere).await.unwrap();
+    let device = w.fake.add_foreign_device(r, "shepherd-theirs", vec![]);
+    sqlx::query("select shepherd.enqueue_assimilate($1)")
+        .bind(device)
+        .execute(&w.pool)
+        .await
+        .unwrap();
+    w.drain().await;
+    let reason: String = sqlx::query_scalar(
+        "select body->>'reason' from shepherd.events where event_type = 'assimilation_rejected'",
+    )
+    .fetch_one(&w.pool)
+    .await
+    .unwrap();
+    assert!(reason.contains(&elsewhere.to_string()), "{reason}");
+    assert_eq!(w.managed().await + w.in_flight().await, 0);
+    assert_eq!(w.fake.calls(Operation::CreateDevice), 0);
+}
+
+#[sqlx::test(migrations = false)]
 async fn assimilating_a_managed_device_is_a_recorded_no_op(pool: PgPool) {
     let w = World::with(pool, 3, config(1, 1)).await;
     w.reconcile().await;
