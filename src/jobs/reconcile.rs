@@ -214,8 +214,21 @@ pub async fn reconcile(ctx: &JobContext, job_id: &str) -> Result<ReconcileOutcom
     )
     .await?;
 
-    let (devices, fleet) = tokio::join!(ctx.metal.list_devices(), read_fleet(&ctx.pool));
-    let fleet = fleet?;
+    // The fleet first: the database answers at once, and a pass already at
+    // the limit lists no reservations. Otherwise both listings run side by
+    // side, which halves a large pass's wall time (BENCHMARKS.md, scenario
+    // 4); a pass that then finds a discrepancy, or reaches the limit through
+    // adoptions, drops the reservations it listed.
+    let fleet = read_fleet(&ctx.pool).await?;
+    let full = config.max_machines > 0
+        && fleet.managed.len() as u64 + fleet.in_flight() >= config.max_machines;
+    let (devices, listed) = tokio::join!(ctx.metal.list_devices(), async {
+        if full {
+            None
+        } else {
+            Some(ctx.metal.list_reservations(&["facility", "device"]).await)
+        }
+    });
     let devices = match devices {
         Ok(d) => d,
         Err(e) => {
@@ -304,7 +317,11 @@ pub async fn reconcile(ctx: &JobContext, job_id: &str) -> Result<ReconcileOutcom
         return Ok(out);
     }
 
-    let reservations = match ctx.metal.list_reservations(&["facility", "device"]).await {
+    let listed = match listed {
+        Some(listed) => listed,
+        None => ctx.metal.list_reservations(&["facility", "device"]).await,
+    };
+    let reservations = match listed {
         Ok(r) => r,
         Err(e) => {
             return refuse(

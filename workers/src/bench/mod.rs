@@ -136,6 +136,7 @@ async fn all(args: AllBench) -> anyhow::Result<()> {
         server: server.clone(),
         sizes: vec![1_000, 5_000, 10_000],
         repetitions: if q { 1 } else { 3 },
+        per_page: 100,
     })
     .await?;
     events::run(events::EventsBench {

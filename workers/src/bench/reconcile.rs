@@ -15,7 +15,8 @@ use shepherd::events::{NewEvent, record};
 use shepherd::jobs::JobContext;
 use shepherd::limiter::{DEVICE_CREATION, Limiter};
 use shepherd::metal::fake::FakeConfig;
-use shepherd::metal::{ClientMetrics, Operation};
+use shepherd::metal::{ClientConfig, ClientMetrics, MetalClient, Operation};
+use shepherd::secret::ApiToken;
 
 use super::{PUBLIC_KEY, Server, Stage, Stats, TOKEN};
 
@@ -28,6 +29,10 @@ pub struct ReconcileBench {
     pub sizes: Vec<usize>,
     #[arg(long, default_value_t = 3)]
     pub repetitions: usize,
+    /// Page size of the listings (shepherd's default is 100; the spec
+    /// allows up to 1000 for devices and reservations)
+    #[arg(long, default_value_t = 100)]
+    pub per_page: u32,
 }
 
 #[derive(Debug, Args)]
@@ -79,13 +84,16 @@ pub async fn once(args: ReconcileOnce) -> anyhow::Result<()> {
 
 struct Point {
     seconds: f64,
+    /// The two listings alone, timed afterwards from this process.
+    list_devices: f64,
+    list_reservations: f64,
     peak_mb: f64,
     before_mb: f64,
     calls: u64,
     list_calls: u64,
 }
 
-async fn point(server: &Server, size: usize) -> anyhow::Result<Point> {
+async fn point(server: &Server, size: usize, per_page: u32) -> anyhow::Result<Point> {
     let stage = Stage::new(
         server,
         "reconcile",
@@ -125,9 +133,18 @@ async fn point(server: &Server, size: usize) -> anyhow::Result<Point> {
         stage.fake.base_url(),
         stage.fake.project_id().to_string(),
     );
+    let per_page_n = per_page;
+    let per_page = per_page.to_string();
     let out = tokio::task::spawn_blocking(move || {
         std::process::Command::new(exe)
-            .args(["bench", "reconcile-once", "--api-rate", "0s"])
+            .args([
+                "bench",
+                "reconcile-once",
+                "--api-rate",
+                "0s",
+                "--per-page",
+                &per_page,
+            ])
             .env("DATABASE_URL", url)
             .env("METAL_API_URL", api)
             .env("METAL_PROJECT_ID", project)
@@ -150,12 +167,30 @@ async fn point(server: &Server, size: usize) -> anyhow::Result<Point> {
         m.managed,
         managed.len()
     );
+    let calls = stage.fake.total_calls() - calls_before;
+    let list_calls = list_calls(&stage) - lists_before;
+    let mut config = ClientConfig::new(
+        stage.fake.base_url(),
+        stage.fake.project_id(),
+        ApiToken::new(TOKEN),
+    );
+    config.api_rate = std::time::Duration::ZERO;
+    config.per_page = per_page_n;
+    let client = MetalClient::new(config, ClientMetrics::default())?;
+    let t = Instant::now();
+    client.list_devices().await?;
+    let list_devices = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    client.list_reservations(&["facility", "device"]).await?;
+    let list_reservations = t.elapsed().as_secs_f64();
     let p = Point {
+        list_devices,
+        list_reservations,
         seconds: m.seconds,
         peak_mb: m.peak as f64 / 1_048_576.0,
         before_mb: m.rss_before as f64 / 1_048_576.0,
-        calls: stage.fake.total_calls() - calls_before,
-        list_calls: list_calls(&stage) - lists_before,
+        calls,
+        list_calls,
     };
     stage.finish().await?;
     Ok(p)
@@ -168,8 +203,8 @@ fn list_calls(stage: &Stage) -> u64 {
 
 pub async fn run(args: ReconcileBench) -> anyhow::Result<()> {
     println!(
-        "\n## Scenario 4: one reconcile pass (half the reservations managed, zero-latency fake, {} repetitions)",
-        args.repetitions
+        "\n## Scenario 4: one reconcile pass (half the reservations managed, zero-latency fake, {} per page, {} repetitions)",
+        args.per_page, args.repetitions
     );
     let mut points: Vec<Vec<Point>> = args.sizes.iter().map(|_| vec![]).collect();
     for rep in 0..args.repetitions.max(1) {
@@ -179,7 +214,7 @@ pub async fn run(args: ReconcileBench) -> anyhow::Result<()> {
             (0..args.sizes.len()).rev().collect()
         };
         for i in order {
-            let p = point(&args.server, args.sizes[i]).await?;
+            let p = point(&args.server, args.sizes[i], args.per_page).await?;
             println!(
                 "  rep {rep}: {:>6} reservations: {:.3} s, peak {:.1} MB, {} API calls",
                 args.sizes[i], p.seconds, p.peak_mb, p.calls
@@ -188,9 +223,9 @@ pub async fn run(args: ReconcileBench) -> anyhow::Result<()> {
         }
     }
     println!(
-        "| reservations | managed | wall time, s | peak RSS, MB | RSS before the pass, MB | API calls | of which list pages |"
+        "| reservations | managed | wall time, s | peak RSS, MB | RSS before the pass, MB | API calls | of which list pages | listing devices alone, s | listing reservations alone, s |"
     );
-    println!("|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|");
     for (i, size) in args.sizes.iter().enumerate() {
         let ps = &points[i];
         let t = Stats::of(ps.iter().map(|p| p.seconds));
@@ -198,8 +233,10 @@ pub async fn run(args: ReconcileBench) -> anyhow::Result<()> {
         let b = Stats::of(ps.iter().map(|p| p.before_mb));
         let c = Stats::of(ps.iter().map(|p| p.calls as f64));
         let l = Stats::of(ps.iter().map(|p| p.list_calls as f64));
+        let ld = Stats::of(ps.iter().map(|p| p.list_devices));
+        let lr = Stats::of(ps.iter().map(|p| p.list_reservations));
         println!(
-            "| {size} | {} | {t:.3} | {m:.1} | {b:.1} | {c:.0} | {l:.0} |",
+            "| {size} | {} | {t:.3} | {m:.1} | {b:.1} | {c:.0} | {l:.0} | {ld:.3} | {lr:.3} |",
             size.div_ceil(2)
         );
     }
