@@ -162,29 +162,30 @@ async fn bare_run(
         .execute(&stage.pool)
         .await?;
     let total = 2 * jobs_per_queue as i64;
-    let mut args = vec![
-        "bench",
-        "noop-worker",
-        "--db-connections",
-        DB_CONNECTIONS,
-        "--poll-interval",
-        POLL_INTERVAL,
-    ];
     // Only the settings the baseline shares with a shepherd worker.
-    let mut shared = worker_args.iter();
-    while let Some(flag) = shared.next() {
+    let mut shared: Vec<String> = vec![];
+    let mut extra = worker_args.iter();
+    while let Some(flag) = extra.next() {
         if let (
             "--db-connections"
             | "--create-concurrency"
             | "--assimilate-concurrency"
             | "--poll-interval",
             Some(v),
-        ) = (flag.as_str(), shared.next())
+        ) = (flag.as_str(), extra.next())
         {
-            args.push(flag);
-            args.push(v);
+            shared.push(flag.clone());
+            shared.push(v.clone());
         }
     }
+    let mut args = vec!["bench", "noop-worker"];
+    args.extend(flags(
+        &[
+            ("--db-connections", DB_CONNECTIONS),
+            ("--poll-interval", POLL_INTERVAL),
+        ],
+        &shared,
+    ));
     let started = Instant::now();
     stage.spawn(&args)?;
     stage
@@ -246,6 +247,20 @@ async fn enqueue_pass(stage: &Stage, reservations: usize) -> anyhow::Result<()> 
     Ok(())
 }
 
+/// The `defaults` that `extra` does not set, then `extra`: a flag given
+/// twice is an error to clap.
+fn flags<'a>(defaults: &[(&'a str, &'a str)], extra: &'a [String]) -> Vec<&'a str> {
+    let mut out = vec![];
+    for (flag, value) in defaults {
+        if !extra.iter().any(|e| e == flag) {
+            out.push(*flag);
+            out.push(*value);
+        }
+    }
+    out.extend(extra.iter().map(String::as_str));
+    out
+}
+
 fn fake_config(reservations: usize, faults: Faults) -> FakeConfig {
     FakeConfig {
         reservations,
@@ -267,17 +282,15 @@ async fn shepherd_run(
     let mut stage = Stage::new(server, name, fake_config(reservations, faults)).await?;
     enqueue_pass(&stage, reservations).await?;
     let total = 2 * reservations as i64;
-    let mut args: Vec<&str> = vec![
-        "--max-machines",
-        "0",
-        "--device-creation-rate",
-        "0s,1",
-        "--db-connections",
-        DB_CONNECTIONS,
-        "--poll-interval",
-        POLL_INTERVAL,
-    ];
-    args.extend(worker_args.iter().map(String::as_str));
+    let args = flags(
+        &[
+            ("--max-machines", "0"),
+            ("--device-creation-rate", "0s,1"),
+            ("--db-connections", DB_CONNECTIONS),
+            ("--poll-interval", POLL_INTERVAL),
+        ],
+        worker_args,
+    );
     let started = Instant::now();
     for _ in 0..workers {
         stage.spawn_worker(&args)?;
