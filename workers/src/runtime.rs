@@ -222,8 +222,14 @@ macro_rules! supervise {
         let opts: RuntimeOptions = $opts.clone();
         async move {
             let mut generation = 0u32;
+            // Failures in a row: the backoff grows with them, and a worker
+            // that ran a while before failing starts again from the
+            // shortest wait, so a second outage hours later is not met
+            // with the longest one.
+            let mut in_a_row = 0u32;
             loop {
                 let name = format!("{}@{}#{}", $queue, opts.process_name, generation);
+                let began = std::time::Instant::now();
                 let backend = PostgresStorage::<Lenient<$args>>::new(&pool)
                     .with_config(config($queue, &opts))
                     .with_pubsub()
@@ -261,7 +267,11 @@ macro_rules! supervise {
                     tracing::info!(worker = %name, "worker stopped");
                     break;
                 }
-                let backoff = Duration::from_secs(u64::from(2u32.pow(generation.min(4))));
+                if began.elapsed() > Duration::from_secs(60) {
+                    in_a_row = 0;
+                }
+                let backoff = Duration::from_secs(u64::from(2u32.pow(in_a_row.min(4))));
+                in_a_row += 1;
                 match result {
                     Ok(()) => tracing::warn!(worker = %name, "worker ended; restarting"),
                     Err(e) => tracing::error!(worker = %name, error = %e, retry_in = ?backoff, "worker failed (database unreachable?); restarting"),
