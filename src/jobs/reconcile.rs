@@ -216,9 +216,10 @@ pub async fn reconcile(ctx: &JobContext, job_id: &str) -> Result<ReconcileOutcom
 
     // The fleet first: the database answers at once, and a pass already at
     // the limit lists no reservations. Otherwise both listings run side by
-    // side, which halves a large pass's wall time (BENCHMARKS.md, scenario
-    // 4); a pass that then finds a discrepancy, or reaches the limit through
-    // adoptions, drops the reservations it listed.
+    // side, so their round trips to the API overlap (BENCHMARKS.md, scenario
+    // 4: the listings are the whole of a large pass); a pass that then finds
+    // a discrepancy, or reaches the limit through adoptions, drops the
+    // reservations it listed.
     let fleet = read_fleet(&ctx.pool).await?;
     let full = config.max_machines > 0
         && fleet.managed.len() as u64 + fleet.in_flight() >= config.max_machines;
