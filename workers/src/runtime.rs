@@ -264,6 +264,12 @@ macro_rules! supervise {
                     }
                 };
                 if shared.stop.is_stopping() {
+                    // apalis can claim a job (Queued) as it stops and leave
+                    // it claimed: seen in the SIGTERM test. The handlers are
+                    // done by now, so whatever this worker still holds goes
+                    // back to the queue at once instead of after the
+                    // heartbeat timeout.
+                    release(&pool, &name).await;
                     tracing::info!(worker = %name, "worker stopped");
                     break;
                 }

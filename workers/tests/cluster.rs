@@ -838,8 +838,18 @@ async fn chaos_breaks_no_invariant(pool: PgPool) {
     }
     if restarted.is_some_and(|d| !d.is_zero()) {
         let logs: String = (0..c.workers.len()).map(|i| log_of(&c.dir, i)).collect();
+        // An outage shorter than the pool's acquire timeout (10 s) shows as
+        // waits and dropped connections in sqlx's warnings, not as failed
+        // jobs; a longer one as shepherd's own errors. Either is logged.
         assert!(
-            logs.contains("database unreachable") || logs.contains("infrastructure"),
+            [
+                "database unreachable",
+                "infrastructure",
+                "terminating connection due to administrator command",
+                "time to acquire exceeded",
+            ]
+            .iter()
+            .any(|m| logs.contains(m)),
             "no worker logged the outage"
         );
     }
