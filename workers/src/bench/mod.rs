@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
+use shepherd::metal::Operation;
 use shepherd::metal::fake::{FakeConfig, FakeMetal};
 use sqlx::PgPool;
 
@@ -309,8 +310,20 @@ impl Stage {
     pub fn spawn(&mut self, args: &[&str]) -> anyhow::Result<()> {
         let n = self.children.len();
         let log = std::fs::File::create(self.dir.join(format!("process-{n}.log")))?;
-        let child = Command::new(std::env::current_exe()?)
-            .args(args)
+        let child = self
+            .command(args)?
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("cannot start a worker process")?;
+        self.children.push(child);
+        Ok(())
+    }
+
+    /// `shepherd ARGS` with the stage's database and fake in its environment.
+    pub fn command(&self, args: &[&str]) -> anyhow::Result<Command> {
+        let mut c = Command::new(std::env::current_exe()?);
+        c.args(args)
             .env("DATABASE_URL", &self.url)
             .env("METAL_API_URL", self.fake.base_url())
             .env("METAL_PROJECT_ID", self.fake.project_id().to_string())
@@ -318,13 +331,8 @@ impl Stage {
             .env("SHEPHERD_SSH_PUBLIC_KEY_FILE", self.dir.join("key.pub"))
             .env("SHEPHERD_LOG", "warn")
             .env_remove("SHEPHERD_LOG_FORMAT")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
-            .context("cannot start a worker process")?;
-        self.children.push(child);
-        Ok(())
+            .stdin(Stdio::null());
+        Ok(c)
     }
 
     /// A shepherd worker without the API's minimum interval (the fake has
@@ -376,6 +384,12 @@ impl Stage {
             );
             tokio::time::sleep(POLL).await;
         }
+    }
+
+    /// Pages of device and reservation listings the fake has answered.
+    pub fn list_calls(&self) -> u64 {
+        self.fake.calls(Operation::FindProjectDevices)
+            + self.fake.calls(Operation::FindProjectHardwareReservations)
     }
 
     pub async fn count(&self, sql: &'static str) -> anyhow::Result<i64> {

@@ -318,7 +318,7 @@ async fn shepherd_run(
         machines,
         calls: stage.fake.total_calls(),
         // The pass's list pages count: every run shares them.
-        list_calls: list_calls(&stage),
+        list_calls: stage.list_calls(),
         key_calls: stage.fake.calls(Operation::FindProjectSshKeys)
             + stage.fake.calls(Operation::CreateProjectSshKey),
         creates: stage.fake.calls(Operation::CreateDevice),
@@ -326,11 +326,6 @@ async fn shepherd_run(
     };
     stage.finish().await?;
     Ok(run)
-}
-
-fn list_calls(stage: &Stage) -> u64 {
-    stage.fake.calls(Operation::FindProjectDevices)
-        + stage.fake.calls(Operation::FindProjectHardwareReservations)
 }
 
 /// Scenario 1. Returns shepherd's machines/s per repetition, which is

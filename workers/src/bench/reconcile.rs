@@ -15,7 +15,7 @@ use shepherd::events::{NewEvent, record};
 use shepherd::jobs::JobContext;
 use shepherd::limiter::{DEVICE_CREATION, Limiter};
 use shepherd::metal::fake::FakeConfig;
-use shepherd::metal::{ClientConfig, ClientMetrics, MetalClient, Operation};
+use shepherd::metal::{ClientConfig, ClientMetrics, MetalClient};
 use shepherd::secret::ApiToken;
 
 use super::{PUBLIC_KEY, Server, Stage, Stats, TOKEN};
@@ -126,33 +126,18 @@ async fn point(server: &Server, size: usize, per_page: u32) -> anyhow::Result<Po
     sqlx::query("analyze").execute(&stage.pool).await?;
 
     let calls_before = stage.fake.total_calls();
-    let lists_before = list_calls(&stage);
-    let exe = std::env::current_exe()?;
-    let (url, api, project) = (
-        stage.url.clone(),
-        stage.fake.base_url(),
-        stage.fake.project_id().to_string(),
-    );
+    let lists_before = stage.list_calls();
     let per_page_n = per_page;
     let per_page = per_page.to_string();
-    let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(exe)
-            .args([
-                "bench",
-                "reconcile-once",
-                "--api-rate",
-                "0s",
-                "--per-page",
-                &per_page,
-            ])
-            .env("DATABASE_URL", url)
-            .env("METAL_API_URL", api)
-            .env("METAL_PROJECT_ID", project)
-            .env("METAL_AUTH_TOKEN", TOKEN)
-            .env("SHEPHERD_LOG", "warn")
-            .output()
-    })
-    .await??;
+    let mut command = stage.command(&[
+        "bench",
+        "reconcile-once",
+        "--api-rate",
+        "0s",
+        "--per-page",
+        &per_page,
+    ])?;
+    let out = tokio::task::spawn_blocking(move || command.output()).await??;
     anyhow::ensure!(
         out.status.success(),
         "the pass failed: {}",
@@ -168,7 +153,7 @@ async fn point(server: &Server, size: usize, per_page: u32) -> anyhow::Result<Po
         managed.len()
     );
     let calls = stage.fake.total_calls() - calls_before;
-    let list_calls = list_calls(&stage) - lists_before;
+    let list_calls = stage.list_calls() - lists_before;
     let mut config = ClientConfig::new(
         stage.fake.base_url(),
         stage.fake.project_id(),
@@ -194,11 +179,6 @@ async fn point(server: &Server, size: usize, per_page: u32) -> anyhow::Result<Po
     };
     stage.finish().await?;
     Ok(p)
-}
-
-fn list_calls(stage: &Stage) -> u64 {
-    stage.fake.calls(Operation::FindProjectDevices)
-        + stage.fake.calls(Operation::FindProjectHardwareReservations)
 }
 
 pub async fn run(args: ReconcileBench) -> anyhow::Result<()> {
