@@ -247,7 +247,8 @@ impl HardwareReservation {
         self.facility.as_ref()?.full()
     }
 
-    /// Reservations expose their metro only inside the facility (NOTES.md, quirk 6).
+    /// Reservations expose their metro only inside the facility: the spec's
+    /// `HardwareReservation` has no `metro` of its own (spec/metal/README.md).
     pub fn metro_code(&self) -> Option<&str> {
         self.facility()?.metro.as_ref()?.code.as_deref()
     }

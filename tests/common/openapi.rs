@@ -12,12 +12,10 @@ pub struct Spec {
 
 impl Spec {
     pub fn load() -> Spec {
-        let path = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../shared/metal-api/openapi.json"
-        );
-        let text = std::fs::read_to_string(path)
-            .unwrap_or_else(|e| panic!("cannot read the Metal spec at {path}: {e}"));
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/spec/metal/openapi.json");
+        let text = std::fs::read_to_string(path).unwrap_or_else(|e| {
+            panic!("cannot read the vendored Metal spec at {path} (see spec/metal/README.md): {e}")
+        });
         Spec {
             doc: serde_json::from_str(&text).expect("the Metal spec is JSON"),
         }

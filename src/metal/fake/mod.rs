@@ -5,7 +5,8 @@
 //! The fake writes its JSON from its own representation, never from the
 //! client's model types, so a client that misreads the API cannot be agreed
 //! with by a fake that misreads it the same way. Its answers follow the
-//! schemas of the official spec (`/work/shared/metal-api/openapi.json`).
+//! schemas of the official spec, vendored as `spec/metal/openapi.json` (see
+//! `spec/metal/README.md`).
 //!
 //! # Served
 //!
