@@ -148,6 +148,9 @@ impl ConfigError {
     }
 }
 
+/// The seed's `api_rate` default, applied for real (the seed never did).
+pub const API_RATE_DEFAULT: Duration = Duration::from_secs(2);
+
 /// Retry policy of one job kind. Retries are persisted: a failed attempt
 /// records its failure and enqueues a successor that runs after the backoff,
 /// so a crash does not lose the delay (apalis retries a failed job at once).
@@ -208,7 +211,9 @@ pub struct ProvisionerConfig {
     pub device_creation_rate: Rate,
     /// Label of the project SSH key put on every device.
     pub ssh_key_label: String,
-    pub penalty: crate::events::views::PenaltyPolicy,
+    pub penalty: PenaltyPolicy,
+    /// Minimum time between the starts of two API calls, cluster-wide.
+    pub api_rate: Duration,
     pub create_retry: JobRetry,
     pub assimilate_retry: JobRetry,
 }
@@ -231,6 +236,7 @@ impl Default for ProvisionerConfig {
             },
             ssh_key_label: "shepherd".into(),
             penalty: Default::default(),
+            api_rate: API_RATE_DEFAULT,
             create_retry: CREATE_RETRY_DEFAULT,
             assimilate_retry: ASSIMILATE_RETRY_DEFAULT,
         }
@@ -286,5 +292,36 @@ impl ProvisionerConfig {
     pub fn hostname(&self, reservation: uuid::Uuid) -> String {
         let id = reservation.to_string();
         format!("{}{}", self.device_prefix, &id[..18])
+    }
+}
+
+/// How long a failed reservation is penalised: a fixed hour by default (the
+/// seed's), or growing with each consecutive failure.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PenaltyPolicy {
+    pub initial: std::time::Duration,
+    /// 1.0 keeps every penalty at `initial`.
+    pub factor: f64,
+    pub max: std::time::Duration,
+}
+
+impl Default for PenaltyPolicy {
+    fn default() -> Self {
+        PenaltyPolicy {
+            initial: std::time::Duration::from_secs(3600),
+            factor: 1.0,
+            max: std::time::Duration::from_secs(3600),
+        }
+    }
+}
+
+impl PenaltyPolicy {
+    /// The penalty for a reservation that already failed `failures` times
+    /// in a row (0 for its first failure).
+    pub fn duration(&self, failures: u32) -> std::time::Duration {
+        let grown = self.initial.as_secs_f64() * self.factor.max(1.0).powi(failures as i32);
+        std::time::Duration::from_secs_f64(
+            grown.min(self.max.as_secs_f64().max(self.initial.as_secs_f64())),
+        )
     }
 }

@@ -10,7 +10,7 @@ use uuid::Uuid;
 use crate::events::event::{DiscrepancyFound, Event, ReconcileFinished};
 use crate::events::store::read_stream;
 use crate::events::views::{self, Pause};
-use crate::jobs::reconcile::{classify, compare, read_fleet};
+use crate::jobs::reconcile::{classify, compare, our_requests, read_fleet};
 use crate::metal::{MetalClient, MetalError};
 
 #[derive(Debug, Clone, Serialize)]
@@ -32,6 +32,14 @@ pub struct PenaltyRow {
 }
 
 #[derive(Debug, Clone, Serialize)]
+pub struct UnresolvedRow {
+    pub reservation_id: Uuid,
+    pub request: Option<String>,
+    pub seconds: f64,
+    pub last_error: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
 pub struct WorkerRow {
     pub name: String,
     pub queue: String,
@@ -50,11 +58,17 @@ pub struct LastReconcile {
 #[derive(Debug, Clone, Serialize)]
 pub struct Overview {
     pub now: DateTime<Utc>,
-    /// As the workers last announced it (they write it at start).
+    /// The cluster's limit; `None` before any worker recorded the settings.
     pub max_machines: Option<u64>,
+    /// The cluster's settings as stored, by key.
+    pub settings: std::collections::BTreeMap<String, serde_json::Value>,
     pub managed: i64,
     pub pending_creations: i64,
     pub unassimilated_devices: i64,
+    /// Creations whose outcome is unknown, oldest first.
+    pub unresolved: Vec<UnresolvedRow>,
+    /// Age of the oldest thing in flight (creation or assimilation).
+    pub oldest_in_flight_seconds: Option<f64>,
     pub penalised: Vec<PenaltyRow>,
     pub queue: Vec<QueueRow>,
     pub last_reconcile: Option<LastReconcile>,
@@ -71,18 +85,6 @@ impl Overview {
     }
 }
 
-/// Records the limit the workers run with, for status and SQL to show.
-pub async fn announce_max_machines(pool: &PgPool, max_machines: u64) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "insert into shepherd.cluster_settings (key, value) values ('max_machines', $1)
-         on conflict (key) do update set value = excluded.value, updated_at = now()",
-    )
-    .bind(serde_json::json!(max_machines))
-    .execute(pool)
-    .await?;
-    Ok(())
-}
-
 pub async fn overview(pool: &PgPool) -> Result<Overview, sqlx::Error> {
     let mut tx = pool.begin().await?;
     sqlx::query("set transaction isolation level repeatable read read only")
@@ -91,10 +93,27 @@ pub async fn overview(pool: &PgPool) -> Result<Overview, sqlx::Error> {
     let now: DateTime<Utc> = sqlx::query_scalar("select now()")
         .fetch_one(&mut *tx)
         .await?;
-    let max_machines: Option<serde_json::Value> = sqlx::query_scalar(
-        "select value from shepherd.cluster_settings where key = 'max_machines'",
+    let settings = crate::cluster::stored(&mut tx).await?;
+    let unresolved = sqlx::query_as::<_, (Uuid, Option<String>, f64, Option<String>)>(
+        "select reservation_id, request, extract(epoch from now() - unresolved_since)::float8,
+                last_error
+         from shepherd.pending_creations where unresolved_since is not null
+         order by unresolved_since",
     )
-    .fetch_optional(&mut *tx)
+    .fetch_all(&mut *tx)
+    .await?
+    .into_iter()
+    .map(|(reservation_id, request, seconds, last_error)| UnresolvedRow {
+        reservation_id,
+        request,
+        seconds,
+        last_error,
+    })
+    .collect();
+    let oldest_in_flight_seconds: Option<f64> = sqlx::query_scalar(
+        "select extract(epoch from now() - min(since))::float8 from shepherd.in_flight",
+    )
+    .fetch_one(&mut *tx)
     .await?;
     let (managed, pending_creations, unassimilated_devices, events): (i64, i64, i64, i64) =
         sqlx::query_as(
@@ -193,7 +212,10 @@ pub async fn overview(pool: &PgPool) -> Result<Overview, sqlx::Error> {
     };
     Ok(Overview {
         now,
-        max_machines: max_machines.and_then(|v| v.as_u64()),
+        max_machines: settings.get("max_machines").and_then(|v| v.as_u64()),
+        settings,
+        unresolved,
+        oldest_in_flight_seconds,
         managed,
         pending_creations,
         unassimilated_devices,
@@ -221,6 +243,9 @@ pub enum Skip {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Plan {
+    /// False before any worker recorded the cluster's settings: the plan
+    /// then used this command's own flags.
+    pub settings_recorded: bool,
     pub max_machines: u64,
     pub chunk_size: u64,
     pub managed: u64,
@@ -241,14 +266,28 @@ pub async fn plan(
     metal: &MetalClient,
     config: &crate::config::ProvisionerConfig,
 ) -> Result<Plan, PlanError> {
+    let current =
+        crate::cluster::current(pool, &crate::cluster::ClusterSettings::proposed_by(config))
+            .await?;
+    let settings = current.settings;
+    let before = read_fleet(pool).await?;
     let devices = metal.list_devices().await?;
     let fleet = read_fleet(pool).await?;
-    let comparison = compare(&devices, &fleet, &config.device_prefix, config.assimilate);
+    let ours = our_requests(pool, &devices).await?;
+    let comparison = compare(
+        &devices,
+        &before,
+        &fleet,
+        &config.device_prefix,
+        settings.assimilate,
+        &ours,
+    );
     let mut conn = pool.acquire().await?;
     let paused = views::read_pause(&mut conn).await?;
     let mut plan = Plan {
-        max_machines: config.max_machines,
-        chunk_size: config.chunk_size,
+        settings_recorded: current.recorded,
+        max_machines: settings.max_machines.0,
+        chunk_size: settings.chunk_size,
         managed: fleet.managed.len() as u64,
         in_flight: fleet.in_flight() + comparison.adopt.len() as u64,
         devices_listed: devices.len(),
@@ -268,11 +307,7 @@ pub async fn plan(
         });
         return Ok(plan);
     }
-    let room = (config.max_machines > 0).then(|| {
-        config
-            .max_machines
-            .saturating_sub(plan.managed + plan.in_flight)
-    });
+    let room = settings.max_machines.room(plan.managed + plan.in_flight);
     if room == Some(0) {
         plan.at_limit = true;
         return Ok(plan);
@@ -283,7 +318,7 @@ pub async fn plan(
     let take = if plan.paused.is_some() {
         0
     } else {
-        room.unwrap_or(u64::MAX).min(config.chunk_size) as usize
+        room.unwrap_or(u64::MAX).min(settings.chunk_size) as usize
     };
     for r in &reservations {
         let skip = if r.device.is_some() {

@@ -2,6 +2,7 @@
 //! its views, and the job handlers. Process concerns (flags, signals,
 //! listeners) live in the `workers` package.
 
+pub mod cluster;
 pub mod config;
 pub mod db;
 pub mod events;

@@ -20,7 +20,8 @@ use crate::metal::discipline::{Pacer, PacerFuture};
 pub struct Limiter {
     pool: PgPool,
     name: &'static str,
-    rate: Rate,
+    /// Shared by clones; follows the cluster's setting (`set_rate`).
+    rate: Arc<std::sync::Mutex<Rate>>,
 }
 
 /// Limiter names: one row each in `shepherd.limiters`.
@@ -29,17 +30,31 @@ pub const METAL_API: &str = "metal_api";
 
 impl Limiter {
     pub fn new(pool: PgPool, name: &'static str, rate: Rate) -> Self {
-        Limiter { pool, name, rate }
+        Limiter {
+            pool,
+            name,
+            rate: Arc::new(std::sync::Mutex::new(rate)),
+        }
     }
 
     pub fn rate(&self) -> Rate {
-        self.rate
+        *self.rate.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Adopts a new rate for every clone of this limiter.
+    pub fn set_rate(&self, rate: Rate) {
+        let mut current = self.rate.lock().unwrap_or_else(|e| e.into_inner());
+        if *current != rate {
+            tracing::info!(limiter = self.name, from = %*current, to = %rate, "rate changed");
+            *current = rate;
+        }
     }
 
     /// Reserves the next slot; returns its start as a Unix time in seconds.
     pub async fn reserve(&self) -> Result<f64, sqlx::Error> {
-        let spacing = self.rate.spacing().as_secs_f64();
-        let slack = spacing * f64::from(self.rate.burst.saturating_sub(1));
+        let rate = self.rate();
+        let spacing = rate.spacing().as_secs_f64();
+        let slack = spacing * f64::from(rate.burst.saturating_sub(1));
         sqlx::query_scalar(
             "insert into shepherd.limiters as l (name, next_at)
              values ($1, clock_timestamp() + make_interval(secs => $2))
@@ -63,15 +78,16 @@ impl Limiter {
     /// hosts must keep their clocks within a fraction of the spacing (NTP).
     /// Dropping the future gives up the wait.
     pub async fn acquire(&self) -> Result<Duration, sqlx::Error> {
-        if self.rate.is_unlimited() {
+        let rate = self.rate();
+        if rate.is_unlimited() {
             return Ok(Duration::ZERO);
         }
         let started = std::time::Instant::now();
-        let spacing = self.rate.spacing().as_secs_f64();
+        let spacing = rate.spacing().as_secs_f64();
         let tolerance = (spacing / 4.0).max(0.002);
         // A slot may lie in the past by up to the burst allowance: that is
         // credit. Later than that, the answer or this process was slow.
-        let credit = spacing * f64::from(self.rate.burst.saturating_sub(1));
+        let credit = spacing * f64::from(rate.burst.saturating_sub(1));
         loop {
             let slot = self.reserve().await?;
             let wait = slot - unix_now();
@@ -111,5 +127,9 @@ impl Pacer for ClusterPacer {
                 .map(|_| ())
                 .map_err(|e| format!("the API pacer's database is unreachable: {e}"))
         })
+    }
+
+    fn set_interval(&self, interval: Duration) {
+        self.0.set_rate(Rate { interval, burst: 1 });
     }
 }

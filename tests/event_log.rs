@@ -67,6 +67,8 @@ fn one_of_each() -> Vec<Event> {
             reservation: r,
             request: Uuid::new_v4(),
             manual: false,
+            requested_by: None,
+            sinbin_override: None,
         }
         .into(),
         CreationAttemptFailed {
@@ -268,6 +270,8 @@ async fn a_retried_append_is_stored_once(pool: PgPool) {
         reservation: r,
         request: Uuid::new_v4(),
         manual: true,
+        requested_by: None,
+        sinbin_override: None,
     });
     for _ in 0..2 {
         let mut tx = pool.begin().await.unwrap();
@@ -292,6 +296,8 @@ async fn a_rollback_leaves_neither_events_nor_view_changes(pool: PgPool) {
                 reservation: r,
                 request: Uuid::new_v4(),
                 manual: false,
+                requested_by: None,
+                sinbin_override: None,
             }),
             NewEvent::new(DeviceCreated {
                 reservation: r,
@@ -493,7 +499,33 @@ fn random_event(rng: &mut impl Rng, reservations: &[Uuid], devices: &[Uuid]) -> 
     let r = reservations[rng.random_range(0..reservations.len())];
     let d = devices[rng.random_range(0..devices.len())];
     let offset = TimeDelta::seconds(rng.random_range(-3600..3600));
-    match rng.random_range(0..12) {
+    match rng.random_range(0..15) {
+        14 => SettingsChanged {
+            by: "ops".into(),
+            reason: "r".into(),
+            settings: [(
+                ["max_machines", "chunk_size"][rng.random_range(0..2)].to_string(),
+                serde_json::Value::from(rng.random_range(1..9u64)),
+            )]
+            .into_iter()
+            .collect(),
+        }
+        .into(),
+        13 => MachineReleased {
+            machine_id: Uuid::new_v4(),
+            provider: PROVIDER_EQUINIX.into(),
+            provider_id: d.to_string(),
+            by: "ops".into(),
+            reason: "gone".into(),
+        }
+        .into(),
+        12 => CreationUnresolved {
+            reservation: r,
+            request: Uuid::from_u128(rng.random_range(0..3)),
+            attempt: 1,
+            message: format!("m{}", rng.random::<u8>()),
+        }
+        .into(),
         11 => CreationsPaused {
             by: "ops".into(),
             reason: format!("r{}", rng.random::<u8>()),
@@ -508,8 +540,11 @@ fn random_event(rng: &mut impl Rng, reservations: &[Uuid], devices: &[Uuid]) -> 
         .into(),
         0 => CreationRequested {
             reservation: r,
-            request: Uuid::from_u128(rng.random()),
+            // A few requests, so that unresolved outcomes meet their owner.
+            request: Uuid::from_u128(rng.random_range(0..3)),
             manual: rng.random(),
+            requested_by: None,
+            sinbin_override: None,
         }
         .into(),
         1 => DeviceCreated {

@@ -356,15 +356,31 @@ async fn concurrent_passes_and_manual_jobs_never_double_create_or_pass_the_limit
     // from SQL (admitted by the handler) and as admitted CLI jobs.
     let manual = async {
         for r in &reservations {
-            sqlx::query("select shepherd.enqueue_create_device($1)")
+            // SQL refuses at once what is already in flight or at the
+            // limit; what it lets through, the job admits again.
+            if let Err(e) = sqlx::query("select shepherd.enqueue_create_device($1)")
                 .bind(r)
                 .execute(&w.pool)
                 .await
-                .unwrap();
+            {
+                let msg = e.to_string();
+                assert!(
+                    msg.contains("already") || msg.contains("max_machines"),
+                    "{msg}"
+                );
+            }
             let mut tx = w.pool.begin().await.unwrap();
-            queue::admit(&mut tx, &[(*r, Uuid::new_v4())], 12, true, true, None)
-                .await
-                .unwrap();
+            queue::admit(
+                &mut tx,
+                &[(*r, Uuid::new_v4())],
+                &queue::Admission {
+                    manual: true,
+                    push_jobs: true,
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
             tx.commit().await.unwrap();
         }
     };
@@ -495,12 +511,7 @@ async fn the_queue_refuses_poison_rows_from_sql(pool: PgPool) {
 #[sqlx::test(migrations = false)]
 async fn successor_keys_are_scoped_so_later_attempts_are_not_blocked(pool: PgPool) {
     common::migrated(&pool).await;
-    let args = CreateDeviceArgs {
-        reservation: Uuid::new_v4(),
-        request: Uuid::new_v4(),
-        attempt: 1,
-        admitted: true,
-    };
+    let args = CreateDeviceArgs::admitted(Uuid::new_v4(), Uuid::new_v4());
     let mut tx = pool.begin().await.unwrap();
     assert!(
         queue::push_create_device(&mut tx, &args, None)

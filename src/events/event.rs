@@ -21,6 +21,7 @@ pub enum Stream {
     Reconcile(Uuid),
     SshKey(String),
     Operator,
+    Settings,
 }
 
 impl Stream {
@@ -31,6 +32,7 @@ impl Stream {
             Stream::Reconcile(id) => format!("reconcile/{id}"),
             Stream::SshKey(label) => format!("ssh_key/{label}"),
             Stream::Operator => "operator/controls".to_string(),
+            Stream::Settings => "operator/settings".to_string(),
         }
     }
 }
@@ -129,6 +131,12 @@ events! {
         /// Stable across the job's retries; the witness is derived from it.
         request: Uuid,
         manual: bool,
+        /// `scheduler`, `cli:<user>` or `sql:<role>` (absent before 2026-12).
+        #[serde(default)]
+        requested_by: Option<String>,
+        /// Set when an operator admitted a penalised reservation on purpose.
+        #[serde(default)]
+        sinbin_override: Option<String>,
     }
     /// A manual creation was not admitted, and why.
     CreationRefused = "creation_refused", 1 { reservation: Uuid, request: Uuid, reason: String }
@@ -143,6 +151,13 @@ events! {
         /// Found after an ambiguous answer or a crash rather than returned by the create.
         recovered: bool,
     }
+    /// The creation's outcome is unknown (an answer that could not be read,
+    /// a timeout after the request was sent): it stays in flight, and is
+    /// settled by looking at the reservation for its witness.
+    CreationUnresolved = "creation_unresolved", 1 { reservation: Uuid, request: Uuid, attempt: u32, message: String }
+    /// A creation in flight had no job left to end it (a crash, a killed or
+    /// pruned job); the sweep gave it one.
+    CreationResumed = "creation_resumed", 1 { reservation: Uuid, request: Uuid, reason: String }
     /// The creation job ended without a device.
     CreationGivenUp = "creation_given_up", 1 { reservation: Uuid, class: ErrorClass, message: String }
     /// Another party took the reservation.
@@ -166,6 +181,16 @@ events! {
     /// A pass found a prefixed device to adopt (a witnessed orphan, or any
     /// unknown one with `assimilate` on): in flight until assimilated.
     AdoptionRequested = "adoption_requested", 1 { run: Uuid, device: Uuid, reservation: Option<Uuid>, witnessed: bool }
+    /// A device waiting to be assimilated had no job left; the sweep gave it one.
+    AssimilationResumed = "assimilation_resumed", 1 { device: Uuid, reason: String }
+    /// An operator recorded that a managed machine is no longer managed
+    /// (its device is gone), so passes stop reporting it missing.
+    MachineReleased = "machine_released", 1 { machine_id: Uuid, provider: String, provider_id: String, by: String, reason: String }
+    /// The cluster's settings changed (or were first recorded): new values by key.
+    SettingsChanged = "settings_changed", 1 { by: String, reason: String, settings: std::collections::BTreeMap<String, Value> }
+    /// A queued pass found that a newer one had started since it was
+    /// queued, and ended without listing anything.
+    ReconcileCoalesced = "reconcile_coalesced", 1 { run: Uuid, newer_pass_started_at: DateTime<Utc> }
     /// Assimilation found the device already managed.
     AssimilationSkipped = "assimilation_skipped", 1 { device: Uuid, machine_id: Uuid }
     /// Assimilation refused the device (unknown to the provider, or not ours).
@@ -195,6 +220,15 @@ impl Event {
             Event::ReconcileRefused(e) => Stream::Reconcile(e.run),
             Event::CreationsEnqueued(e) => Stream::Reconcile(e.run),
             Event::ReconcileFinished(e) => Stream::Reconcile(e.run),
+            Event::ReconcileCoalesced(e) => Stream::Reconcile(e.run),
+            Event::CreationUnresolved(e) => Stream::Reservation(e.reservation),
+            Event::CreationResumed(e) => Stream::Reservation(e.reservation),
+            Event::AssimilationResumed(e) => Stream::Device(e.device),
+            Event::MachineReleased(e) => match e.provider_id.parse() {
+                Ok(id) => Stream::Device(id),
+                Err(_) => Stream::Operator,
+            },
+            Event::SettingsChanged(_) => Stream::Settings,
             Event::CreationRequested(e) => Stream::Reservation(e.reservation),
             Event::CreationRefused(e) => Stream::Reservation(e.reservation),
             Event::CreationAttemptFailed(e) => Stream::Reservation(e.reservation),

@@ -27,6 +27,8 @@ pub enum StoreError {
         version: i32,
         source: serde_json::Error,
     },
+    #[error("{0}")]
+    Invalid(String),
 }
 
 /// An event about to be appended.

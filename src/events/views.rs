@@ -13,6 +13,7 @@ use sqlx::{PgConnection, PgPool, Row};
 use uuid::Uuid;
 
 use super::event::Event;
+pub use crate::config::PenaltyPolicy;
 use super::store::{StoreError, StoredEvent};
 
 pub const PROVIDER_EQUINIX: &str = "equinix";
@@ -45,8 +46,19 @@ impl Penalty {
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct PendingCreation {
     pub reservation_id: Uuid,
-    pub job_id: Option<String>,
+    /// The request that owns it (the witness is derived from it).
+    pub request: Option<String>,
     pub enqueued_at: DateTime<Utc>,
+    /// Since when its outcome is unknown, if it is.
+    pub unresolved_since: Option<DateTime<Utc>>,
+    pub last_error: Option<String>,
+}
+
+/// One cluster setting as the view holds it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Setting {
+    pub value: serde_json::Value,
+    pub updated_at: DateTime<Utc>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -75,6 +87,7 @@ pub struct ViewState {
     pub sinbin: BTreeMap<Uuid, Penalty>,
     pub pending_creations: BTreeMap<Uuid, PendingCreation>,
     pub unassimilated: BTreeMap<Uuid, UnassimilatedDevice>,
+    pub settings: BTreeMap<String, Setting>,
 }
 
 /// Folds one event into the views. `at` is the event's recorded time, so
@@ -86,8 +99,10 @@ pub fn apply(state: &mut ViewState, event: &Event, at: DateTime<Utc>) {
                 e.reservation,
                 PendingCreation {
                     reservation_id: e.reservation,
-                    job_id: Some(e.request.to_string()),
+                    request: Some(e.request.to_string()),
                     enqueued_at: at,
+                    unresolved_since: None,
+                    last_error: None,
                 },
             );
         }
@@ -103,6 +118,28 @@ pub fn apply(state: &mut ViewState, event: &Event, at: DateTime<Utc>) {
                         reservation_id: Some(e.reservation),
                         hostname: Some(e.hostname.clone()),
                         created_at: at,
+                    },
+                );
+            }
+        }
+        Event::CreationUnresolved(e) => {
+            if let Some(p) = state.pending_creations.get_mut(&e.reservation)
+                && p.request.as_deref() == Some(e.request.to_string().as_str())
+            {
+                p.unresolved_since.get_or_insert(at);
+                p.last_error = Some(e.message.clone());
+            }
+        }
+        Event::MachineReleased(e) => {
+            state.machines.remove(&e.provider_id);
+        }
+        Event::SettingsChanged(e) => {
+            for (key, value) in &e.settings {
+                state.settings.insert(
+                    key.clone(),
+                    Setting {
+                        value: value.clone(),
+                        updated_at: at,
                     },
                 );
             }
@@ -185,6 +222,9 @@ pub fn apply(state: &mut ViewState, event: &Event, at: DateTime<Utc>) {
         | Event::ReconcileRefused(_)
         | Event::CreationsEnqueued(_)
         | Event::ReconcileFinished(_)
+        | Event::ReconcileCoalesced(_)
+        | Event::CreationResumed(_)
+        | Event::AssimilationResumed(_)
         | Event::CreationAttemptFailed(_)
         | Event::CreationRefused(_)
         | Event::SshKeyEnsured(_)
@@ -198,6 +238,7 @@ pub(crate) struct Keys {
     reservations: Vec<Uuid>,
     devices: Vec<Uuid>,
     controls: bool,
+    settings: bool,
 }
 
 impl Keys {
@@ -211,6 +252,13 @@ impl Keys {
                     k.devices.push(e.device);
                 }
                 Event::CreationGivenUp(e) => k.reservations.push(e.reservation),
+                Event::CreationUnresolved(e) => k.reservations.push(e.reservation),
+                Event::MachineReleased(e) => {
+                    if let Ok(d) = e.provider_id.parse() {
+                        k.devices.push(d);
+                    }
+                }
+                Event::SettingsChanged(_) => k.settings = true,
                 Event::RaceLost(e) => k.reservations.push(e.reservation),
                 Event::ReservationPenalised(e) => k.reservations.push(e.reservation),
                 Event::PenaltyCleared(e) => k.reservations.push(e.reservation),
@@ -235,7 +283,7 @@ impl Keys {
     }
 
     fn is_empty(&self) -> bool {
-        self.reservations.is_empty() && self.devices.is_empty() && !self.controls
+        self.reservations.is_empty() && self.devices.is_empty() && !self.controls && !self.settings
     }
 
     /// Serialises writers per reservation and device, in a fixed order so two
@@ -250,6 +298,7 @@ impl Keys {
             .map(|r| format!("reservation/{r}"))
             .chain(self.devices.iter().map(|d| format!("device/{d}")))
             .chain(self.controls.then(|| "operator/controls".to_string()))
+            .chain(self.settings.then(|| "operator/settings".to_string()))
             .collect();
         sqlx::query(
             "select pg_advisory_xact_lock(hashtextextended(k, 0))
@@ -278,6 +327,7 @@ pub(crate) async fn apply_live(
         &keys.devices,
         &device_ids,
         keys.controls,
+        keys.settings,
     )
     .await?;
     let mut after = before.clone();
@@ -294,10 +344,14 @@ async fn load(
     devices: &[Uuid],
     device_ids: &[String],
     controls: bool,
+    settings: bool,
 ) -> Result<ViewState, sqlx::Error> {
     let mut state = ViewState::default();
     if controls {
         state.paused = read_pause(&mut *conn).await?;
+    }
+    if settings {
+        state.settings = read_settings(&mut *conn).await?;
     }
     // A machine can be keyed by its device, or found through its reservation.
     // Two branches, not an OR: each uses its own index whatever the
@@ -332,8 +386,8 @@ async fn load(
         state.sinbin.insert(p.reservation_id, p);
     }
     for row in sqlx::query(
-        "select reservation_id, job_id, enqueued_at from shepherd.pending_creations
-         where reservation_id = any($1)",
+        "select reservation_id, request, enqueued_at, unresolved_since, last_error
+         from shepherd.pending_creations where reservation_id = any($1)",
     )
     .bind(reservations)
     .fetch_all(&mut *conn)
@@ -394,6 +448,35 @@ async fn write_pause(conn: &mut PgConnection, pause: Option<&Pause>) -> Result<(
     Ok(())
 }
 
+async fn read_settings(conn: &mut PgConnection) -> Result<BTreeMap<String, Setting>, sqlx::Error> {
+    let rows: Vec<(String, serde_json::Value, DateTime<Utc>)> =
+        sqlx::query_as("select key, value, updated_at from shepherd.cluster_settings")
+            .fetch_all(&mut *conn)
+            .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(key, value, updated_at)| (key, Setting { value, updated_at }))
+        .collect())
+}
+
+async fn write_settings<'a>(
+    conn: &mut PgConnection,
+    rows: impl Iterator<Item = (&'a String, &'a Setting)>,
+) -> Result<(), sqlx::Error> {
+    for (key, s) in rows {
+        sqlx::query(
+            "insert into shepherd.cluster_settings (key, value, updated_at) values ($1, $2, $3)
+             on conflict (key) do update set value = excluded.value, updated_at = excluded.updated_at",
+        )
+        .bind(key)
+        .bind(&s.value)
+        .bind(s.updated_at)
+        .execute(&mut *conn)
+        .await?;
+    }
+    Ok(())
+}
+
 /// Whether creations are paused, and by whom.
 pub async fn read_pause(conn: &mut PgConnection) -> Result<Option<Pause>, sqlx::Error> {
     let row: Option<(String, String, DateTime<Utc>)> = sqlx::query_as(
@@ -412,6 +495,11 @@ async fn write_changes(
     if before.paused != after.paused {
         write_pause(conn, after.paused.as_ref()).await?;
     }
+    let changed = after
+        .settings
+        .iter()
+        .filter(|(k, v)| before.settings.get(*k) != Some(*v));
+    write_settings(conn, changed).await?;
     let (gone, changed) = diff(&before.machines, &after.machines);
     if !gone.is_empty() {
         sqlx::query(
@@ -514,14 +602,18 @@ async fn insert_pending<'a>(
         return Ok(());
     }
     sqlx::query(
-        "insert into shepherd.pending_creations (reservation_id, job_id, enqueued_at)
-         select * from unnest($1::uuid[], $2::text[], $3::timestamptz[])
-         on conflict (reservation_id) do update set job_id = excluded.job_id,
-           enqueued_at = excluded.enqueued_at",
+        "insert into shepherd.pending_creations
+           (reservation_id, request, enqueued_at, unresolved_since, last_error)
+         select * from unnest($1::uuid[], $2::text[], $3::timestamptz[], $4::timestamptz[], $5::text[])
+         on conflict (reservation_id) do update set request = excluded.request,
+           enqueued_at = excluded.enqueued_at, unresolved_since = excluded.unresolved_since,
+           last_error = excluded.last_error",
     )
     .bind(rows.iter().map(|p| p.reservation_id).collect::<Vec<_>>())
-    .bind(rows.iter().map(|p| p.job_id.clone()).collect::<Vec<_>>())
+    .bind(rows.iter().map(|p| p.request.clone()).collect::<Vec<_>>())
     .bind(rows.iter().map(|p| p.enqueued_at).collect::<Vec<_>>())
+    .bind(rows.iter().map(|p| p.unresolved_since).collect::<Vec<_>>())
+    .bind(rows.iter().map(|p| p.last_error.clone()).collect::<Vec<_>>())
     .execute(&mut *conn)
     .await?;
     Ok(())
@@ -573,8 +665,10 @@ fn penalty_from_row(row: &sqlx::postgres::PgRow) -> Penalty {
 fn pending_from_row(row: &sqlx::postgres::PgRow) -> PendingCreation {
     PendingCreation {
         reservation_id: row.get("reservation_id"),
-        job_id: row.get("job_id"),
+        request: row.get("request"),
         enqueued_at: row.get("enqueued_at"),
+        unresolved_since: row.get("unresolved_since"),
+        last_error: row.get("last_error"),
     }
 }
 
@@ -595,6 +689,7 @@ pub async fn read_live(conn: &mut PgConnection) -> Result<ViewState, sqlx::Error
 async fn read_tables(conn: &mut PgConnection) -> Result<ViewState, sqlx::Error> {
     let mut state = ViewState {
         paused: read_pause(&mut *conn).await?,
+        settings: read_settings(&mut *conn).await?,
         ..ViewState::default()
     };
     for row in sqlx::query("select * from shepherd.managed_machines")
@@ -691,6 +786,12 @@ fn describe_diff<K: Ord + std::fmt::Debug, V: PartialEq + std::fmt::Debug>(
 
 pub fn differences(live: &ViewState, rebuilt: &ViewState) -> Vec<String> {
     let mut out = Vec::new();
+    describe_diff(
+        "cluster_settings",
+        &live.settings,
+        &rebuilt.settings,
+        &mut out,
+    );
     if live.paused != rebuilt.paused {
         out.push(format!(
             "controls: live {:?}, rebuilt {:?}",
@@ -745,7 +846,8 @@ pub async fn rebuild(pool: &PgPool, replace: bool) -> Result<RebuildReport, Stor
         let mut tx = pool.begin().await?;
         sqlx::query(
             "lock table shepherd.managed_machines, shepherd.sinbin, shepherd.pending_creations,
-             shepherd.unassimilated_devices, shepherd.controls in exclusive mode",
+             shepherd.unassimilated_devices, shepherd.controls, shepherd.cluster_settings
+             in exclusive mode",
         )
         .execute(&mut *tx)
         .await?;
@@ -753,11 +855,13 @@ pub async fn rebuild(pool: &PgPool, replace: bool) -> Result<RebuildReport, Stor
         let (rebuilt, _) = fold_log(&mut tx).await?;
         sqlx::raw_sql(
             "delete from shepherd.managed_machines; delete from shepherd.sinbin;
-             delete from shepherd.pending_creations; delete from shepherd.unassimilated_devices",
+             delete from shepherd.pending_creations; delete from shepherd.unassimilated_devices;
+             delete from shepherd.cluster_settings",
         )
         .execute(&mut *tx)
         .await?;
         write_pause(&mut tx, rebuilt.paused.as_ref()).await?;
+        write_settings(&mut tx, rebuilt.settings.iter()).await?;
         insert_machines(&mut tx, rebuilt.machines.values()).await?;
         insert_penalties(&mut tx, rebuilt.sinbin.values()).await?;
         insert_pending(&mut tx, rebuilt.pending_creations.values()).await?;
@@ -766,37 +870,6 @@ pub async fn rebuild(pool: &PgPool, replace: bool) -> Result<RebuildReport, Stor
         report.replaced = true;
     }
     Ok(report)
-}
-
-/// How long a failed reservation is penalised: a fixed hour by default (the
-/// seed's), or growing with each consecutive failure.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct PenaltyPolicy {
-    pub initial: std::time::Duration,
-    /// 1.0 keeps every penalty at `initial`.
-    pub factor: f64,
-    pub max: std::time::Duration,
-}
-
-impl Default for PenaltyPolicy {
-    fn default() -> Self {
-        PenaltyPolicy {
-            initial: std::time::Duration::from_secs(3600),
-            factor: 1.0,
-            max: std::time::Duration::from_secs(3600),
-        }
-    }
-}
-
-impl PenaltyPolicy {
-    /// The penalty for a reservation that already failed `failures` times
-    /// in a row (0 for its first failure).
-    pub fn duration(&self, failures: u32) -> std::time::Duration {
-        let grown = self.initial.as_secs_f64() * self.factor.max(1.0).powi(failures as i32);
-        std::time::Duration::from_secs_f64(
-            grown.min(self.max.as_secs_f64().max(self.initial.as_secs_f64())),
-        )
-    }
 }
 
 /// The sinbin row of a reservation, penalised or not.

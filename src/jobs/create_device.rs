@@ -12,6 +12,7 @@ use uuid::Uuid;
 use super::queue;
 use super::{AssimilateArgs, CreateDeviceArgs, JobContext, JobError};
 use crate::events::event::*;
+use crate::cluster::ClusterSettings;
 use crate::events::views;
 use crate::events::{NewEvent, record};
 use crate::metal::{CreateDevice, ErrorClass, MetalError, Witness};
@@ -36,6 +37,11 @@ pub enum CreateOutcome {
     RaceLost {
         other_device: Option<Uuid>,
     },
+    /// The outcome is unknown; a successor looks after `after`.
+    Unresolved {
+        next_attempt: u32,
+        after: std::time::Duration,
+    },
     /// A manual job that was not admitted.
     Refused {
         reason: String,
@@ -52,32 +58,47 @@ pub async fn create_device(
     args: &CreateDeviceArgs,
     job_id: &str,
 ) -> Result<CreateOutcome, JobError> {
-    let config = &ctx.config;
-    if args.admitted {
-        let pending: Option<String> = sqlx::query_scalar(
-            "select job_id from shepherd.pending_creations where reservation_id = $1",
-        )
-        .bind(args.reservation)
-        .fetch_optional(&ctx.pool)
-        .await?;
-        if pending.as_deref() != Some(&args.request.to_string()) {
+    let settings = ctx.settings().await?;
+    // A pending creation belongs to its request: a re-run of the same
+    // request (a crash, a re-delivery, the sweep) resumes it.
+    let owner: Option<Option<String>> = sqlx::query_scalar(
+        "select request from shepherd.pending_creations where reservation_id = $1",
+    )
+    .bind(args.reservation)
+    .fetch_optional(&ctx.pool)
+    .await?;
+    let ours = args.request.to_string();
+    match owner {
+        Some(Some(owner)) if owner == ours => {}
+        Some(_) if args.admitted || args.verify => {
+            return Ok(CreateOutcome::Skipped {
+                reason: "another request owns the reservation's creation".into(),
+            });
+        }
+        None if args.admitted || args.verify => {
             return Ok(CreateOutcome::Skipped {
                 reason: "no pending creation for this request".into(),
             });
         }
-    } else if let Some(refused) = admit_manual(ctx, args, job_id).await? {
-        return Ok(refused);
+        _ => {
+            if let Some(refused) = admit_manual(ctx, args, job_id).await? {
+                return Ok(refused);
+            }
+        }
+    }
+    if args.verify {
+        return verify(ctx, &settings, args, job_id).await;
     }
 
     // The attempt's budget covers the wait for the limiter and the API's own
-    // retries; when it runs out the attempt counts as failed, and the next
-    // one starts by looking for what this one may have made.
+    // retries; when it runs out the attempt's outcome is unknown, and the
+    // next one starts by looking for what this one may have made.
     let attempt = async {
         let key = ctx.ssh_key_id().await?;
         let request = CreateDevice {
             reservation: args.reservation,
-            hostname: config.hostname(args.reservation),
-            operating_system: config.os.clone(),
+            hostname: ctx.config.hostname(args.reservation),
+            operating_system: ctx.config.os.clone(),
             ssh_keys: vec![key],
             witness: Witness::new(args.request),
         };
@@ -100,117 +121,251 @@ pub async fn create_device(
         };
         ctx.metal.create_device_paced(&request, pace).await
     };
-    let result = tokio::time::timeout(config.create_retry.timeout, attempt)
+    let result = tokio::time::timeout(ctx.config.create_retry.timeout, attempt)
         .await
         .unwrap_or(Err(MetalError::DeadlineExceeded {
             op: crate::metal::Operation::CreateDevice,
         }));
 
-    let mut tx = ctx.pool.begin().await?;
-    let outcome = match result {
+    match result {
         Ok(created) => {
-            let device = created.device.id;
-            let hostname = created
-                .device
-                .hostname
-                .clone()
-                .unwrap_or_else(|| config.hostname(args.reservation));
-            record(
-                &mut tx,
-                vec![
-                    NewEvent::new(DeviceCreated {
-                        reservation: args.reservation,
-                        device,
-                        hostname: hostname.clone(),
-                        witness: Witness::new(args.request).tag(),
-                        recovered: created.recovered,
-                    })
-                    .caused_by(job_id),
-                ],
-            )
-            .await?;
-            let next = AssimilateArgs {
-                device,
-                reservation: Some(args.reservation),
-                manual: false,
-                created: Some(super::CreatedDeviceFacts { hostname }),
-                attempt: 1,
-            };
-            queue::push_assimilate(&mut tx, &next, None).await?;
-            CreateOutcome::Created {
-                device,
-                recovered: created.recovered,
-            }
-        }
-        Err(e) if retryable(&e) && args.attempt < config.create_retry.max_attempts => {
-            let next_attempt = args.attempt + 1;
-            let after = config.create_retry.backoff(next_attempt);
-            record(
-                &mut tx,
-                vec![
-                    NewEvent::new(CreationAttemptFailed {
-                        reservation: args.reservation,
-                        class: e.class(),
-                        message: e.to_string(),
-                        attempt: args.attempt,
-                    })
-                    .caused_by(job_id),
-                ],
-            )
-            .await?;
-            let successor = CreateDeviceArgs {
-                attempt: next_attempt,
-                admitted: true,
-                ..args.clone()
-            };
-            let run_at = Utc::now() + TimeDelta::from_std(after).unwrap_or(TimeDelta::MAX);
-            queue::push_create_device(&mut tx, &successor, Some(run_at)).await?;
-            CreateOutcome::Retrying {
-                next_attempt,
-                after,
-            }
+            created_outcome(ctx, args, job_id, created.device, created.recovered).await
         }
         Err(MetalError::RaceLost {
             device: other_device,
             ..
-        }) => {
-            let cause = "the reservation was taken by another party".to_string();
-            let mut events = vec![NewEvent::new(RaceLost {
-                reservation: args.reservation,
-                other_device,
-            })];
-            events
-                .push(penalty(ctx, &mut tx, args.reservation, &cause, ErrorClass::RaceLost).await?);
-            record(
-                &mut tx,
-                events.into_iter().map(|e| e.caused_by(job_id)).collect(),
-            )
-            .await?;
-            CreateOutcome::RaceLost { other_device }
-        }
+        }) => race_lost(ctx, &settings, args, job_id, other_device).await,
         Err(e) => {
-            let class = e.class();
-            let cause = if retryable(&e) {
-                format!("gave up after {} attempts: {e}", args.attempt)
+            let unknown = args.unknown || matches!(e.class(), ErrorClass::Ambiguous | ErrorClass::Cancelled);
+            let key_refused = refused_for_ssh_key(&e);
+            if key_refused {
+                // Rotated or deleted at the provider: the next attempt
+                // looks the key up again instead of repeating a stale id.
+                ctx.forget_ssh_key().await;
+            }
+            let worth_another = retryable(&e) || key_refused;
+            if worth_another && args.attempt < ctx.config.create_retry.max_attempts {
+                retry_later(ctx, args, job_id, &e, unknown).await
+            } else if unknown {
+                unresolved(ctx, args, job_id, &e.to_string()).await
             } else {
-                e.to_string()
-            };
-            let mut events = vec![NewEvent::new(CreationGivenUp {
-                reservation: args.reservation,
-                class,
-                message: cause.clone(),
-            })];
-            events.push(penalty(ctx, &mut tx, args.reservation, &cause, class).await?);
-            record(
-                &mut tx,
-                events.into_iter().map(|e| e.caused_by(job_id)).collect(),
-            )
-            .await?;
-            CreateOutcome::GivenUp { class, cause }
+                let cause = if worth_another {
+                    format!("gave up after {} attempts: {e}", args.attempt)
+                } else {
+                    e.to_string()
+                };
+                give_up(ctx, &settings, args, job_id, e.class(), cause).await
+            }
         }
+    }
+}
+
+/// A 422 naming the SSH key: the key id this process cached is stale.
+fn refused_for_ssh_key(e: &MetalError) -> bool {
+    matches!(e, MetalError::Invalid { status: 422, messages, .. }
+        if messages.iter().any(|m| m.to_ascii_lowercase().contains("ssh key")))
+}
+
+/// Records the device and enqueues its assimilation, in one transaction.
+async fn created_outcome(
+    ctx: &JobContext,
+    args: &CreateDeviceArgs,
+    job_id: &str,
+    device: crate::metal::model::Device,
+    recovered: bool,
+) -> Result<CreateOutcome, JobError> {
+    let id = device.id;
+    let hostname = device
+        .hostname
+        .clone()
+        .unwrap_or_else(|| ctx.config.hostname(args.reservation));
+    let mut tx = ctx.pool.begin().await?;
+    record(
+        &mut tx,
+        vec![
+            NewEvent::new(DeviceCreated {
+                reservation: args.reservation,
+                device: id,
+                hostname: hostname.clone(),
+                witness: Witness::new(args.request).tag(),
+                recovered,
+            })
+            .caused_by(job_id),
+        ],
+    )
+    .await?;
+    let next = AssimilateArgs {
+        device: id,
+        reservation: Some(args.reservation),
+        manual: false,
+        created: Some(super::CreatedDeviceFacts { hostname }),
+        attempt: 1,
     };
+    queue::push_assimilate(&mut tx, &next, None).await?;
     tx.commit().await?;
-    Ok(outcome)
+    Ok(CreateOutcome::Created {
+        device: id,
+        recovered,
+    })
+}
+
+async fn retry_later(
+    ctx: &JobContext,
+    args: &CreateDeviceArgs,
+    job_id: &str,
+    e: &MetalError,
+    unknown: bool,
+) -> Result<CreateOutcome, JobError> {
+    let next_attempt = args.attempt + 1;
+    let after = ctx.config.create_retry.backoff(next_attempt);
+    let mut tx = ctx.pool.begin().await?;
+    record(
+        &mut tx,
+        vec![
+            NewEvent::new(CreationAttemptFailed {
+                reservation: args.reservation,
+                class: e.class(),
+                message: e.to_string(),
+                attempt: args.attempt,
+            })
+            .caused_by(job_id),
+        ],
+    )
+    .await?;
+    let successor = CreateDeviceArgs {
+        attempt: next_attempt,
+        admitted: true,
+        unknown,
+        ..args.clone()
+    };
+    queue::push_create_device(&mut tx, &successor, Some(at(after))).await?;
+    tx.commit().await?;
+    Ok(CreateOutcome::Retrying {
+        next_attempt,
+        after,
+    })
+}
+
+/// The outcome is unknown and the attempts are spent: the creation stays in
+/// flight, marked unresolved, and a successor only looks, until it can tell.
+async fn unresolved(
+    ctx: &JobContext,
+    args: &CreateDeviceArgs,
+    job_id: &str,
+    message: &str,
+) -> Result<CreateOutcome, JobError> {
+    let next_attempt = args.attempt + 1;
+    let after = ctx.config.create_retry.backoff(next_attempt);
+    tracing::warn!(reservation = %args.reservation, %message, "creation outcome unknown; it stays in flight until a look settles it");
+    let mut tx = ctx.pool.begin().await?;
+    record(
+        &mut tx,
+        vec![
+            NewEvent::new(CreationUnresolved {
+                reservation: args.reservation,
+                request: args.request,
+                attempt: args.attempt,
+                message: message.to_string(),
+            })
+            .caused_by(job_id),
+        ],
+    )
+    .await?;
+    let successor = CreateDeviceArgs {
+        attempt: next_attempt,
+        admitted: true,
+        unknown: true,
+        verify: true,
+        ..args.clone()
+    };
+    queue::push_create_device(&mut tx, &successor, Some(at(after))).await?;
+    tx.commit().await?;
+    Ok(CreateOutcome::Unresolved {
+        next_attempt,
+        after,
+    })
+}
+
+/// Settles an unknown outcome by looking at the reservation for the witness.
+async fn verify(
+    ctx: &JobContext,
+    settings: &ClusterSettings,
+    args: &CreateDeviceArgs,
+    job_id: &str,
+) -> Result<CreateOutcome, JobError> {
+    match ctx
+        .metal
+        .find_created(args.reservation, &Witness::new(args.request))
+        .await
+    {
+        Ok(Some(device)) => created_outcome(ctx, args, job_id, device, true).await,
+        Ok(None) => {
+            let cause = "no device of ours exists after an unknown outcome; the creation failed"
+                .to_string();
+            give_up(ctx, settings, args, job_id, ErrorClass::Ambiguous, cause).await
+        }
+        Err(MetalError::RaceLost { device, .. }) => {
+            race_lost(ctx, settings, args, job_id, device).await
+        }
+        // No device of ours can stand on a reservation the provider does not know.
+        Err(e @ MetalError::NotFound { .. }) => {
+            give_up(ctx, settings, args, job_id, e.class(), e.to_string()).await
+        }
+        Err(e) => unresolved(ctx, args, job_id, &format!("looking failed: {e}")).await,
+    }
+}
+
+async fn race_lost(
+    ctx: &JobContext,
+    settings: &ClusterSettings,
+    args: &CreateDeviceArgs,
+    job_id: &str,
+    other_device: Option<Uuid>,
+) -> Result<CreateOutcome, JobError> {
+    let cause = "the reservation was taken by another party".to_string();
+    let mut tx = ctx.pool.begin().await?;
+    let mut events = vec![NewEvent::new(RaceLost {
+        reservation: args.reservation,
+        other_device,
+    })];
+    events.push(penalty(settings, &mut tx, args.reservation, &cause, ErrorClass::RaceLost).await?);
+    record(
+        &mut tx,
+        events.into_iter().map(|e| e.caused_by(job_id)).collect(),
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(CreateOutcome::RaceLost { other_device })
+}
+
+/// Ends the creation without a device. Only reached when no device of ours
+/// can exist: the slot is freed and the reservation penalised.
+async fn give_up(
+    ctx: &JobContext,
+    settings: &ClusterSettings,
+    args: &CreateDeviceArgs,
+    job_id: &str,
+    class: ErrorClass,
+    cause: String,
+) -> Result<CreateOutcome, JobError> {
+    let mut tx = ctx.pool.begin().await?;
+    let mut events = vec![NewEvent::new(CreationGivenUp {
+        reservation: args.reservation,
+        class,
+        message: cause.clone(),
+    })];
+    events.push(penalty(settings, &mut tx, args.reservation, &cause, class).await?);
+    record(
+        &mut tx,
+        events.into_iter().map(|e| e.caused_by(job_id)).collect(),
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(CreateOutcome::GivenUp { class, cause })
+}
+
+fn at(after: std::time::Duration) -> chrono::DateTime<Utc> {
+    Utc::now() + TimeDelta::from_std(after).unwrap_or(TimeDelta::MAX)
 }
 
 /// Transient answers and unknown outcomes are worth another attempt: the
@@ -226,7 +381,7 @@ fn retryable(e: &MetalError) -> bool {
 }
 
 async fn penalty(
-    ctx: &JobContext,
+    settings: &ClusterSettings,
     conn: &mut sqlx::PgConnection,
     reservation: Uuid,
     cause: &str,
@@ -235,7 +390,7 @@ async fn penalty(
     let failures = views::penalty(conn, reservation)
         .await?
         .map_or(0, |p| p.failures.max(0) as u32);
-    let duration = ctx.config.penalty.duration(failures);
+    let duration = settings.penalty.duration(failures);
     Ok(NewEvent::new(ReservationPenalised {
         reservation,
         until: Utc::now() + TimeDelta::from_std(duration).unwrap_or(TimeDelta::MAX),
@@ -281,10 +436,13 @@ async fn admit_manual(
     let (_, refused) = queue::admit(
         &mut tx,
         &[(args.reservation, args.request)],
-        ctx.config.max_machines,
-        true,
-        false,
-        Some(job_id),
+        &queue::Admission {
+            manual: true,
+            push_jobs: false,
+            caused_by: Some(job_id),
+            requested_by: args.requested_by.clone(),
+            sinbin_override: args.sinbin_override.clone(),
+        },
     )
     .await?;
     let outcome = match refused.first() {

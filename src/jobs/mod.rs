@@ -13,6 +13,7 @@ pub mod assimilate;
 pub mod create_device;
 pub mod queue;
 pub mod reconcile;
+pub mod sweep;
 
 use std::sync::Arc;
 
@@ -21,6 +22,7 @@ use sqlx::PgPool;
 use tokio::sync::Mutex;
 use uuid::Uuid;
 
+use crate::cluster::{self, ClusterSettings};
 use crate::config::ProvisionerConfig;
 use crate::events::event::SshKeyEnsured;
 use crate::events::{NewEvent, StoreError, record};
@@ -52,6 +54,36 @@ pub struct CreateDeviceArgs {
     /// handler).
     #[serde(default)]
     pub admitted: bool,
+    /// `cli:<user>`, `sql:<role>`; absent for a pass's creations.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requested_by: Option<String>,
+    /// An operator's reason to admit a penalised reservation anyway.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sinbin_override: Option<String>,
+    /// An earlier attempt's outcome was unknown: a device of ours may exist,
+    /// so this creation ends only after looking.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unknown: bool,
+    /// Only look for the device (no POST): the creation's outcome is
+    /// unknown and its attempts are spent.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub verify: bool,
+}
+
+impl CreateDeviceArgs {
+    /// The first attempt of a creation a pass (or the CLI) admitted.
+    pub fn admitted(reservation: Uuid, request: Uuid) -> Self {
+        CreateDeviceArgs {
+            reservation,
+            request,
+            attempt: 1,
+            admitted: true,
+            requested_by: None,
+            sinbin_override: None,
+            unknown: false,
+            verify: false,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -117,6 +149,17 @@ impl JobContext {
             public_key,
             ssh_key: Mutex::new(None),
         }
+    }
+
+    /// The cluster's settings now, adopted by this process's limiters. Read
+    /// at the start of every job, so a change reaches every worker.
+    pub async fn settings(&self) -> Result<ClusterSettings, sqlx::Error> {
+        let fallback = ClusterSettings::proposed_by(&self.config);
+        let settings = cluster::current(&self.pool, &fallback).await?.settings;
+        self.creation_limiter
+            .set_rate(settings.device_creation_rate);
+        self.metal.set_api_rate(settings.api_rate);
+        Ok(settings)
     }
 
     /// The managed SSH key's id, ensured once per process (the seed listed

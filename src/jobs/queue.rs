@@ -15,6 +15,7 @@ use uuid::Uuid;
 use super::{ASSIMILATE_QUEUE, AssimilateArgs, CREATE_DEVICE_QUEUE, CreateDeviceArgs};
 use super::{RECONCILE_QUEUE, ReconcileArgs};
 use crate::events::event::{CreationRefused, CreationRequested};
+use crate::cluster::MachineLimit;
 use crate::events::{NewEvent, StoreError, record};
 
 /// Pushes a job; `None` when its idempotency key was already used.
@@ -62,47 +63,61 @@ pub async fn push_create_device(
     push(conn, CREATE_DEVICE_QUEUE, args, run_at, Some(&key)).await
 }
 
-/// How many creations the limit allows now, and which of the given
-/// reservations are already taken care of.
+/// How many creations the limit allows now.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Capacity {
     pub managed: u64,
     pub in_flight: u64,
+    /// The cluster's limit, read under the lock.
+    pub limit: MachineLimit,
     /// `None`: no limit.
     pub room: Option<u64>,
 }
 
-/// Takes the capacity lock (held until the transaction ends) and counts.
-pub async fn lock_capacity(
-    conn: &mut PgConnection,
-    max_machines: u64,
-) -> Result<Capacity, sqlx::Error> {
+/// Takes the capacity lock (held until the transaction ends) and counts
+/// against the cluster's limit as recorded: never a process's own idea of it.
+pub async fn lock_capacity(conn: &mut PgConnection) -> Result<Capacity, StoreError> {
     sqlx::query("select pg_advisory_xact_lock(hashtextextended('shepherd/capacity', 0))")
         .execute(&mut *conn)
         .await?;
+    let limit = recorded_limit(conn).await?;
     let (managed, in_flight): (i64, i64) = sqlx::query_as(
         "select (select count(*) from shepherd.managed_machines),
-                (select count(*) from shepherd.pending_creations)
-              + (select count(*) from shepherd.unassimilated_devices)",
+                (select count(*) from shepherd.in_flight)",
     )
     .fetch_one(&mut *conn)
     .await?;
     let (managed, in_flight) = (managed as u64, in_flight as u64);
-    let room = (max_machines > 0).then(|| max_machines.saturating_sub(managed + in_flight));
     Ok(Capacity {
         managed,
         in_flight,
-        room,
+        limit,
+        room: limit.room(managed + in_flight),
     })
+}
+
+/// The cluster's max_machines; an error before the cluster has settings.
+pub async fn recorded_limit(conn: &mut PgConnection) -> Result<MachineLimit, StoreError> {
+    let limit: Option<i64> = sqlx::query_scalar("select shepherd.max_machines()")
+        .fetch_one(&mut *conn)
+        .await?;
+    match limit {
+        Some(n) if n >= 0 => Ok(MachineLimit(n as u64)),
+        _ => Err(StoreError::Invalid(
+            "the cluster has no settings yet: start a worker once (its flags become the cluster's settings)"
+                .into(),
+        )),
+    }
 }
 
 /// Why a reservation was not admitted.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Refusal {
     Paused { by: String, reason: String },
-    AtLimit { max_machines: u64 },
+    AtLimit { limit: MachineLimit },
     AlreadyPending,
     AlreadyManaged,
+    Penalised { until: DateTime<Utc>, cause: String },
 }
 
 impl std::fmt::Display for Refusal {
@@ -111,47 +126,73 @@ impl std::fmt::Display for Refusal {
             Refusal::Paused { by, reason } => {
                 write!(f, "creations are paused by {by}: {reason}")
             }
-            Refusal::AtLimit { max_machines } => write!(
+            Refusal::AtLimit { limit } => write!(
                 f,
-                "managed machines plus creations in flight are at max_machines ({max_machines})"
+                "managed machines plus creations in flight are at the cluster's max_machines ({limit})"
             ),
-            Refusal::AlreadyPending => f.write_str("a creation is already pending for it"),
+            Refusal::AlreadyPending => f.write_str("a creation is already in flight for it"),
             Refusal::AlreadyManaged => f.write_str("it already has a managed machine"),
+            Refusal::Penalised { until, cause } => write!(
+                f,
+                "it is penalised until {until} ({cause}); override the sinbin with a reason to create anyway"
+            ),
         }
     }
 }
 
-/// Admits creations for `reservations` in order, as far as the limit
-/// allows: records `CreationRequested` for each and, when `push_jobs`, pushes
-/// its job. Returns the admitted `(reservation, request)` pairs and the
-/// refused ones. The caller commits.
+/// Who asks for creations, and how they are to be admitted.
+#[derive(Debug, Clone, Default)]
+pub struct Admission<'a> {
+    /// By hand (CLI or SQL) rather than by a pass.
+    pub manual: bool,
+    /// Push each admitted creation's job in the same transaction (a pass and
+    /// the CLI); a job already running (pushed from SQL) goes on itself.
+    pub push_jobs: bool,
+    pub caused_by: Option<&'a str>,
+    pub requested_by: Option<String>,
+    /// An operator's reason to admit penalised reservations anyway.
+    pub sinbin_override: Option<String>,
+}
+
+/// Admits creations for `reservations` in order, as far as the cluster's
+/// limit, the pause and the sinbin allow: records `CreationRequested` for
+/// each and pushes its job when asked. Returns the admitted
+/// `(reservation, request)` pairs and the refused ones. The caller commits.
 pub async fn admit(
     conn: &mut PgConnection,
     reservations: &[(Uuid, Uuid)],
-    max_machines: u64,
-    manual: bool,
-    push_jobs: bool,
-    caused_by: Option<&str>,
+    how: &Admission<'_>,
 ) -> Result<(Vec<(Uuid, Uuid)>, Vec<(Uuid, Refusal)>), StoreError> {
-    let capacity = lock_capacity(conn, max_machines).await?;
+    let capacity = lock_capacity(conn).await?;
     let paused = crate::events::views::read_pause(conn).await?;
     let ids: Vec<Uuid> = reservations.iter().map(|(r, _)| *r).collect();
-    let pending: Vec<Uuid> = sqlx::query_scalar(
-        "select reservation_id from shepherd.pending_creations where reservation_id = any($1)",
-    )
-    .bind(&ids)
-    .fetch_all(&mut *conn)
-    .await?;
-    let managed: Vec<Uuid> = sqlx::query_scalar(
-        "select reservation_id from shepherd.managed_machines where reservation_id = any($1)",
-    )
-    .bind(&ids)
-    .fetch_all(&mut *conn)
-    .await?;
+    let (pending, managed, penalised): (Vec<Uuid>, Vec<Uuid>, Vec<(Uuid, DateTime<Utc>, String)>) = {
+        let pending = sqlx::query_scalar(
+            "select reservation_id from shepherd.pending_creations where reservation_id = any($1)",
+        )
+        .bind(&ids)
+        .fetch_all(&mut *conn)
+        .await?;
+        let managed = sqlx::query_scalar(
+            "select reservation_id from shepherd.managed_machines where reservation_id = any($1)",
+        )
+        .bind(&ids)
+        .fetch_all(&mut *conn)
+        .await?;
+        let penalised = sqlx::query_as(
+            "select reservation_id, until, cause from shepherd.sinbin
+             where reservation_id = any($1) and now() <= until",
+        )
+        .bind(&ids)
+        .fetch_all(&mut *conn)
+        .await?;
+        (pending, managed, penalised)
+    };
     let mut room = capacity.room;
     let mut admitted = Vec::new();
     let mut refused = Vec::new();
     for &(reservation, request) in reservations {
+        let penalty = penalised.iter().find(|(r, _, _)| *r == reservation);
         if let Some(p) = &paused {
             refused.push((
                 reservation,
@@ -165,8 +206,23 @@ pub async fn admit(
             refused.push((reservation, Refusal::AlreadyPending));
         } else if managed.contains(&reservation) {
             refused.push((reservation, Refusal::AlreadyManaged));
+        } else if let Some((_, until, cause)) = penalty
+            && how.sinbin_override.is_none()
+        {
+            refused.push((
+                reservation,
+                Refusal::Penalised {
+                    until: *until,
+                    cause: cause.clone(),
+                },
+            ));
         } else if room == Some(0) {
-            refused.push((reservation, Refusal::AtLimit { max_machines }));
+            refused.push((
+                reservation,
+                Refusal::AtLimit {
+                    limit: capacity.limit,
+                },
+            ));
         } else {
             room = room.map(|r| r - 1);
             admitted.push((reservation, request));
@@ -175,25 +231,26 @@ pub async fn admit(
     let events: Vec<NewEvent> = admitted
         .iter()
         .map(|&(reservation, request)| {
+            let overridden = penalised.iter().any(|(r, _, _)| *r == reservation);
             let e = NewEvent::new(CreationRequested {
                 reservation,
                 request,
-                manual,
+                manual: how.manual,
+                requested_by: how.requested_by.clone(),
+                sinbin_override: how.sinbin_override.clone().filter(|_| overridden),
             });
-            match caused_by {
+            match how.caused_by {
                 Some(job) => e.caused_by(job),
                 None => e,
             }
         })
         .collect();
     record(conn, events).await?;
-    if push_jobs {
+    if how.push_jobs {
         for &(reservation, request) in &admitted {
             let args = CreateDeviceArgs {
-                reservation,
-                request,
-                attempt: 1,
-                admitted: true,
+                requested_by: how.requested_by.clone(),
+                ..CreateDeviceArgs::admitted(reservation, request)
             };
             push_create_device(conn, &args, None).await?;
         }

@@ -25,6 +25,8 @@ pub struct ReconcileOutcome {
     pub run: Option<Uuid>,
     /// Another pass held the lock; this one did nothing.
     pub skipped: bool,
+    /// A newer pass had started since this one was queued; it did nothing.
+    pub coalesced: bool,
     /// Why the pass did no work, if it did none.
     pub refused: Option<String>,
     pub managed: u64,
@@ -104,9 +106,52 @@ pub struct Comparison {
     pub missing: Vec<Uuid>,
 }
 
-pub fn compare(devices: &[Device], fleet: &Fleet, prefix: &str, assimilate: bool) -> Comparison {
+/// The request a device's witness tag names, if it carries one.
+pub fn witness_of(d: &Device) -> Option<&str> {
+    d.tags.iter().find_map(|t| t.strip_prefix(WITNESS_TAG_PREFIX))
+}
+
+/// Which of the requests named by witnesses this cluster recorded: a
+/// witness proves a device is ours only when our log holds its request.
+pub async fn our_requests(
+    pool: &PgPool,
+    devices: &[Device],
+) -> Result<HashSet<String>, sqlx::Error> {
+    let named: Vec<String> = devices
+        .iter()
+        .filter_map(witness_of)
+        .map(str::to_string)
+        .collect();
+    if named.is_empty() {
+        return Ok(HashSet::new());
+    }
+    let found: Vec<String> = sqlx::query_scalar(
+        "select body->>'request' from shepherd.events
+         where event_type = 'creation_requested' and body->>'request' = any($1)",
+    )
+    .bind(&named)
+    .fetch_all(pool)
+    .await?;
+    Ok(found.into_iter().collect())
+}
+
+/// Compares the provider's devices with shepherd's records. `before` was
+/// read before the listing and `after` once it was done: a machine counts as
+/// missing only if it was managed before the listing began (a device made
+/// during the listing may be absent from it), and a device counts as
+/// unknown only if nothing recorded it by the time the listing ended (its
+/// creation may have committed during the listing).
+pub fn compare(
+    devices: &[Device],
+    before: &Fleet,
+    after: &Fleet,
+    prefix: &str,
+    assimilate: bool,
+    ours: &HashSet<String>,
+) -> Comparison {
     let mut c = Comparison::default();
     let present: HashSet<Uuid> = devices.iter().map(|d| d.id).collect();
+    let fleet = after;
     for d in devices {
         let prefixed = d.hostname.as_deref().is_some_and(|h| h.starts_with(prefix));
         // A device whose creation is still committing is in flight, not an orphan.
@@ -116,7 +161,8 @@ pub fn compare(devices: &[Device], fleet: &Fleet, prefix: &str, assimilate: bool
         if !prefixed || fleet.managed.contains(&d.id) || in_flight {
             continue;
         }
-        let witnessed = d.tags.iter().any(|t| t.starts_with(WITNESS_TAG_PREFIX));
+        // Another deployment's witness is no proof: only a request in our log.
+        let witnessed = witness_of(d).is_some_and(|w| ours.contains(w));
         if witnessed || assimilate {
             c.adopt.push(Adoption {
                 device: d.id,
@@ -127,7 +173,12 @@ pub fn compare(devices: &[Device], fleet: &Fleet, prefix: &str, assimilate: bool
             c.unknown.push(d.id);
         }
     }
-    let mut missing: Vec<Uuid> = fleet.managed.difference(&present).copied().collect();
+    let mut missing: Vec<Uuid> = before
+        .managed
+        .intersection(&after.managed)
+        .filter(|m| !present.contains(m))
+        .copied()
+        .collect();
     missing.sort();
     c.missing = missing;
     c
@@ -179,7 +230,6 @@ async fn note(ctx: &JobContext, job_id: &str, events: Vec<Event>) -> Result<(), 
 }
 
 pub async fn reconcile(ctx: &JobContext, job_id: &str) -> Result<ReconcileOutcome, JobError> {
-    let config = &ctx.config;
     // The lock lives as long as this transaction, which does nothing else:
     // a crashed pass releases it with its connection.
     let mut guard = ctx.pool.begin().await?;
@@ -200,14 +250,44 @@ pub async fn reconcile(ctx: &JobContext, job_id: &str) -> Result<ReconcileOutcom
         run: Some(run),
         ..Default::default()
     };
+    // Passes queued while no worker ran (an outage, a backlog of manual
+    // requests) would each list everything in turn: one that finds a newer
+    // pass started since it was queued has nothing left to do.
+    let newer: Option<chrono::DateTime<chrono::Utc>> = sqlx::query_scalar(
+        "select e.recorded_at from shepherd.events e, apalis.jobs j
+         where j.id = $1 and e.event_type = 'reconcile_started' and e.recorded_at > j.run_at
+         order by e.position desc limit 1",
+    )
+    .bind(job_id)
+    .fetch_optional(&ctx.pool)
+    .await?;
+    if let Some(started_at) = newer {
+        tracing::info!(%started_at, "a newer pass ran since this one was queued; this one ends");
+        note(
+            ctx,
+            job_id,
+            vec![
+                ReconcileCoalesced {
+                    run,
+                    newer_pass_started_at: started_at,
+                }
+                .into(),
+            ],
+        )
+        .await?;
+        out.coalesced = true;
+        return Ok(out);
+    }
+    let settings = ctx.settings().await?;
+    let limit = settings.max_machines;
     note(
         ctx,
         job_id,
         vec![
             ReconcileStarted {
                 run,
-                max_machines: config.max_machines,
-                chunk_size: config.chunk_size,
+                max_machines: limit.0,
+                chunk_size: settings.chunk_size,
             }
             .into(),
         ],
@@ -220,9 +300,8 @@ pub async fn reconcile(ctx: &JobContext, job_id: &str) -> Result<ReconcileOutcom
     // 4: the listings are the whole of a large pass); a pass that then finds
     // a discrepancy, or reaches the limit through adoptions, drops the
     // reservations it listed.
-    let fleet = read_fleet(&ctx.pool).await?;
-    let full = config.max_machines > 0
-        && fleet.managed.len() as u64 + fleet.in_flight() >= config.max_machines;
+    let before = read_fleet(&ctx.pool).await?;
+    let full = limit.is_reached(before.managed.len() as u64 + before.in_flight());
     let (devices, listed) = tokio::join!(ctx.metal.list_devices(), async {
         if full {
             None
@@ -242,7 +321,18 @@ pub async fn reconcile(ctx: &JobContext, job_id: &str) -> Result<ReconcileOutcom
             .await;
         }
     };
-    let comparison = compare(&devices, &fleet, &config.device_prefix, config.assimilate);
+    // Read after the listing, so what it skips as in flight and what the
+    // admission counts come from the same moment or later.
+    let fleet = read_fleet(&ctx.pool).await?;
+    let ours = our_requests(&ctx.pool, &devices).await?;
+    let comparison = compare(
+        &devices,
+        &before,
+        &fleet,
+        &ctx.config.device_prefix,
+        settings.assimilate,
+        &ours,
+    );
     out.managed = fleet.managed.len() as u64;
     out.in_flight = fleet.in_flight();
 
@@ -280,7 +370,13 @@ pub async fn reconcile(ctx: &JobContext, job_id: &str) -> Result<ReconcileOutcom
         out.in_flight += out.adopted.len() as u64;
     }
     if !comparison.unknown.is_empty() || !comparison.missing.is_empty() {
-        let reason = "the provider and shepherd disagree about which machines exist; refusing to do any work".to_string();
+        let mut reason = "the provider and shepherd disagree about which machines exist; refusing to do any work".to_string();
+        if !comparison.missing.is_empty() {
+            reason.push_str(
+                " (a managed machine whose device is gone: once you know why, record it with \
+                 `shepherd machines release <device> --reason ...`)",
+            );
+        }
         tracing::error!(unknown = ?comparison.unknown, missing = ?comparison.missing, "{reason}");
         note(
             ctx,
@@ -306,11 +402,11 @@ pub async fn reconcile(ctx: &JobContext, job_id: &str) -> Result<ReconcileOutcom
         return Ok(out);
     }
 
-    if config.max_machines > 0 && out.managed + out.in_flight >= config.max_machines {
+    if limit.is_reached(out.managed + out.in_flight) {
         tracing::info!(
             managed = out.managed,
             in_flight = out.in_flight,
-            limit = config.max_machines,
+            limit = limit.0,
             "at the machine limit; not listing reservations"
         );
         out.at_limit = true;
@@ -343,8 +439,8 @@ pub async fn reconcile(ctx: &JobContext, job_id: &str) -> Result<ReconcileOutcom
         vec![NewEvent::new(ReservationsListed { run, counts }).caused_by(job_id)],
     )
     .await?;
-    let capacity = queue::lock_capacity(&mut tx, config.max_machines).await?;
-    let take = capacity.room.unwrap_or(u64::MAX).min(config.chunk_size) as usize;
+    let capacity = queue::lock_capacity(&mut tx).await?;
+    let take = capacity.room.unwrap_or(u64::MAX).min(settings.chunk_size) as usize;
     let chosen: Vec<(Uuid, Uuid)> = candidates
         .iter()
         .take(take)
@@ -362,10 +458,12 @@ pub async fn reconcile(ctx: &JobContext, job_id: &str) -> Result<ReconcileOutcom
     let (admitted, _) = queue::admit(
         &mut tx,
         &chosen,
-        config.max_machines,
-        false,
-        true,
-        Some(job_id),
+        &queue::Admission {
+            push_jobs: true,
+            caused_by: Some(job_id),
+            requested_by: Some("reconcile".into()),
+            ..Default::default()
+        },
     )
     .await?;
     out.enqueued = admitted.iter().map(|(r, _)| *r).collect();

@@ -202,6 +202,11 @@ impl MetalClient {
         })
     }
 
+    /// Adopts the cluster's `api_rate`.
+    pub fn set_api_rate(&self, interval: Duration) {
+        self.inner.gate.set_interval(interval);
+    }
+
     pub fn project_id(&self) -> Uuid {
         self.inner.project_id
     }
@@ -370,6 +375,9 @@ impl MetalClient {
         Fut: std::future::Future<Output = Result<(), MetalError>>,
     {
         let witness = req.witness.tag();
+        // Set when a POST's outcome could not be observed, cleared when a
+        // later read of the reservation shows no device of ours: an error
+        // that ends the call while it is set means "unknown", not "failed".
         let ambiguous = AtomicBool::new(false);
         let attempts = AtomicU32::new(0);
         let result = retry(&self.inner.retry, "createDevice", |attempt| {
@@ -393,6 +401,7 @@ impl MetalClient {
                         attempts: attempt,
                     });
                 }
+                ambiguous.store(false, Ordering::Relaxed);
                 if !reservation.provisionable {
                     return Err(MetalError::NotProvisionable {
                         reservation: req.reservation,
@@ -433,8 +442,31 @@ impl MetalClient {
                                 }),
                                 None => Err(e),
                             },
-                            Err(_) => Err(e),
+                            // The refusal may have been for a device of ours
+                            // made meanwhile: unknown until the next read.
+                            Err(reread) => {
+                                ambiguous.store(true, Ordering::Relaxed);
+                                Err(MetalError::Transient {
+                                    op: call.op,
+                                    reason: format!(
+                                        "refused ({e}), and the reservation could not be read again: {reread}"
+                                    ),
+                                })
+                            }
                         }
+                    }
+                    // A create the server accepted but whose answer cannot
+                    // be read made a device we cannot see yet: look again.
+                    Err(MetalError::Undecodable {
+                        status: 200..=299,
+                        detail,
+                        ..
+                    }) => {
+                        ambiguous.store(true, Ordering::Relaxed);
+                        Err(MetalError::Transient {
+                            op: call.op,
+                            reason: format!("the create was accepted but its answer is unreadable: {detail}"),
+                        })
                     }
                     Err(e) => {
                         if matches!(
@@ -450,7 +482,10 @@ impl MetalClient {
         })
         .await;
         match result {
-            Err(e) if e.is_retryable() && ambiguous.load(Ordering::Relaxed) => {
+            // A foreign device on the reservation settles it: ours cannot be there.
+            Err(e)
+                if ambiguous.load(Ordering::Relaxed) && !matches!(e, MetalError::RaceLost { .. }) =>
+            {
                 Err(MetalError::Ambiguous {
                     op: Operation::CreateDevice,
                     attempts: attempts.load(Ordering::Relaxed),
@@ -459,6 +494,27 @@ impl MetalClient {
             }
             other => other,
         }
+    }
+
+    /// Looks for the device a creation with `witness` made on `reservation`:
+    /// `Some` if it is there, `None` if the reservation has no device, and
+    /// `RaceLost` if another party's device is on it. How an unknown outcome
+    /// is settled: by looking, never by guessing.
+    pub async fn find_created(
+        &self,
+        reservation: Uuid,
+        witness: &Witness,
+    ) -> Result<Option<Device>, MetalError> {
+        let tag = witness.tag();
+        retry(&self.inner.retry, "findCreatedDevice", |_| async {
+            let r = self
+                .json_once::<HardwareReservation>(
+                    self.reservation_call(reservation, &["device", "facility"]),
+                )
+                .await?;
+            self.device_on(&r, &tag, reservation).await
+        })
+        .await
     }
 
     /// The device on a reservation if it is ours; `RaceLost` if it is not.

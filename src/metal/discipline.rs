@@ -28,8 +28,7 @@ use super::error::MetalError;
 
 /// The seed's `equinix_parallelism` default.
 pub const PARALLELISM_DEFAULT: usize = 3;
-/// The seed's `api_rate` default, applied here for real.
-pub const API_RATE_DEFAULT: Duration = Duration::from_secs(2);
+pub use crate::config::API_RATE_DEFAULT;
 /// Long enough for a slow listing page, short enough that a hung connection
 /// does not hold one of the few in-flight slots for minutes.
 pub const ATTEMPT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
@@ -79,6 +78,10 @@ pub trait Pacer: Send + Sync + 'static {
     /// Resolves when the caller may start its call. Dropping the future gives
     /// up the wait.
     fn wait_turn(&self) -> PacerFuture<'_>;
+
+    /// Adopts a new minimum interval (the cluster's `api_rate` changed). A
+    /// pacer that cannot change keeps its own.
+    fn set_interval(&self, _interval: Duration) {}
 }
 
 /// Hands out start times at least `interval` apart, first come first served.
@@ -192,6 +195,10 @@ impl Drop for WaitingGuard {
 }
 
 impl Gate {
+    pub(crate) fn set_interval(&self, interval: Duration) {
+        self.pacer.set_interval(interval);
+    }
+
     pub(crate) fn new(parallelism: usize, pacer: Arc<dyn Pacer>, metrics: ClientMetrics) -> Self {
         Gate {
             slots: Arc::new(Semaphore::new(parallelism.max(1))),

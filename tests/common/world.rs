@@ -29,6 +29,7 @@ pub fn fast_config() -> ProvisionerConfig {
     };
     ProvisionerConfig {
         device_creation_rate: Rate::UNLIMITED,
+        api_rate: Duration::ZERO,
         create_retry: quick,
         assimilate_retry: quick,
         ..ProvisionerConfig::default()
@@ -54,6 +55,15 @@ impl World {
         let project = fake.project_id;
         let fake = start_fake(fake).await;
         let client = client_for(&fake, project);
+        // As a first worker would: its settings become the cluster's.
+        shepherd::cluster::establish(
+            &pool,
+            &shepherd::cluster::ClusterSettings::proposed_by(&config),
+            &[],
+            "test",
+        )
+        .await
+        .expect("the cluster's settings are recorded");
         let limiter = Limiter::new(pool.clone(), DEVICE_CREATION, config.device_creation_rate);
         let ctx = Arc::new(JobContext::new(
             pool.clone(),

@@ -181,10 +181,18 @@ pub async fn run(args: DemoArgs, stop: Stop) -> anyhow::Result<DemoSummary> {
         },
         create_retry: quick,
         assimilate_retry: quick,
+        api_rate: Duration::ZERO,
         ..ProvisionerConfig::default()
     });
     config.validate()?;
-    shepherd::fleet::announce_max_machines(&pool, config.max_machines).await?;
+    // The demo's database is new: its settings become the cluster's.
+    shepherd::cluster::establish(
+        &pool,
+        &shepherd::cluster::ClusterSettings::proposed_by(&config),
+        &[],
+        "demo",
+    )
+    .await?;
     let mut client_config =
         ClientConfig::new(fake.base_url(), fake.project_id(), ApiToken::new(&token));
     client_config.api_rate = Duration::ZERO;

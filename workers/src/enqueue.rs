@@ -13,7 +13,8 @@ use crate::settings::MetalArgs;
 pub enum EnqueueCommand {
     /// A reconcile pass, now
     Reconcile(EnqueueReconcile),
-    /// A device creation on one reservation (admitted against max_machines)
+    /// A device creation on one reservation (admitted against the cluster's
+    /// max_machines, the pause and the sinbin)
     CreateDevice(EnqueueCreate),
     /// Recording one provider device as a managed machine
     Assimilate(EnqueueAssimilate),
@@ -34,9 +35,9 @@ pub struct EnqueueCreate {
     /// The reservation's id (a UUID)
     #[arg(long)]
     reservation: Uuid,
-    /// The limit to admit against
-    #[arg(long, env = "SHEPHERD_MAX_MACHINES", default_value_t = 50)]
-    max_machines: u64,
+    /// Create even though the reservation is penalised; the reason is recorded
+    #[arg(long, value_name = "REASON")]
+    override_sinbin: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -85,15 +86,25 @@ pub async fn enqueue(command: EnqueueCommand) -> anyhow::Result<()> {
                 ),
                 Err(e) => return Err(e).context("cannot check the reservation at the provider"),
             }
+            if args
+                .override_sinbin
+                .as_deref()
+                .is_some_and(|r| r.trim().is_empty())
+            {
+                bail!("--override-sinbin needs a reason");
+            }
             let request = Uuid::new_v4();
             let mut tx = pool.begin().await?;
             let (admitted, refused) = queue::admit(
                 &mut tx,
                 &[(args.reservation, request)],
-                args.max_machines,
-                true,
-                true,
-                None,
+                &queue::Admission {
+                    manual: true,
+                    push_jobs: true,
+                    caused_by: None,
+                    requested_by: Some(format!("cli:{}", who())),
+                    sinbin_override: args.override_sinbin.clone(),
+                },
             )
             .await?;
             if let Some((_, reason)) = refused.first() {

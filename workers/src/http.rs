@@ -117,7 +117,7 @@ fn database_failure(what: &str, error: sqlx::Error) -> Failure {
 fn store_failure(what: &str, error: StoreError) -> Failure {
     match error {
         StoreError::Database(e) => database_failure(what, e),
-        corrupt @ StoreError::Corrupt { .. } => {
+        corrupt @ (StoreError::Corrupt { .. } | StoreError::Invalid(_)) => {
             tracing::warn!(error = %corrupt, "{what}: the event log does not decode");
             Failure::Internal(corrupt.to_string())
         }

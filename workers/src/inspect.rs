@@ -20,7 +20,26 @@ pub struct ListArgs {
     json: bool,
 }
 
-pub async fn machines(args: ListArgs) -> anyhow::Result<()> {
+#[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct MachinesArgs {
+    #[command(subcommand)]
+    command: Option<MachinesCommand>,
+    #[command(flatten)]
+    list: ListArgs,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum MachinesCommand {
+    /// Record that a machine whose device is gone is no longer managed
+    Release(crate::operate::ReleaseArgs),
+}
+
+pub async fn machines(args: MachinesArgs) -> anyhow::Result<()> {
+    if let Some(MachinesCommand::Release(release)) = args.command {
+        return crate::operate::release(release).await;
+    }
+    let args = args.list;
     let pool = args.db.connect(2).await?;
     let mut conn = pool.acquire().await?;
     let state = views::read_live(&mut conn).await?;

@@ -15,5 +15,6 @@ pub mod runtime;
 pub mod scheduler;
 pub mod settings;
 pub mod shutdown;
+pub mod sweeper;
 pub mod table;
 pub mod worker;

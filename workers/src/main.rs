@@ -3,12 +3,12 @@
 //! a one-line message and a non-zero exit.
 
 use shepherd_workers::{
-    bench, database, demo, enqueue, fake_metal, inspect, logging, operate, worker,
+    bench, database, demo, enqueue, fake_metal, inspect, logging, operate, settings, worker,
 };
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -49,8 +49,11 @@ enum Command {
     Resume(operate::ControlArgs),
     /// Create the database if needed and apply the schema
     Migrate(database::DatabaseArgs),
-    /// List the machines shepherd manages
-    Machines(inspect::ListArgs),
+    /// List the machines shepherd manages, or release one whose device is gone
+    Machines(inspect::MachinesArgs),
+    /// Show or change the cluster's settings (limit, rates, penalties, ...)
+    #[command(subcommand)]
+    Settings(operate::SettingsCommand),
     /// List penalised reservations with cause and time left, or clear them
     Sinbin(inspect::SinbinArgs),
     /// Show the event log, optionally one stream, optionally following it
@@ -66,7 +69,12 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    settings::note_explicit(&matches);
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
     let default_log = match cli.command {
         // Postgres notices ("already exists, skipping") are noise to operators.
         Command::Demo(_) => "warn,sqlx::postgres::notice=error",
@@ -103,6 +111,7 @@ fn main() -> ExitCode {
             Command::Resume(args) => operate::resume(args).await,
             Command::Migrate(args) => database::migrate(args).await,
             Command::Machines(args) => inspect::machines(args).await,
+            Command::Settings(command) => operate::settings(command).await,
             Command::Sinbin(args) => inspect::sinbin(args).await,
             Command::Events(args) => inspect::events(args).await,
             Command::Views(command) => inspect::views(command).await,

@@ -30,7 +30,7 @@ pub fn render_status(o: &Overview) -> String {
     let limit = match o.max_machines {
         Some(0) => "no limit".to_string(),
         Some(n) => n.to_string(),
-        None => "unknown (no worker has announced it)".to_string(),
+        None => "unknown (no worker has recorded the cluster's settings yet)".to_string(),
     };
     out.push_str(&format!(
         "managed      {} / {limit}\nin flight    {} ({} creations pending, {} devices not yet assimilated)\n",
@@ -39,6 +39,23 @@ pub fn render_status(o: &Overview) -> String {
         o.pending_creations,
         o.unassimilated_devices
     ));
+    if let Some(age_s) = o.oldest_in_flight_seconds {
+        out.push_str(&format!("             oldest in flight for {}\n", age(age_s)));
+    }
+    if !o.unresolved.is_empty() {
+        out.push_str(&format!(
+            "UNRESOLVED   {} creations whose outcome is unknown (settled by looking at the provider):\n",
+            o.unresolved.len()
+        ));
+        for u in &o.unresolved {
+            out.push_str(&format!(
+                "  reservation {} for {}: {}\n",
+                u.reservation_id,
+                age(u.seconds),
+                u.last_error.as_deref().unwrap_or("")
+            ));
+        }
+    }
     match &o.paused {
         Some(p) => out.push_str(&format!(
             "creations    PAUSED by {} since {}: {}\n",
@@ -160,13 +177,16 @@ pub struct PlanArgs {
 }
 
 pub async fn plan(args: PlanArgs) -> anyhow::Result<()> {
-    let config = args.provisioner.config()?;
+    let config = args.provisioner.config_with(&args.metal)?;
     let metal = args.metal.client(None, ClientMetrics::default())?;
     let pool = args.db.connect(2).await?;
     let plan = fleet::plan(&pool, &metal, &config).await?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&plan)?);
         return Ok(());
+    }
+    if !plan.settings_recorded {
+        println!("the cluster has no recorded settings yet (no worker has started): using this command's flags");
     }
     println!(
         "listed {} devices; {} managed, {} in flight, limit {}",
@@ -343,5 +363,129 @@ pub async fn sinbin_clear(args: ClearArgs) -> anyhow::Result<()> {
             println!("{n} penalties lifted");
         }
     }
+    Ok(())
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SettingsCommand {
+    /// The cluster's settings, with when each last changed
+    Show {
+        #[command(flatten)]
+        db: DatabaseArgs,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Change one of the cluster's settings for every worker (recorded with who and why)
+    Set {
+        /// max_machines, chunk_size, assimilate, device_creation_rate, api_rate,
+        /// penalty, penalty_factor or penalty_max
+        key: String,
+        /// The new value, written as its flag takes it (50, 5s,1, 1h, true)
+        value: String,
+        /// Why; recorded with the change
+        #[arg(long)]
+        reason: String,
+        #[command(flatten)]
+        db: DatabaseArgs,
+    },
+}
+
+pub async fn settings(command: SettingsCommand) -> anyhow::Result<()> {
+    match command {
+        SettingsCommand::Show { db, json } => {
+            let pool = db.connect(2).await?;
+            let rows: Vec<(String, serde_json::Value, chrono::DateTime<chrono::Utc>)> =
+                sqlx::query_as(
+                    "select key, value, updated_at from shepherd.cluster_settings order by key",
+                )
+                .fetch_all(&pool)
+                .await?;
+            if rows.is_empty() {
+                bail!("the cluster has no settings yet: start a worker once (its flags become the cluster's settings)");
+            }
+            if json {
+                let map: serde_json::Map<String, serde_json::Value> =
+                    rows.into_iter().map(|(k, v, _)| (k, v)).collect();
+                println!("{}", serde_json::to_string_pretty(&map)?);
+                return Ok(());
+            }
+            let mut t = Table::new(&["SETTING", "VALUE", "CHANGED"]);
+            for (key, value, at) in rows {
+                let value = match value {
+                    serde_json::Value::String(s) => s,
+                    other => other.to_string(),
+                };
+                t.row(vec![key, value, at.format("%Y-%m-%d %H:%M:%S").to_string()]);
+            }
+            print!("{}", t.render());
+        }
+        SettingsCommand::Set {
+            key,
+            value,
+            reason,
+            db,
+        } => {
+            let pool = db.connect(2).await?;
+            shepherd::cluster::change(&pool, &key, &value, &reason, &operator())
+                .await
+                .map_err(|e| match e.as_database_error() {
+                    Some(d) => anyhow::anyhow!("{}", d.message()),
+                    None => anyhow::Error::from(e),
+                })?;
+            println!("{key} is now {value} for the whole cluster");
+        }
+    }
+    Ok(())
+}
+
+#[derive(Debug, Args)]
+pub struct ReleaseArgs {
+    /// The machine's id, or its device's id
+    id: String,
+    /// Why it is released; recorded with the release
+    #[arg(long)]
+    reason: String,
+    #[command(flatten)]
+    db: DatabaseArgs,
+    #[command(flatten)]
+    metal: MetalArgs,
+}
+
+/// Records that a machine whose device is gone is no longer managed. The
+/// provider is asked first: a device that still exists is not released.
+pub async fn release(args: ReleaseArgs) -> anyhow::Result<()> {
+    let pool = args.db.connect(2).await?;
+    let machine: Option<(Uuid, String)> = sqlx::query_as(
+        "select machine_id, provider_id from shepherd.managed_machines
+         where machine_id::text = $1 or provider_id = $1",
+    )
+    .bind(&args.id)
+    .fetch_optional(&pool)
+    .await?;
+    let Some((machine_id, device)) = machine else {
+        bail!("no managed machine has id or device {}", args.id);
+    };
+    if let Ok(device_id) = device.parse::<Uuid>() {
+        let metal = args.metal.client(None, ClientMetrics::default())?;
+        match metal.get_device(device_id).await {
+            Err(shepherd::metal::MetalError::NotFound { .. }) => {}
+            Ok(d) if d.project_id().is_some_and(|p| p != metal.project_id()) => {}
+            Ok(_) => bail!(
+                "device {device} still exists in the project; shepherd releases only machines whose device is gone"
+            ),
+            Err(e) => return Err(e).context("cannot check the device at the provider"),
+        }
+    }
+    sqlx::query("select shepherd.release_machine($1, $2, $3)")
+        .bind(machine_id.to_string())
+        .bind(&args.reason)
+        .bind(operator())
+        .execute(&pool)
+        .await
+        .map_err(|e| match e.as_database_error() {
+            Some(d) => anyhow::anyhow!("{}", d.message()),
+            None => anyhow::Error::from(e),
+        })?;
+    println!("machine {machine_id} (device {device}) is no longer managed");
     Ok(())
 }

@@ -100,8 +100,10 @@ impl MetalArgs {
         metrics: ClientMetrics,
     ) -> anyhow::Result<MetalClient> {
         let config = self.client_config()?;
+        // With a database the pacer is the cluster's, even at a zero rate:
+        // the cluster's api_rate can change while the process runs.
         let pacer: Arc<dyn Pacer> = match pool {
-            Some(pool) if !config.api_rate.is_zero() => {
+            Some(pool) => {
                 Arc::new(ClusterPacer(Arc::new(Limiter::new(
                     pool.clone(),
                     limiter::METAL_API,
@@ -198,7 +200,46 @@ pub struct ProvisionerArgs {
     pub assimilate_backoff: Duration,
 }
 
+/// The cluster settings the operator gave by flag or environment in this
+/// process (not left at their defaults): only those are reported when the
+/// cluster's recorded value differs. Filled once by `main` from clap.
+static EXPLICIT: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+
+/// Notes which cluster settings appear in `matches` (or any subcommand's)
+/// by flag or environment variable.
+pub fn note_explicit(matches: &clap::ArgMatches) {
+    let mut found = Vec::new();
+    let mut m = Some(matches);
+    while let Some(current) = m {
+        for key in shepherd::cluster::KEYS {
+            if current.ids().any(|id| id.as_str() == *key)
+                && matches!(
+                    current.value_source(key),
+                    Some(clap::parser::ValueSource::CommandLine | clap::parser::ValueSource::EnvVariable)
+                )
+            {
+                found.push(key.to_string());
+            }
+        }
+        m = current.subcommand().map(|(_, sub)| sub);
+    }
+    let _ = EXPLICIT.set(found);
+}
+
+pub fn explicit() -> &'static [String] {
+    EXPLICIT.get().map(Vec::as_slice).unwrap_or(&[])
+}
+
 impl ProvisionerArgs {
+    /// The settings these flags give, with `api_rate` from the API flags:
+    /// for a new cluster its first settings, for a running one a proposal
+    /// the cluster's recorded values override.
+    pub fn config_with(&self, metal: &MetalArgs) -> Result<ProvisionerConfig, ConfigError> {
+        let mut config = self.config()?;
+        config.api_rate = metal.api_rate;
+        Ok(config)
+    }
+
     pub fn config(&self) -> Result<ProvisionerConfig, ConfigError> {
         if !(self.penalty_factor.is_finite() && self.penalty_factor >= 1.0) {
             return Err(ConfigError::new(
@@ -215,6 +256,7 @@ impl ProvisionerArgs {
             reconcile_rate: self.reconcile_rate,
             device_creation_rate: self.device_creation_rate,
             ssh_key_label: self.ssh_key_label.clone(),
+            api_rate: shepherd::config::API_RATE_DEFAULT,
             penalty: PenaltyPolicy {
                 initial: self.penalty,
                 factor: self.penalty_factor,

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
+use shepherd::cluster::ClusterSettings;
 use shepherd::config::parse_duration;
 use shepherd::jobs::JobContext;
 use shepherd::limiter::{self, Limiter};
@@ -73,9 +74,63 @@ pub struct WorkerArgs {
     #[arg(long, env = "SHEPHERD_SKIP_MIGRATIONS")]
     pub skip_migrations: bool,
 
-    /// Database connections this process may hold
-    #[arg(long, env = "SHEPHERD_DB_CONNECTIONS", default_value_t = 16)]
+    /// Database connections this process may hold (at least the job
+    /// concurrencies plus 5; checked at start)
+    #[arg(long, env = "SHEPHERD_DB_CONNECTIONS", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
     pub db_connections: u32,
+
+    /// How often this worker looks for work in flight that no job will end
+    #[arg(long, env = "SHEPHERD_SWEEP_INTERVAL", default_value = "30s", value_parser = parse_duration)]
+    pub sweep_interval: Duration,
+}
+
+/// Connections a worker holds besides its jobs': a LISTEN connection and a
+/// fetch/acknowledge connection per job kind is five at most with three
+/// kinds sharing the pool, plus the status page, the scheduler and the
+/// sweep now and then. Measured: below this a worker's fetches time out
+/// and reconciles stay Queued without a word.
+const CONNECTIONS_BESIDE_JOBS: u32 = 5;
+
+impl WorkerArgs {
+    /// The least `--db-connections` the configured concurrency can run with.
+    pub fn connections_needed(&self) -> u32 {
+        self.reconcile_concurrency
+            + self.create_concurrency
+            + self.assimilate_concurrency
+            + CONNECTIONS_BESIDE_JOBS
+    }
+
+    fn check_connections(&self) -> anyhow::Result<()> {
+        let needed = self.connections_needed();
+        if self.db_connections < needed {
+            anyhow::bail!(
+                "--db-connections {}: too few for this worker; it runs {} reconcile, {} create and {} assimilate jobs at once and needs at least {needed} (raise --db-connections, or lower the --*-concurrency flags)",
+                self.db_connections,
+                self.reconcile_concurrency,
+                self.create_concurrency,
+                self.assimilate_concurrency
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Says which settings this process runs with, and which of its flags the
+/// cluster overrode.
+pub fn report_settings(e: &shepherd::cluster::Established) {
+    let s = &e.settings;
+    tracing::info!(
+        first = e.first,
+        max_machines = %s.max_machines,
+        chunk_size = s.chunk_size,
+        assimilate = s.assimilate,
+        device_creation_rate = %s.device_creation_rate,
+        "cluster settings{}",
+        if e.first { " recorded from this process's flags" } else { " adopted" }
+    );
+    for d in &e.disagreements {
+        tracing::warn!("{d}");
+    }
 }
 
 pub fn process_name() -> String {
@@ -104,9 +159,10 @@ pub fn stop_on_signal() -> Stop {
 
 pub async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
     // Every setting is checked before anything touches the API or the database.
-    let config = Arc::new(args.provisioner.config()?);
+    let config = Arc::new(args.provisioner.config_with(&args.metal)?);
     let public_key = args.provisioner.public_key()?;
     args.metal.client_config()?;
+    args.check_connections()?;
     shepherd::db::check_url(&args.db.database_url)?;
 
     let pool = if args.skip_migrations {
@@ -114,7 +170,15 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
     } else {
         args.db.prepare(args.db_connections).await?
     };
-    shepherd::fleet::announce_max_machines(&pool, config.max_machines).await?;
+    let established = shepherd::cluster::establish(
+        &pool,
+        &ClusterSettings::proposed_by(&config),
+        crate::settings::explicit(),
+        &format!("worker:{}", process_name()),
+    )
+    .await
+    .context("cannot read or record the cluster's settings")?;
+    report_settings(&established);
     let client_metrics = ClientMetrics::default();
     let metal = args.metal.client(Some(&pool), client_metrics.clone())?;
     let listener = tokio::net::TcpListener::bind(args.metrics_listen)
@@ -160,6 +224,11 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
         drain_timeout: args.drain_timeout,
     };
     tracing::info!(process = %opts.process_name, scheduler = args.scheduler, "worker starting");
+    let sweeper = tokio::spawn(crate::sweeper::run(
+        pool.clone(),
+        args.sweep_interval,
+        stop.clone(),
+    ));
     let scheduler = args.scheduler.then(|| {
         tokio::spawn(crate::scheduler::run(
             pool.clone(),
@@ -172,6 +241,7 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
     if let Some(s) = scheduler {
         let _ = s.await;
     }
+    let _ = sweeper.await;
     let _ = http_stop_tx.send(true);
     if let Ok(Err(e)) = http.await {
         tracing::warn!(error = %e, "the status page server failed");

@@ -106,6 +106,8 @@ async fn seed(pool: &PgPool) -> Fleet {
                 reservation: fleet.managed,
                 request: Uuid::new_v4(),
                 manual: false,
+                requested_by: None,
+                sinbin_override: None,
             }
             .into(),
             DeviceCreated {
@@ -121,6 +123,8 @@ async fn seed(pool: &PgPool) -> Fleet {
                 reservation: pending,
                 request: Uuid::new_v4(),
                 manual: true,
+                requested_by: None,
+                sinbin_override: None,
             }
             .into(),
             ReservationPenalised {
@@ -173,9 +177,17 @@ async fn seed(pool: &PgPool) -> Fleet {
     .await
     .unwrap();
     tx.commit().await.unwrap();
-    shepherd::fleet::announce_max_machines(pool, 10)
-        .await
-        .unwrap();
+    shepherd::cluster::establish(
+        pool,
+        &shepherd::cluster::ClusterSettings {
+            max_machines: shepherd::cluster::MachineLimit(10),
+            ..shepherd::cluster::ClusterSettings::proposed_by(&Default::default())
+        },
+        &[],
+        "test",
+    )
+    .await
+    .unwrap();
     fleet
 }
 

@@ -107,9 +107,17 @@ async fn plan_picks_what_a_pass_would_and_changes_nothing(pool: PgPool) {
 #[sqlx::test(migrations = false)]
 async fn status_history_pause_resume_and_clear_on_a_known_state(pool: PgPool) {
     let w = World::new(pool).await;
-    shepherd::fleet::announce_max_machines(&w.pool, 7)
-        .await
-        .unwrap();
+    shepherd::cluster::establish(
+        &w.pool,
+        &shepherd::cluster::ClusterSettings {
+            max_machines: shepherd::cluster::MachineLimit(7),
+            ..shepherd::cluster::ClusterSettings::proposed_by(&Default::default())
+        },
+        &[],
+        "test",
+    )
+    .await
+    .unwrap();
     let r = w.fake.reservations()[0].id;
     let mut tx = w.pool.begin().await.unwrap();
     use shepherd::events::event::*;

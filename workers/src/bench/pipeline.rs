@@ -223,9 +223,16 @@ async fn enqueue_pass(stage: &Stage, reservations: usize) -> anyhow::Result<()> 
             interval: Duration::ZERO,
             burst: 1,
         },
+        api_rate: Duration::ZERO,
         ..ProvisionerConfig::default()
     });
-    shepherd::fleet::announce_max_machines(&stage.pool, 0).await?;
+    shepherd::cluster::establish(
+        &stage.pool,
+        &shepherd::cluster::ClusterSettings::proposed_by(&provisioner),
+        &[],
+        "bench",
+    )
+    .await?;
     let limiter = Limiter::new(
         stage.pool.clone(),
         DEVICE_CREATION,

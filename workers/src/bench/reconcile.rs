@@ -60,6 +60,13 @@ pub async fn once(args: ReconcileOnce) -> anyhow::Result<()> {
         max_machines: 0,
         ..ProvisionerConfig::default()
     });
+    shepherd::cluster::establish(
+        &pool,
+        &shepherd::cluster::ClusterSettings::proposed_by(&config),
+        &[],
+        "bench",
+    )
+    .await?;
     let limiter = Limiter::new(pool.clone(), DEVICE_CREATION, config.device_creation_rate);
     let ctx = JobContext::new(pool, metal, config, limiter, PUBLIC_KEY.into());
     let (rss_before, _) = super::memory();

@@ -1,0 +1,339 @@
+//! The cluster's settings: one value each, held in Postgres, read by every
+//! worker, command and SQL function.
+//!
+//! The limit, chunk size, creation and API rates, penalty policy and
+//! assimilate mode belong to the cluster, not to a process: two workers
+//! started with different flags must not admit against different limits.
+//! The settings are a view (`shepherd.cluster_settings`) folded from
+//! `settings_changed` events, so every change says who made it and why.
+//!
+//! The first worker of a new cluster records its flags as the settings. A
+//! process started later with a flag that disagrees adopts the cluster's
+//! value and warns, naming the command that changes it; it never admits
+//! against its own value. Changes go through `shepherd settings set` or the
+//! SQL function `shepherd.change_setting()`, which both validate in one
+//! place (the SQL function).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use serde_json::Value;
+use sqlx::{PgConnection, PgPool};
+
+use crate::config::{PenaltyPolicy, ProvisionerConfig, Rate, format_duration, parse_duration};
+use crate::events::event::SettingsChanged;
+use crate::events::{NewEvent, StoreError, record};
+
+/// Managed machines plus creations in flight never exceed this; 0 means no
+/// limit (the seed's convention), which only this type interprets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(transparent)]
+pub struct MachineLimit(pub u64);
+
+impl MachineLimit {
+    pub const NONE: MachineLimit = MachineLimit(0);
+
+    pub fn is_limited(&self) -> bool {
+        self.0 > 0
+    }
+
+    /// How many more machines fit beside `used`; `None` without a limit.
+    pub fn room(&self, used: u64) -> Option<u64> {
+        self.is_limited().then(|| self.0.saturating_sub(used))
+    }
+
+    pub fn is_reached(&self, used: u64) -> bool {
+        self.room(used) == Some(0)
+    }
+}
+
+impl fmt::Display for MachineLimit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.is_limited() {
+            write!(f, "{}", self.0)
+        } else {
+            f.write_str("no limit")
+        }
+    }
+}
+
+/// The settings that belong to the cluster.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClusterSettings {
+    pub max_machines: MachineLimit,
+    pub chunk_size: u64,
+    pub assimilate: bool,
+    pub device_creation_rate: Rate,
+    pub api_rate: Duration,
+    pub penalty: PenaltyPolicy,
+}
+
+/// Every setting's name, as stored, as `shepherd settings set` takes it, and
+/// (with dashes) as the worker's flag.
+pub const KEYS: &[&str] = &[
+    "max_machines",
+    "chunk_size",
+    "assimilate",
+    "device_creation_rate",
+    "api_rate",
+    "penalty",
+    "penalty_factor",
+    "penalty_max",
+];
+
+impl ClusterSettings {
+    /// The settings a process's flags propose.
+    pub fn proposed_by(config: &ProvisionerConfig) -> ClusterSettings {
+        ClusterSettings {
+            max_machines: MachineLimit(config.max_machines),
+            chunk_size: config.chunk_size,
+            assimilate: config.assimilate,
+            device_creation_rate: config.device_creation_rate,
+            api_rate: config.api_rate,
+            penalty: config.penalty,
+        }
+    }
+
+    /// The stored form: one JSON value per key.
+    pub fn to_map(&self) -> BTreeMap<String, Value> {
+        let mut m = BTreeMap::new();
+        m.insert("max_machines".into(), Value::from(self.max_machines.0));
+        m.insert("chunk_size".into(), Value::from(self.chunk_size));
+        m.insert("assimilate".into(), Value::from(self.assimilate));
+        m.insert(
+            "device_creation_rate".into(),
+            Value::from(self.device_creation_rate.to_string()),
+        );
+        m.insert("api_rate".into(), Value::from(format_duration(self.api_rate)));
+        m.insert(
+            "penalty".into(),
+            Value::from(format_duration(self.penalty.initial)),
+        );
+        m.insert("penalty_factor".into(), Value::from(self.penalty.factor));
+        m.insert(
+            "penalty_max".into(),
+            Value::from(format_duration(self.penalty.max)),
+        );
+        m
+    }
+
+    /// Reads the stored form; a key missing from it (a setting newer than
+    /// the cluster) keeps `fallback`'s value.
+    pub fn from_map(
+        map: &BTreeMap<String, Value>,
+        fallback: &ClusterSettings,
+    ) -> Result<ClusterSettings, String> {
+        let mut s = fallback.clone();
+        for (key, value) in map {
+            let bad = || format!("cluster setting {key} has an unusable value {value}");
+            let text = || value.as_str().ok_or_else(bad);
+            match key.as_str() {
+                "max_machines" => s.max_machines = MachineLimit(value.as_u64().ok_or_else(bad)?),
+                "chunk_size" => s.chunk_size = value.as_u64().filter(|&n| n > 0).ok_or_else(bad)?,
+                "assimilate" => s.assimilate = value.as_bool().ok_or_else(bad)?,
+                "device_creation_rate" => s.device_creation_rate = text()?.parse()?,
+                "api_rate" => s.api_rate = parse_duration(text()?)?,
+                "penalty" => s.penalty.initial = parse_duration(text()?)?,
+                "penalty_factor" => {
+                    s.penalty.factor = value.as_f64().filter(|f| *f >= 1.0).ok_or_else(bad)?
+                }
+                "penalty_max" => s.penalty.max = parse_duration(text()?)?,
+                // A setting a newer release knows: kept in the table, unused here.
+                _ => {}
+            }
+        }
+        s.penalty.max = s.penalty.max.max(s.penalty.initial);
+        Ok(s)
+    }
+}
+
+/// The stored settings, by key (empty before the first worker started).
+pub async fn stored(conn: &mut PgConnection) -> Result<BTreeMap<String, Value>, sqlx::Error> {
+    let rows: Vec<(String, Value)> =
+        sqlx::query_as("select key, value from shepherd.cluster_settings")
+            .fetch_all(&mut *conn)
+            .await?;
+    Ok(rows.into_iter().collect())
+}
+
+/// The cluster's settings now. Before any worker recorded them, `fallback`
+/// (the caller's own flags) stands in, and `recorded` says so.
+pub async fn current(pool: &PgPool, fallback: &ClusterSettings) -> Result<Current, sqlx::Error> {
+    let mut conn = pool.acquire().await?;
+    current_on(&mut conn, fallback).await
+}
+
+pub async fn current_on(
+    conn: &mut PgConnection,
+    fallback: &ClusterSettings,
+) -> Result<Current, sqlx::Error> {
+    let map = stored(conn).await?;
+    let settings =
+        ClusterSettings::from_map(&map, fallback).map_err(|e| sqlx::Error::Protocol(e.clone()))?;
+    Ok(Current {
+        settings,
+        recorded: !map.is_empty(),
+    })
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Current {
+    pub settings: ClusterSettings,
+    /// False before the first worker recorded the cluster's settings.
+    pub recorded: bool,
+}
+
+/// A flag this process was given that the cluster overrides.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Disagreement {
+    pub key: &'static str,
+    pub flag: Value,
+    pub cluster: Value,
+}
+
+impl fmt::Display for Disagreement {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "--{} {} differs from the cluster's {}; this process uses the cluster's value \
+             (change it for every worker with: shepherd settings set {} {} --reason \"...\")",
+            self.key.replace('_', "-"),
+            plain(&self.flag),
+            plain(&self.cluster),
+            self.key,
+            plain(&self.flag)
+        )
+    }
+}
+
+fn plain(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// What a starting process settled on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Established {
+    pub settings: ClusterSettings,
+    /// This process recorded the cluster's first settings.
+    pub first: bool,
+    /// Flags given explicitly that the cluster overrides.
+    pub disagreements: Vec<Disagreement>,
+}
+
+/// Records `proposed` as the cluster's settings if it has none (and any key
+/// a newer release added), else adopts the cluster's. `explicit` names the
+/// settings the operator set by flag or environment: only those are
+/// reported as disagreeing.
+pub async fn establish(
+    pool: &PgPool,
+    proposed: &ClusterSettings,
+    explicit: &[String],
+    by: &str,
+) -> Result<Established, StoreError> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("select pg_advisory_xact_lock(hashtextextended('operator/settings', 0))")
+        .execute(&mut *tx)
+        .await?;
+    let map = stored(&mut tx).await?;
+    let wanted = proposed.to_map();
+    let missing: BTreeMap<String, Value> = wanted
+        .iter()
+        .filter(|(k, _)| !map.contains_key(*k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let first = map.is_empty();
+    if !missing.is_empty() {
+        let reason = if first {
+            "the cluster's first settings, from the flags of the first process to start"
+        } else {
+            "settings this release adds, from the flags of the first process to know them"
+        };
+        record(
+            &mut tx,
+            vec![NewEvent::new(SettingsChanged {
+                by: by.to_string(),
+                reason: reason.to_string(),
+                settings: missing,
+            })],
+        )
+        .await?;
+    }
+    let map = stored(&mut tx).await?;
+    tx.commit().await?;
+    let settings = ClusterSettings::from_map(&map, proposed).map_err(StoreError::Invalid)?;
+    let mut disagreements = Vec::new();
+    let adopted = settings.to_map();
+    for key in KEYS {
+        if explicit.iter().any(|e| e == key) && wanted.get(*key) != adopted.get(*key) {
+            disagreements.push(Disagreement {
+                key,
+                flag: wanted[*key].clone(),
+                cluster: adopted[*key].clone(),
+            });
+        }
+    }
+    Ok(Established {
+        settings,
+        first,
+        disagreements,
+    })
+}
+
+/// Changes one setting through `shepherd.change_setting()`, which validates
+/// it and records who and why. The error names what was wrong.
+pub async fn change(
+    pool: &PgPool,
+    key: &str,
+    value: &str,
+    reason: &str,
+    by: &str,
+) -> Result<(), sqlx::Error> {
+    sqlx::query("select shepherd.change_setting($1, $2, $3, $4)")
+        .bind(key)
+        .bind(value)
+        .bind(reason)
+        .bind(by)
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_limit_knows_what_zero_means() {
+        assert_eq!(MachineLimit(0).room(1000), None);
+        assert!(!MachineLimit(0).is_reached(u64::MAX));
+        assert_eq!(MachineLimit(5).room(3), Some(2));
+        assert!(MachineLimit(5).is_reached(7));
+        assert_eq!(MachineLimit(0).to_string(), "no limit");
+    }
+
+    #[test]
+    fn settings_survive_their_stored_form() {
+        let s = ClusterSettings {
+            max_machines: MachineLimit(7),
+            chunk_size: 3,
+            assimilate: true,
+            device_creation_rate: "250ms,2".parse().unwrap(),
+            api_rate: Duration::from_millis(100),
+            penalty: PenaltyPolicy {
+                initial: Duration::from_secs(60),
+                factor: 2.5,
+                max: Duration::from_secs(3600),
+            },
+        };
+        let back = ClusterSettings::from_map(
+            &s.to_map(),
+            &ClusterSettings::proposed_by(&Default::default()),
+        )
+        .unwrap();
+        assert_eq!(back, s);
+    }
+}
