@@ -156,6 +156,45 @@ fn one_of_each() -> Vec<Event> {
             reason: String::new(),
         }
         .into(),
+        CreationUnresolved {
+            reservation: r,
+            request: Uuid::new_v4(),
+            attempt: 5,
+            message: "createDevice: outcome unknown".into(),
+        }
+        .into(),
+        CreationResumed {
+            reservation: r,
+            request: Uuid::new_v4(),
+            reason: "no job was left to end it".into(),
+        }
+        .into(),
+        AssimilationResumed {
+            device: d,
+            reason: "no job was left to end it".into(),
+        }
+        .into(),
+        MachineReleased {
+            machine_id: Uuid::new_v4(),
+            provider: PROVIDER_EQUINIX.into(),
+            provider_id: d.to_string(),
+            by: "ops".into(),
+            reason: "deleted by hand".into(),
+        }
+        .into(),
+        SettingsChanged {
+            by: "ops".into(),
+            reason: "growth".into(),
+            settings: [("max_machines".to_string(), serde_json::json!(80))]
+                .into_iter()
+                .collect(),
+        }
+        .into(),
+        ReconcileCoalesced {
+            run,
+            newer_pass_started_at: Utc::now(),
+        }
+        .into(),
     ]
 }
 

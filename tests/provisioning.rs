@@ -108,20 +108,12 @@ async fn an_unwitnessed_prefixed_device_is_a_discrepancy_unless_assimilate_is_on
     assert!(pass.enqueued.is_empty() && pass.refused.is_some());
     assert_eq!(w.jobs("create_device").await, 0);
 
-    // The same world with assimilate on: the device is adopted.
-    let mut ctx_config = (*w.ctx.config).clone();
-    ctx_config.assimilate = true;
-    let w2 = World {
-        pool: w.pool.clone(),
-        fake: w.fake,
-        ctx: std::sync::Arc::new(shepherd::jobs::JobContext::new(
-            w.pool.clone(),
-            w.ctx.metal.clone(),
-            std::sync::Arc::new(ctx_config),
-            w.ctx.creation_limiter.clone(),
-            PUBLIC_KEY.into(),
-        )),
-    };
+    // The cluster switched to assimilate mode: the device is adopted.
+    sqlx::query("select shepherd.change_setting('assimilate', 'true', 'adopt hand-made machines')")
+        .execute(&w.pool)
+        .await
+        .unwrap();
+    let w2 = w;
     let pass = w2.reconcile().await;
     assert_eq!(pass.adopted, vec![stranger]);
     assert!(pass.refused.is_none(), "{pass:?}");
@@ -138,17 +130,63 @@ async fn an_unwitnessed_prefixed_device_is_a_discrepancy_unless_assimilate_is_on
 async fn a_witnessed_orphan_is_adopted_not_a_reason_to_halt(pool: PgPool) {
     let w = World::with(pool, 10, config(5, 5)).await;
     let r = w.fake.reservations()[0].id;
-    // A device made by an earlier run that crashed before recording it.
+    // A device whose creation our log holds, but which an older release
+    // gave up on while the device was being made.
+    let request = Uuid::new_v4();
+    record_request_given_up(&w, r, request).await;
     let orphan = w.fake.add_foreign_device(
         r,
         "shepherd-orphan",
-        vec![shepherd::metal::Witness::new(Uuid::new_v4()).tag()],
+        vec![shepherd::metal::Witness::new(request).tag()],
     );
     let pass = w.reconcile().await;
     assert!(pass.refused.is_none(), "{pass:?}");
     assert_eq!(pass.adopted, vec![orphan]);
     w.drain().await;
     w.assert_fleet_consistent().await;
+}
+
+async fn record_request_given_up(w: &World, reservation: Uuid, request: Uuid) {
+    use shepherd::events::event::{CreationGivenUp, CreationRequested};
+    let mut tx = w.pool.begin().await.unwrap();
+    shepherd::events::record(
+        &mut tx,
+        vec![
+            shepherd::events::NewEvent::new(CreationRequested {
+                reservation,
+                request,
+                manual: false,
+                requested_by: None,
+                sinbin_override: None,
+            }),
+            shepherd::events::NewEvent::new(CreationGivenUp {
+                reservation,
+                class: shepherd::metal::ErrorClass::Permanent,
+                message: "an older release's guess".into(),
+            }),
+        ],
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+}
+
+#[sqlx::test(migrations = false)]
+async fn another_deployments_witness_is_a_discrepancy_not_an_adoption(pool: PgPool) {
+    let w = World::with(pool, 10, config(5, 5)).await;
+    let r = w.fake.reservations()[0].id;
+    // A second shepherd sharing the project and the prefix: its witness
+    // names a request our log never held.
+    let foreign = w.fake.add_foreign_device(
+        r,
+        "shepherd-theirs",
+        vec![shepherd::metal::Witness::new(Uuid::new_v4()).tag()],
+    );
+    let pass = w.reconcile().await;
+    assert!(pass.adopted.is_empty(), "{pass:?}");
+    assert_eq!(pass.unknown_devices, vec![foreign]);
+    assert!(pass.refused.is_some());
+    assert_eq!(w.managed().await, 0);
 }
 
 #[sqlx::test(migrations = false)]
@@ -183,18 +221,10 @@ async fn a_permanent_failure_penalises_the_reservation_until_it_expires(pool: Pg
     w.drain().await;
     // With the limit raised and the penalty expired, it is tried again.
     tokio::time::sleep(Duration::from_millis(2100)).await;
-    let mut c = (*w.ctx.config).clone();
-    c.max_machines = 3;
-    let w = World {
-        ctx: std::sync::Arc::new(shepherd::jobs::JobContext::new(
-            w.pool.clone(),
-            w.ctx.metal.clone(),
-            std::sync::Arc::new(c),
-            w.ctx.creation_limiter.clone(),
-            PUBLIC_KEY.into(),
-        )),
-        ..w
-    };
+    sqlx::query("select shepherd.change_setting('max_machines', '3', 'room for more')")
+        .execute(&w.pool)
+        .await
+        .unwrap();
     let third = w.reconcile().await.enqueued;
     assert!(third.contains(&first), "{third:?}");
 }

@@ -81,6 +81,20 @@ pub async fn create_device(
             });
         }
         _ => {
+            // A re-run of a manual job whose creation already ended (the
+            // device made, the attempt given up) must not start another.
+            let seen: bool = sqlx::query_scalar(
+                "select exists(select 1 from shepherd.events
+                 where event_type = 'creation_requested' and body->>'request' = $1)",
+            )
+            .bind(&ours)
+            .fetch_one(&ctx.pool)
+            .await?;
+            if seen {
+                return Ok(CreateOutcome::Skipped {
+                    reason: "this request's creation has already ended".into(),
+                });
+            }
             if let Some(refused) = admit_manual(ctx, args, job_id).await? {
                 return Ok(refused);
             }

@@ -167,8 +167,11 @@ pub async fn admit(
     let paused = crate::events::views::read_pause(conn).await?;
     let ids: Vec<Uuid> = reservations.iter().map(|(r, _)| *r).collect();
     let (pending, managed, penalised): (Vec<Uuid>, Vec<Uuid>, Vec<(Uuid, DateTime<Utc>, String)>) = {
+        // In flight: a creation pending, or a device made and not yet assimilated.
         let pending = sqlx::query_scalar(
-            "select reservation_id from shepherd.pending_creations where reservation_id = any($1)",
+            "select reservation_id from shepherd.pending_creations where reservation_id = any($1)
+             union
+             select reservation_id from shepherd.unassimilated_devices where reservation_id = any($1)",
         )
         .bind(&ids)
         .fetch_all(&mut *conn)

@@ -60,6 +60,7 @@ pub fn next(op: Operation, times: u64, kind: FaultKind) -> Faults {
             probability: 1.0,
             remaining: Some(times),
             kind,
+            ..FaultRule::default()
         }],
         ..Faults::default()
     }

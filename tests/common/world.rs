@@ -149,7 +149,8 @@ impl World {
 
     /// Invariant 2: managed + in flight never exceeds max_machines.
     pub async fn assert_within_limit(&self) {
-        let max = self.ctx.config.max_machines as i64;
+        // The cluster's limit, which an operator may have changed mid-test.
+        let max: i64 = self.count("select shepherd.max_machines()").await;
         if max > 0 {
             let (m, f) = (self.managed().await, self.in_flight().await);
             assert!(m + f <= max, "managed {m} + in flight {f} > max {max}");

@@ -106,6 +106,7 @@ impl FakeMetalArgs {
         let mut rule = |op: Option<Operation>, probability: f64, kind: FaultKind| {
             if probability > 0.0 {
                 rules.push(FaultRule {
+                    after: 0,
                     op,
                     probability,
                     remaining: None,

@@ -60,6 +60,10 @@ impl Faults {
             {
                 continue;
             }
+            if rule.after > 0 {
+                rule.after -= 1;
+                continue;
+            }
             let draw: f64 = rng.random();
             if draw < rule.probability.clamp(0.0, 1.0) {
                 if let Some(left) = rule.remaining.as_mut() {
@@ -93,6 +97,10 @@ pub struct FaultRule {
     pub probability: f64,
     /// How many more times the rule may fire; `None` is unlimited.
     pub remaining: Option<u64>,
+    /// Matching requests to let through before the rule may fire: a fault
+    /// that starts mid-operation (the read before a create succeeds, the
+    /// reads after it fail).
+    pub after: u64,
     pub kind: FaultKind,
 }
 
@@ -102,6 +110,7 @@ impl Default for FaultRule {
             op: None,
             probability: 1.0,
             remaining: None,
+            after: 0,
             kind: FaultKind::default(),
         }
     }
@@ -122,6 +131,12 @@ impl FaultRule {
             op: Some(op),
             ..FaultRule::new(kind)
         }
+    }
+
+    /// Lets the first `n` matching requests through.
+    pub fn after(mut self, n: u64) -> Self {
+        self.after = n;
+        self
     }
 
     /// Limits the rule to `n` firings.
