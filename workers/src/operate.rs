@@ -381,6 +381,7 @@ pub enum SettingsCommand {
         /// penalty, penalty_factor or penalty_max
         key: String,
         /// The new value, written as its flag takes it (50, 5s,1, 1h, true)
+        #[arg(allow_negative_numbers = true)]
         value: String,
         /// Why; recorded with the change
         #[arg(long)]

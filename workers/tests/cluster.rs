@@ -217,6 +217,12 @@ async fn bad_settings_are_refused_before_any_call(pool: PgPool) {
         (&["worker", "--api-parallelism", "0"], "--api-parallelism"),
         (&["worker", "--per-page=-5"], "--per-page"),
         (&["worker", "--db-connections=-1"], "--db-connections"),
+        (&["worker", "--db-connections", "0"], "--db-connections"),
+        (&["worker", "--db-connections", "4"], "needs at least 14"),
+        (
+            &["worker", "--db-connections", "15", "--create-concurrency", "8"],
+            "needs at least 18",
+        ),
         (&["worker", "--create-attempts=-2"], "--create-attempts"),
         (&["worker", "--penalty", "soon"], "--penalty"),
         (&["worker", "--penalty-factor=-1"], "penalty factor"),

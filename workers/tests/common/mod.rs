@@ -94,8 +94,16 @@ impl Cluster {
         c
     }
 
-    /// Starts a worker; returns the address of its status page.
+    /// Starts a worker that also runs the scheduler; returns the address of
+    /// its status page.
     pub fn spawn_worker(&mut self, extra: &[&str]) -> String {
+        let mut args = vec!["--scheduler"];
+        args.extend_from_slice(extra);
+        self.spawn_plain_worker(&args)
+    }
+
+    /// Starts a worker that runs jobs only (no scheduled passes).
+    pub fn spawn_plain_worker(&mut self, extra: &[&str]) -> String {
         let n = self.workers.len();
         let log = std::fs::File::create(self.dir.join(format!("worker-{n}.log"))).unwrap();
         let port = format!("127.0.0.1:{}", free_port());
@@ -103,7 +111,6 @@ impl Cluster {
             "worker",
             "--metrics-listen",
             &port,
-            "--scheduler",
             "--heartbeat",
             "1s",
             "--missed-heartbeats",

@@ -1,0 +1,315 @@
+//! The promises that must hold on the paths an operator walks, through real
+//! `shepherd` processes: one limit for the whole cluster whatever the flags
+//! of each process, manual creations that obey it and the sinbin, a manual
+//! creation whose worker is SIGKILLed mid-POST, releasing a machine whose
+//! device is gone, and SQL functions that refuse nonsense.
+
+use std::time::{Duration, Instant};
+
+use shepherd::metal::Operation;
+use shepherd::metal::fake::Faults;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+mod common;
+use common::*;
+
+fn free_reservation(c: &Cluster) -> Uuid {
+    c.fake
+        .reservations()
+        .into_iter()
+        .find(|r| r.device.is_none() && r.provisionable)
+        .expect("a free reservation")
+        .id
+}
+
+fn run(c: &Cluster, args: &[&str]) -> (bool, String, String) {
+    let out = c.command(args).output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+async fn wait_until(what: &str, timeout: Duration, mut check: impl AsyncFnMut() -> bool) {
+    let started = Instant::now();
+    while !check().await {
+        assert!(started.elapsed() < timeout, "after {timeout:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[sqlx::test(migrations = false)]
+async fn one_limit_for_the_cluster_whatever_the_flags_and_manual_paths(pool: PgPool) {
+    let mut c = Cluster::new(pool, 14, Faults::default()).await;
+    migrate(&c).await;
+    c.spawn_worker(&["--max-machines", "5", "--device-creation-rate", "0s,1"]);
+    c.wait_for(5, 5, Duration::from_secs(60)).await;
+
+    // A second worker started with another limit adopts the cluster's and
+    // says so; it never admits against its own.
+    c.spawn_worker(&["--max-machines", "30", "--device-creation-rate", "0s,1"]);
+    wait_until("the second worker warns", Duration::from_secs(30), async || {
+        log_of(&c.dir, 1).contains("differs from the cluster's 5")
+    })
+    .await;
+    assert!(
+        log_of(&c.dir, 1).contains("shepherd settings set max_machines 30"),
+        "{}",
+        log_of(&c.dir, 1)
+    );
+
+    // Manual creations from the CLI (no flag) and from SQL are refused at
+    // the cluster's limit.
+    let r = free_reservation(&c);
+    let (ok, _, err) = run(&c, &["enqueue", "create-device", "--reservation", &r.to_string()]);
+    assert!(!ok, "a manual creation passed the limit");
+    assert!(err.contains("max_machines (5)"), "{err}");
+    let sql = sqlx::query("select shepherd.enqueue_create_device($1)")
+        .bind(r)
+        .execute(&c.pool)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(sql.contains("max_machines (5)"), "{sql}");
+    // plan without flags reports the cluster's limit.
+    let (ok, out, err) = run(&c, &["plan"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("limit 5"), "{out}");
+    // Some passes later, still five.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(c.managed().await, 5);
+    assert_eq!(c.fake.devices().len(), 5);
+
+    // The operator raises it once, for everyone, with a reason.
+    let (ok, out, err) = run(
+        &c,
+        &["settings", "set", "max_machines", "7", "--reason", "two more for the lab"],
+    );
+    assert!(ok, "{err}");
+    assert!(out.contains("max_machines is now 7"), "{out}");
+    c.wait_for(7, 7, Duration::from_secs(60)).await;
+    let (by, reason): (String, String) = sqlx::query_as(
+        "select body->>'by', body->>'reason' from shepherd.events
+         where event_type = 'settings_changed' order by position desc limit 1",
+    )
+    .fetch_one(&c.pool)
+    .await
+    .unwrap();
+    assert!(by.starts_with("cli:"), "{by}");
+    assert_eq!(reason, "two more for the lab");
+    // Nonsense is refused with the reason, and changes nothing.
+    let (ok, _, err) = run(
+        &c,
+        &["settings", "set", "max_machines", "-1", "--reason", "x"],
+    );
+    assert!(!ok);
+    assert!(err.contains("max_machines must be a whole number"), "{err}");
+    let (ok, _, err) = run(&c, &["settings", "set", "max_machine", "9", "--reason", "x"]);
+    assert!(!ok);
+    assert!(err.contains("unknown setting"), "{err}");
+    let (ok, out, _) = run(&c, &["settings", "show"]);
+    assert!(ok);
+    assert!(out.contains("max_machines") && out.contains(" 7 "), "{out}");
+
+    // The sinbin holds for manual creations unless overridden with a reason.
+    sqlx::query("select shepherd.change_setting('max_machines', '8', 'one more')")
+        .execute(&c.pool)
+        .await
+        .unwrap();
+    c.stop_all();
+    let r = free_reservation(&c);
+    {
+        use shepherd::events::event::ReservationPenalised;
+        let mut tx = c.pool.begin().await.unwrap();
+        shepherd::events::record(
+            &mut tx,
+            vec![shepherd::events::NewEvent::new(ReservationPenalised {
+                reservation: r,
+                until: chrono::Utc::now() + chrono::TimeDelta::hours(1),
+                cause: "createDevice: rejected as invalid (422)".into(),
+                class: None,
+            })],
+        )
+        .await
+        .unwrap();
+        tx.commit().await.unwrap();
+    }
+    let (ok, _, err) = run(&c, &["enqueue", "create-device", "--reservation", &r.to_string()]);
+    assert!(!ok);
+    assert!(err.contains("penalised"), "{err}");
+    let sql = sqlx::query("select shepherd.enqueue_create_device($1)")
+        .bind(r)
+        .execute(&c.pool)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(sql.contains("penalised"), "{sql}");
+    let (ok, out, err) = run(
+        &c,
+        &[
+            "enqueue",
+            "create-device",
+            "--reservation",
+            &r.to_string(),
+            "--override-sinbin",
+            "the disk was replaced",
+        ],
+    );
+    assert!(ok, "{err}");
+    assert!(out.contains("enqueued create_device"), "{out}");
+    let overridden: Option<String> = sqlx::query_scalar(
+        "select body->>'sinbin_override' from shepherd.events
+         where event_type = 'creation_requested' and body->>'reservation' = $1",
+    )
+    .bind(r.to_string())
+    .fetch_one(&c.pool)
+    .await
+    .unwrap();
+    assert_eq!(overridden.as_deref(), Some("the disk was replaced"));
+    let report = shepherd::events::views::rebuild(&c.pool, false)
+        .await
+        .unwrap();
+    assert_eq!(report.differences, Vec::<String>::new());
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_manual_creation_killed_mid_post_is_resumed_not_stranded(pool: PgPool) {
+    let mut c = Cluster::new(pool, 3, Faults::default()).await;
+    migrate(&c).await;
+    c.spawn_plain_worker(&["--max-machines", "5", "--device-creation-rate", "0s,1"]);
+    wait_until("the worker is ready", Duration::from_secs(30), async || {
+        log_of(&c.dir, 0).contains("worker starting")
+    })
+    .await;
+    // Every answer is slow, so the POST is on the wire long enough to die.
+    c.fake.set_faults(Faults::default().with_latency(1500, 0));
+    let r = free_reservation(&c);
+    sqlx::query("select shepherd.enqueue_create_device($1)")
+        .bind(r)
+        .execute(&c.pool)
+        .await
+        .unwrap();
+    wait_until("the POST is under way", Duration::from_secs(30), async || {
+        c.fake.calls(Operation::CreateDevice) >= 1
+    })
+    .await;
+    signal(&c.workers[0], "KILL");
+    let _ = c.workers[0].wait();
+    assert_eq!(c.count("select count(*) from shepherd.pending_creations").await, 1);
+    c.fake.set_faults(Faults::default());
+    c.spawn_plain_worker(&["--max-machines", "5", "--sweep-interval", "2s"]);
+    c.wait_for(1, 5, Duration::from_secs(60)).await;
+    let ids = c.managed_ids().await;
+    c.assert_consistent(&ids);
+    let on_r = c
+        .fake
+        .devices()
+        .into_iter()
+        .filter(|d| d.reservation == Some(r))
+        .count();
+    assert_eq!(on_r, 1);
+    assert_eq!(
+        c.count("select count(*) from shepherd.events where event_type = 'creation_refused'")
+            .await,
+        0,
+        "the re-run refused its own creation"
+    );
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_machine_whose_device_is_gone_is_released_and_passes_resume(pool: PgPool) {
+    let mut c = Cluster::new(pool, 6, Faults::default()).await;
+    migrate(&c).await;
+    c.spawn_worker(&["--max-machines", "3", "--device-creation-rate", "0s,1"]);
+    c.wait_for(3, 3, Duration::from_secs(60)).await;
+    let ids = c.managed_ids().await;
+    let gone: Uuid = ids[0].parse().unwrap();
+    let kept: Uuid = ids[1].parse().unwrap();
+    assert!(c.fake.delete_device(gone));
+    wait_until("a pass reports the machine missing", Duration::from_secs(30), async || {
+        sqlx::query_scalar::<_, i64>(
+            "select count(*) from shepherd.events where event_type = 'reconcile_refused'
+               and body->>'reason' like '%shepherd machines release%'",
+        )
+        .fetch_one(&c.pool)
+        .await
+        .unwrap()
+            > 0
+    })
+    .await;
+    // A machine whose device still exists is not released.
+    let (ok, _, err) = run(
+        &c,
+        &["machines", "release", &kept.to_string(), "--reason", "oops"],
+    );
+    assert!(!ok);
+    assert!(err.contains("still exists"), "{err}");
+    let (ok, _, err) = run(&c, &["machines", "release", &gone.to_string(), "--reason", ""]);
+    assert!(!ok);
+    assert!(err.contains("reason"), "{err}");
+    let (ok, out, err) = run(
+        &c,
+        &["machines", "release", &gone.to_string(), "--reason", "deleted by hand in the portal"],
+    );
+    assert!(ok, "{err}");
+    assert!(out.contains("no longer managed"), "{out}");
+    // Passes resume and fill the slot again.
+    c.wait_for(3, 3, Duration::from_secs(60)).await;
+    assert!(!c.managed_ids().await.contains(&gone.to_string()));
+    let released: String = sqlx::query_scalar(
+        "select body->>'reason' from shepherd.events where event_type = 'machine_released'",
+    )
+    .fetch_one(&c.pool)
+    .await
+    .unwrap();
+    assert_eq!(released, "deleted by hand in the portal");
+    let report = shepherd::events::views::rebuild(&c.pool, false)
+        .await
+        .unwrap();
+    assert_eq!(report.differences, Vec::<String>::new());
+}
+
+#[sqlx::test(migrations = false)]
+async fn sql_functions_refuse_null_and_nonsense_and_queue_nothing(pool: PgPool) {
+    let c = Cluster::new(pool, 2, Faults::default()).await;
+    migrate(&c).await;
+    let jobs = || async {
+        sqlx::query_scalar::<_, i64>("select count(*) from apalis.jobs")
+            .fetch_one(&c.pool)
+            .await
+            .unwrap()
+    };
+    let before = jobs().await;
+    let cases: &[(&'static str, &str)] = &[
+        ("select shepherd.enqueue_create_device(NULL)", "reservation id is required"),
+        ("select shepherd.enqueue_assimilate(NULL)", "device id is required"),
+        ("select shepherd.prune_jobs('-1 day')", "zero or more"),
+        ("select shepherd.prune_jobs(NULL)", "zero or more"),
+        ("select shepherd.pause_creations(NULL)", "a reason is required"),
+        ("select shepherd.pause_creations('  ')", "a reason is required"),
+        ("select shepherd.resume_creations(NULL)", "not NULL"),
+        ("select shepherd.clear_penalty(NULL, 'x')", "reservation id is required"),
+        ("select shepherd.release_machine(NULL, 'x')", "id is required"),
+        ("select shepherd.release_machine('nope', 'gone')", "no managed machine"),
+        ("select shepherd.change_setting('chunk_size', '0', 'x')", "at least 1"),
+        ("select shepherd.change_setting('max_machines', '5', NULL)", "a reason is required"),
+        // No worker has recorded settings yet.
+        ("select shepherd.change_setting('max_machines', '5', 'x')", "no settings yet"),
+    ];
+    for (sql, needle) in cases {
+        let err = sqlx::query(*sql)
+            .execute(&c.pool)
+            .await
+            .expect_err(sql)
+            .to_string();
+        assert!(err.contains(needle), "{sql}: {err}");
+    }
+    assert_eq!(jobs().await, before, "a refused call queued a job");
+    assert_eq!(
+        c.count("select count(*) from shepherd.events").await,
+        0,
+        "a refused call wrote an event"
+    );
+}
