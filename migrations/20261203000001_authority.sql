@@ -242,8 +242,7 @@ declare
     v_by text := coalesce(p_by, 'sql:' || current_user);
 begin
     perform shepherd.require(p_reservation is not null, 'a reservation id is required');
-    perform shepherd.require(nullif(trim(p_reason), '') is not null,
-        'a reason is required (it is recorded with the change)');
+    perform shepherd.require(p_reason is not null, 'the reason may be empty but not NULL');
     perform pg_advisory_xact_lock(hashtextextended('reservation/' || p_reservation, 0));
     if not exists (select 1 from shepherd.sinbin where reservation_id = p_reservation) then
         return false;

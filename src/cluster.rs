@@ -105,7 +105,10 @@ impl ClusterSettings {
             "device_creation_rate".into(),
             Value::from(self.device_creation_rate.to_string()),
         );
-        m.insert("api_rate".into(), Value::from(format_duration(self.api_rate)));
+        m.insert(
+            "api_rate".into(),
+            Value::from(format_duration(self.api_rate)),
+        );
         m.insert(
             "penalty".into(),
             Value::from(format_duration(self.penalty.initial)),

@@ -103,12 +103,14 @@ pub async fn overview(pool: &PgPool) -> Result<Overview, sqlx::Error> {
     .fetch_all(&mut *tx)
     .await?
     .into_iter()
-    .map(|(reservation_id, request, seconds, last_error)| UnresolvedRow {
-        reservation_id,
-        request,
-        seconds,
-        last_error,
-    })
+    .map(
+        |(reservation_id, request, seconds, last_error)| UnresolvedRow {
+            reservation_id,
+            request,
+            seconds,
+            last_error,
+        },
+    )
     .collect();
     let oldest_in_flight_seconds: Option<f64> = sqlx::query_scalar(
         "select extract(epoch from now() - min(since))::float8 from shepherd.in_flight",

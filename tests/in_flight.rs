@@ -5,8 +5,8 @@
 
 mod common;
 
-use common::world::*;
 use common::next;
+use common::world::*;
 use shepherd::config::ProvisionerConfig;
 use shepherd::jobs::create_device::{CreateOutcome, create_device};
 use shepherd::jobs::{CreateDeviceArgs, sweep};
@@ -116,6 +116,11 @@ async fn an_unknown_outcome_holds_its_slot_until_a_look_settles_it(pool: PgPool)
     .await
     .unwrap();
     assert!(since.is_some());
+    // status, the page and /metrics read this overview.
+    let overview = shepherd::fleet::overview(&w.pool).await.unwrap();
+    assert_eq!(overview.unresolved.len(), 1);
+    assert_eq!(overview.unresolved[0].reservation_id, r);
+    assert!(overview.unresolved[0].last_error.is_some());
     let pass = w.reconcile().await;
     assert!(pass.at_limit && pass.enqueued.is_empty(), "{pass:?}");
     let manual = sqlx::query("select shepherd.enqueue_create_device($1)")
@@ -203,7 +208,8 @@ async fn a_manual_creation_whose_run_died_is_resumed_by_its_own_request(pool: Pg
     .unwrap();
     assert_eq!(admitted.len(), 1);
     tx.commit().await.unwrap();
-    w.fake.set_faults(next(Operation::CreateDevice, 1, FaultKind::AcceptThenDrop));
+    w.fake
+        .set_faults(next(Operation::CreateDevice, 1, FaultKind::AcceptThenDrop));
     // The re-run of the same job resumes it (today's code refused it as
     // "already pending" and left the creation in flight for good).
     let resumed = create_device(&w.ctx, &args, &job).await.unwrap();
@@ -236,7 +242,11 @@ async fn the_sweep_gives_a_stranded_creation_and_assimilation_a_job(pool: PgPool
     .unwrap();
     w.drain().await;
     assert_eq!(w.managed().await, 2);
-    assert_eq!(w.in_flight().await, 1, "the stranded creation is still in flight");
+    assert_eq!(
+        w.in_flight().await,
+        1,
+        "the stranded creation is still in flight"
+    );
     let out = sweep::run_once(&w.pool).await.unwrap();
     assert_eq!(out.creations_resumed.len(), 1, "{out:?}");
     // A second sweep finds the resumed job live and does nothing.

@@ -631,3 +631,64 @@ async fn a_pause_stops_creations_and_a_resume_restarts_them(pool: PgPool) {
         .unwrap();
     assert!(report.differences.is_empty(), "{report:?}");
 }
+
+#[sqlx::test(migrations = false)]
+async fn passes_queued_behind_a_newer_one_coalesce(pool: PgPool) {
+    let w = World::with(pool, 6, config(5, 5)).await;
+    // Five passes queued while no worker ran (an outage, a burst of manual
+    // requests).
+    let mut jobs = Vec::new();
+    for _ in 0..5 {
+        let mut tx = w.pool.begin().await.unwrap();
+        let id = queue::push_reconcile(
+            &mut tx,
+            &shepherd::jobs::ReconcileArgs {
+                requested_by: "test".into(),
+            },
+            None,
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        tx.commit().await.unwrap();
+        jobs.push(id);
+    }
+    let calls = w.fake.total_calls();
+    let first = shepherd::jobs::reconcile::reconcile(&w.ctx, &jobs[0])
+        .await
+        .unwrap();
+    assert!(!first.coalesced && first.run.is_some());
+    let listed = w.fake.total_calls() - calls;
+    assert!(listed > 0);
+    for id in &jobs[1..] {
+        let out = shepherd::jobs::reconcile::reconcile(&w.ctx, id)
+            .await
+            .unwrap();
+        assert!(out.coalesced, "{out:?}");
+    }
+    assert_eq!(
+        w.fake.total_calls() - calls,
+        listed,
+        "a coalesced pass listed"
+    );
+    assert_eq!(w.events("reconcile_coalesced").await, 4);
+    assert_eq!(w.events("reconcile_started").await, 1);
+    // A pass queued after the last one started runs.
+    let mut tx = w.pool.begin().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let later = queue::push_reconcile(
+        &mut tx,
+        &shepherd::jobs::ReconcileArgs {
+            requested_by: "test".into(),
+        },
+        None,
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    tx.commit().await.unwrap();
+    let out = shepherd::jobs::reconcile::reconcile(&w.ctx, &later)
+        .await
+        .unwrap();
+    assert!(!out.coalesced, "{out:?}");
+}

@@ -13,8 +13,8 @@ use sqlx::{PgConnection, PgPool, Row};
 use uuid::Uuid;
 
 use super::event::Event;
-pub use crate::config::PenaltyPolicy;
 use super::store::{StoreError, StoredEvent};
+pub use crate::config::PenaltyPolicy;
 
 pub const PROVIDER_EQUINIX: &str = "equinix";
 

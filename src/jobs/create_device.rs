@@ -11,8 +11,8 @@ use uuid::Uuid;
 
 use super::queue;
 use super::{AssimilateArgs, CreateDeviceArgs, JobContext, JobError};
-use crate::events::event::*;
 use crate::cluster::ClusterSettings;
+use crate::events::event::*;
 use crate::events::views;
 use crate::events::{NewEvent, record};
 use crate::metal::{CreateDevice, ErrorClass, MetalError, Witness};
@@ -142,15 +142,14 @@ pub async fn create_device(
         }));
 
     match result {
-        Ok(created) => {
-            created_outcome(ctx, args, job_id, created.device, created.recovered).await
-        }
+        Ok(created) => created_outcome(ctx, args, job_id, created.device, created.recovered).await,
         Err(MetalError::RaceLost {
             device: other_device,
             ..
         }) => race_lost(ctx, &settings, args, job_id, other_device).await,
         Err(e) => {
-            let unknown = args.unknown || matches!(e.class(), ErrorClass::Ambiguous | ErrorClass::Cancelled);
+            let unknown =
+                args.unknown || matches!(e.class(), ErrorClass::Ambiguous | ErrorClass::Cancelled);
             let key_refused = refused_for_ssh_key(&e);
             if key_refused {
                 // Rotated or deleted at the provider: the next attempt
@@ -342,7 +341,16 @@ async fn race_lost(
         reservation: args.reservation,
         other_device,
     })];
-    events.push(penalty(settings, &mut tx, args.reservation, &cause, ErrorClass::RaceLost).await?);
+    events.push(
+        penalty(
+            settings,
+            &mut tx,
+            args.reservation,
+            &cause,
+            ErrorClass::RaceLost,
+        )
+        .await?,
+    );
     record(
         &mut tx,
         events.into_iter().map(|e| e.caused_by(job_id)).collect(),

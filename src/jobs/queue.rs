@@ -14,8 +14,8 @@ use uuid::Uuid;
 
 use super::{ASSIMILATE_QUEUE, AssimilateArgs, CREATE_DEVICE_QUEUE, CreateDeviceArgs};
 use super::{RECONCILE_QUEUE, ReconcileArgs};
-use crate::events::event::{CreationRefused, CreationRequested};
 use crate::cluster::MachineLimit;
+use crate::events::event::{CreationRefused, CreationRequested};
 use crate::events::{NewEvent, StoreError, record};
 
 /// Pushes a job; `None` when its idempotency key was already used.
@@ -166,31 +166,29 @@ pub async fn admit(
     let capacity = lock_capacity(conn).await?;
     let paused = crate::events::views::read_pause(conn).await?;
     let ids: Vec<Uuid> = reservations.iter().map(|(r, _)| *r).collect();
-    let (pending, managed, penalised): (Vec<Uuid>, Vec<Uuid>, Vec<(Uuid, DateTime<Utc>, String)>) = {
-        // In flight: a creation pending, or a device made and not yet assimilated.
-        let pending = sqlx::query_scalar(
-            "select reservation_id from shepherd.pending_creations where reservation_id = any($1)
-             union
-             select reservation_id from shepherd.unassimilated_devices where reservation_id = any($1)",
-        )
-        .bind(&ids)
-        .fetch_all(&mut *conn)
-        .await?;
-        let managed = sqlx::query_scalar(
-            "select reservation_id from shepherd.managed_machines where reservation_id = any($1)",
-        )
-        .bind(&ids)
-        .fetch_all(&mut *conn)
-        .await?;
-        let penalised = sqlx::query_as(
-            "select reservation_id, until, cause from shepherd.sinbin
-             where reservation_id = any($1) and now() <= until",
-        )
-        .bind(&ids)
-        .fetch_all(&mut *conn)
-        .await?;
-        (pending, managed, penalised)
-    };
+    // In flight: a creation pending, or a device made and not yet assimilated.
+    let pending: Vec<Uuid> = sqlx::query_scalar(
+        "select reservation_id from shepherd.pending_creations where reservation_id = any($1)
+         union
+         select reservation_id from shepherd.unassimilated_devices where reservation_id = any($1)",
+    )
+    .bind(&ids)
+    .fetch_all(&mut *conn)
+    .await?;
+    let managed: Vec<Uuid> = sqlx::query_scalar(
+        "select reservation_id from shepherd.managed_machines where reservation_id = any($1)",
+    )
+    .bind(&ids)
+    .fetch_all(&mut *conn)
+    .await?;
+    let penalised: Vec<(Uuid, DateTime<Utc>, String)> = sqlx::query_as(
+        "select reservation_id, until, cause from shepherd.sinbin
+         where reservation_id = any($1) and now() <= until",
+    )
+    .bind(&ids)
+    .fetch_all(&mut *conn)
+    .await?;
+
     let mut room = capacity.room;
     let mut admitted = Vec::new();
     let mut refused = Vec::new();

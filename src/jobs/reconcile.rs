@@ -108,7 +108,9 @@ pub struct Comparison {
 
 /// The request a device's witness tag names, if it carries one.
 pub fn witness_of(d: &Device) -> Option<&str> {
-    d.tags.iter().find_map(|t| t.strip_prefix(WITNESS_TAG_PREFIX))
+    d.tags
+        .iter()
+        .find_map(|t| t.strip_prefix(WITNESS_TAG_PREFIX))
 }
 
 /// Which of the requests named by witnesses this cluster recorded: a

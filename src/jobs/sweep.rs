@@ -49,10 +49,11 @@ const REASON: &str = "no job was left to end it";
 
 pub async fn run_once(pool: &PgPool) -> Result<SweepOutcome, StoreError> {
     let mut tx = pool.begin().await?;
-    let got: bool =
-        sqlx::query_scalar("select pg_try_advisory_xact_lock(hashtextextended('shepherd/sweep', 0))")
-            .fetch_one(&mut *tx)
-            .await?;
+    let got: bool = sqlx::query_scalar(
+        "select pg_try_advisory_xact_lock(hashtextextended('shepherd/sweep', 0))",
+    )
+    .fetch_one(&mut *tx)
+    .await?;
     if !got {
         return Ok(SweepOutcome {
             skipped: true,

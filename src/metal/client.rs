@@ -82,7 +82,8 @@ impl Witness {
         Witness(stable_id.to_string())
     }
 
-    /// Tags are at most 80 characters (NOTES.md, quirk 5).
+    /// Tags are at most 80 characters: the API enforced it, though the spec
+    /// does not say so.
     pub fn tag(&self) -> String {
         let mut tag = format!("{WITNESS_TAG_PREFIX}{}", self.0);
         tag.truncate(80);
@@ -484,7 +485,8 @@ impl MetalClient {
         match result {
             // A foreign device on the reservation settles it: ours cannot be there.
             Err(e)
-                if ambiguous.load(Ordering::Relaxed) && !matches!(e, MetalError::RaceLost { .. }) =>
+                if ambiguous.load(Ordering::Relaxed)
+                    && !matches!(e, MetalError::RaceLost { .. }) =>
             {
                 Err(MetalError::Ambiguous {
                     op: Operation::CreateDevice,
@@ -715,8 +717,9 @@ impl MetalClient {
         }
     }
 
-    /// Fetches every page of a listing, page by page (NOTES.md: never follow
-    /// `meta.next`), each page with its own retries.
+    /// Fetches every page of a listing, page by page, each page with its own
+    /// retries. It never follows `meta.next`: whether that href carries the
+    /// `/metal/v1` prefix was never settled.
     async fn list_pages<P: DeserializeOwned + HasMeta>(
         &self,
         op: Operation,

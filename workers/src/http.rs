@@ -271,10 +271,20 @@ impl Figures {
         if let Some(limit) = o.max_machines {
             registry.register(
                 "shepherd_machines_limit",
-                "max_machines as the workers last announced it",
+                "The cluster's max_machines (0: no limit)",
                 ConstGauge::new(limit),
             );
         }
+        registry.register(
+            "shepherd_unresolved_creations",
+            "Creations whose outcome is unknown, held in flight until a look settles them",
+            ConstGauge::new(o.unresolved.len() as i64),
+        );
+        registry.register(
+            "shepherd_oldest_unresolved_creation_seconds",
+            "Age of the oldest unresolved creation (0 when none)",
+            ConstGauge::<f64>::new(o.unresolved.first().map_or(0.0, |u| u.seconds)),
+        );
         registry.register(
             "shepherd_sinbin_reservations",
             "Reservations under an active penalty",
@@ -880,7 +890,7 @@ impl StatusPage<'_> {
             Some(limit) => writeln!(f, "<tr><th>Machine limit</th><td>{limit}</td></tr>")?,
             None => writeln!(
                 f,
-                "<tr><th>Machine limit</th><td class=\"muted\">not announced yet</td></tr>"
+                "<tr><th>Machine limit</th><td class=\"muted\">no settings recorded yet</td></tr>"
             )?,
         }
         writeln!(
@@ -891,6 +901,16 @@ impl StatusPage<'_> {
             o.pending_creations,
             o.unassimilated_devices
         )?;
+        if let Some(oldest) = o.unresolved.first() {
+            writeln!(
+                f,
+                "<tr><th>Unresolved creations</th><td><strong>{}</strong> \
+                 <span class=\"muted\">(outcome unknown, settled by looking; oldest {}: {})</span></td></tr>",
+                o.unresolved.len(),
+                Esc(&format!("{:.0} s", oldest.seconds)),
+                Esc(oldest.last_error.as_deref().unwrap_or(""))
+            )?;
+        }
         match &o.paused {
             Some(_) => writeln!(
                 f,

@@ -40,7 +40,10 @@ pub fn render_status(o: &Overview) -> String {
         o.unassimilated_devices
     ));
     if let Some(age_s) = o.oldest_in_flight_seconds {
-        out.push_str(&format!("             oldest in flight for {}\n", age(age_s)));
+        out.push_str(&format!(
+            "             oldest in flight for {}\n",
+            age(age_s)
+        ));
     }
     if !o.unresolved.is_empty() {
         out.push_str(&format!(
@@ -186,7 +189,9 @@ pub async fn plan(args: PlanArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     if !plan.settings_recorded {
-        println!("the cluster has no recorded settings yet (no worker has started): using this command's flags");
+        println!(
+            "the cluster has no recorded settings yet (no worker has started): using this command's flags"
+        );
     }
     println!(
         "listed {} devices; {} managed, {} in flight, limit {}",
@@ -402,7 +407,9 @@ pub async fn settings(command: SettingsCommand) -> anyhow::Result<()> {
                 .fetch_all(&pool)
                 .await?;
             if rows.is_empty() {
-                bail!("the cluster has no settings yet: start a worker once (its flags become the cluster's settings)");
+                bail!(
+                    "the cluster has no settings yet: start a worker once (its flags become the cluster's settings)"
+                );
             }
             if json {
                 let map: serde_json::Map<String, serde_json::Value> =

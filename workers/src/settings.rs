@@ -103,16 +103,14 @@ impl MetalArgs {
         // With a database the pacer is the cluster's, even at a zero rate:
         // the cluster's api_rate can change while the process runs.
         let pacer: Arc<dyn Pacer> = match pool {
-            Some(pool) => {
-                Arc::new(ClusterPacer(Arc::new(Limiter::new(
-                    pool.clone(),
-                    limiter::METAL_API,
-                    Rate {
-                        interval: config.api_rate,
-                        burst: 1,
-                    },
-                ))))
-            }
+            Some(pool) => Arc::new(ClusterPacer(Arc::new(Limiter::new(
+                pool.clone(),
+                limiter::METAL_API,
+                Rate {
+                    interval: config.api_rate,
+                    burst: 1,
+                },
+            )))),
             _ => Arc::new(LocalPacer::new(config.api_rate)),
         };
         Ok(MetalClient::with_pacer(config, metrics, pacer)?)
@@ -215,7 +213,10 @@ pub fn note_explicit(matches: &clap::ArgMatches) {
             if current.ids().any(|id| id.as_str() == *key)
                 && matches!(
                     current.value_source(key),
-                    Some(clap::parser::ValueSource::CommandLine | clap::parser::ValueSource::EnvVariable)
+                    Some(
+                        clap::parser::ValueSource::CommandLine
+                            | clap::parser::ValueSource::EnvVariable
+                    )
                 )
             {
                 found.push(key.to_string());

@@ -26,7 +26,9 @@ pub async fn run(pool: PgPool, interval: Duration, stop: Stop) {
                     );
                 }
             }
-            Err(e) => tracing::warn!(error = %e, "sweep failed (database unreachable?); trying again later"),
+            Err(e) => {
+                tracing::warn!(error = %e, "sweep failed (database unreachable?); trying again later")
+            }
         }
     }
 }

@@ -50,9 +50,11 @@ async fn one_limit_for_the_cluster_whatever_the_flags_and_manual_paths(pool: PgP
     // A second worker started with another limit adopts the cluster's and
     // says so; it never admits against its own.
     c.spawn_worker(&["--max-machines", "30", "--device-creation-rate", "0s,1"]);
-    wait_until("the second worker warns", Duration::from_secs(30), async || {
-        log_of(&c.dir, 1).contains("differs from the cluster's 5")
-    })
+    wait_until(
+        "the second worker warns",
+        Duration::from_secs(30),
+        async || log_of(&c.dir, 1).contains("differs from the cluster's 5"),
+    )
     .await;
     assert!(
         log_of(&c.dir, 1).contains("shepherd settings set max_machines 30"),
@@ -63,7 +65,10 @@ async fn one_limit_for_the_cluster_whatever_the_flags_and_manual_paths(pool: PgP
     // Manual creations from the CLI (no flag) and from SQL are refused at
     // the cluster's limit.
     let r = free_reservation(&c);
-    let (ok, _, err) = run(&c, &["enqueue", "create-device", "--reservation", &r.to_string()]);
+    let (ok, _, err) = run(
+        &c,
+        &["enqueue", "create-device", "--reservation", &r.to_string()],
+    );
     assert!(!ok, "a manual creation passed the limit");
     assert!(err.contains("max_machines (5)"), "{err}");
     let sql = sqlx::query("select shepherd.enqueue_create_device($1)")
@@ -85,7 +90,14 @@ async fn one_limit_for_the_cluster_whatever_the_flags_and_manual_paths(pool: PgP
     // The operator raises it once, for everyone, with a reason.
     let (ok, out, err) = run(
         &c,
-        &["settings", "set", "max_machines", "7", "--reason", "two more for the lab"],
+        &[
+            "settings",
+            "set",
+            "max_machines",
+            "7",
+            "--reason",
+            "two more for the lab",
+        ],
     );
     assert!(ok, "{err}");
     assert!(out.contains("max_machines is now 7"), "{out}");
@@ -106,7 +118,10 @@ async fn one_limit_for_the_cluster_whatever_the_flags_and_manual_paths(pool: PgP
     );
     assert!(!ok);
     assert!(err.contains("max_machines must be a whole number"), "{err}");
-    let (ok, _, err) = run(&c, &["settings", "set", "max_machine", "9", "--reason", "x"]);
+    let (ok, _, err) = run(
+        &c,
+        &["settings", "set", "max_machine", "9", "--reason", "x"],
+    );
     assert!(!ok);
     assert!(err.contains("unknown setting"), "{err}");
     let (ok, out, _) = run(&c, &["settings", "show"]);
@@ -136,7 +151,10 @@ async fn one_limit_for_the_cluster_whatever_the_flags_and_manual_paths(pool: PgP
         .unwrap();
         tx.commit().await.unwrap();
     }
-    let (ok, _, err) = run(&c, &["enqueue", "create-device", "--reservation", &r.to_string()]);
+    let (ok, _, err) = run(
+        &c,
+        &["enqueue", "create-device", "--reservation", &r.to_string()],
+    );
     assert!(!ok);
     assert!(err.contains("penalised"), "{err}");
     let sql = sqlx::query("select shepherd.enqueue_create_device($1)")
@@ -191,13 +209,19 @@ async fn a_manual_creation_killed_mid_post_is_resumed_not_stranded(pool: PgPool)
         .execute(&c.pool)
         .await
         .unwrap();
-    wait_until("the POST is under way", Duration::from_secs(30), async || {
-        c.fake.calls(Operation::CreateDevice) >= 1
-    })
+    wait_until(
+        "the POST is under way",
+        Duration::from_secs(30),
+        async || c.fake.calls(Operation::CreateDevice) >= 1,
+    )
     .await;
     signal(&c.workers[0], "KILL");
     let _ = c.workers[0].wait();
-    assert_eq!(c.count("select count(*) from shepherd.pending_creations").await, 1);
+    assert_eq!(
+        c.count("select count(*) from shepherd.pending_creations")
+            .await,
+        1
+    );
     c.fake.set_faults(Faults::default());
     c.spawn_plain_worker(&["--max-machines", "5", "--sweep-interval", "2s"]);
     c.wait_for(1, 5, Duration::from_secs(60)).await;
@@ -228,16 +252,20 @@ async fn a_machine_whose_device_is_gone_is_released_and_passes_resume(pool: PgPo
     let gone: Uuid = ids[0].parse().unwrap();
     let kept: Uuid = ids[1].parse().unwrap();
     assert!(c.fake.delete_device(gone));
-    wait_until("a pass reports the machine missing", Duration::from_secs(30), async || {
-        sqlx::query_scalar::<_, i64>(
-            "select count(*) from shepherd.events where event_type = 'reconcile_refused'
+    wait_until(
+        "a pass reports the machine missing",
+        Duration::from_secs(30),
+        async || {
+            sqlx::query_scalar::<_, i64>(
+                "select count(*) from shepherd.events where event_type = 'reconcile_refused'
                and body->>'reason' like '%shepherd machines release%'",
-        )
-        .fetch_one(&c.pool)
-        .await
-        .unwrap()
-            > 0
-    })
+            )
+            .fetch_one(&c.pool)
+            .await
+            .unwrap()
+                > 0
+        },
+    )
     .await;
     // A machine whose device still exists is not released.
     let (ok, _, err) = run(
@@ -246,12 +274,21 @@ async fn a_machine_whose_device_is_gone_is_released_and_passes_resume(pool: PgPo
     );
     assert!(!ok);
     assert!(err.contains("still exists"), "{err}");
-    let (ok, _, err) = run(&c, &["machines", "release", &gone.to_string(), "--reason", ""]);
+    let (ok, _, err) = run(
+        &c,
+        &["machines", "release", &gone.to_string(), "--reason", ""],
+    );
     assert!(!ok);
     assert!(err.contains("reason"), "{err}");
     let (ok, out, err) = run(
         &c,
-        &["machines", "release", &gone.to_string(), "--reason", "deleted by hand in the portal"],
+        &[
+            "machines",
+            "release",
+            &gone.to_string(),
+            "--reason",
+            "deleted by hand in the portal",
+        ],
     );
     assert!(ok, "{err}");
     assert!(out.contains("no longer managed"), "{out}");
@@ -283,20 +320,50 @@ async fn sql_functions_refuse_null_and_nonsense_and_queue_nothing(pool: PgPool) 
     };
     let before = jobs().await;
     let cases: &[(&'static str, &str)] = &[
-        ("select shepherd.enqueue_create_device(NULL)", "reservation id is required"),
-        ("select shepherd.enqueue_assimilate(NULL)", "device id is required"),
+        (
+            "select shepherd.enqueue_create_device(NULL)",
+            "reservation id is required",
+        ),
+        (
+            "select shepherd.enqueue_assimilate(NULL)",
+            "device id is required",
+        ),
         ("select shepherd.prune_jobs('-1 day')", "zero or more"),
         ("select shepherd.prune_jobs(NULL)", "zero or more"),
-        ("select shepherd.pause_creations(NULL)", "a reason is required"),
-        ("select shepherd.pause_creations('  ')", "a reason is required"),
+        (
+            "select shepherd.pause_creations(NULL)",
+            "a reason is required",
+        ),
+        (
+            "select shepherd.pause_creations('  ')",
+            "a reason is required",
+        ),
         ("select shepherd.resume_creations(NULL)", "not NULL"),
-        ("select shepherd.clear_penalty(NULL, 'x')", "reservation id is required"),
-        ("select shepherd.release_machine(NULL, 'x')", "id is required"),
-        ("select shepherd.release_machine('nope', 'gone')", "no managed machine"),
-        ("select shepherd.change_setting('chunk_size', '0', 'x')", "at least 1"),
-        ("select shepherd.change_setting('max_machines', '5', NULL)", "a reason is required"),
+        (
+            "select shepherd.clear_penalty(NULL, 'x')",
+            "reservation id is required",
+        ),
+        (
+            "select shepherd.release_machine(NULL, 'x')",
+            "id is required",
+        ),
+        (
+            "select shepherd.release_machine('nope', 'gone')",
+            "no managed machine",
+        ),
+        (
+            "select shepherd.change_setting('chunk_size', '0', 'x')",
+            "at least 1",
+        ),
+        (
+            "select shepherd.change_setting('max_machines', '5', NULL)",
+            "a reason is required",
+        ),
         // No worker has recorded settings yet.
-        ("select shepherd.change_setting('max_machines', '5', 'x')", "no settings yet"),
+        (
+            "select shepherd.change_setting('max_machines', '5', 'x')",
+            "no settings yet",
+        ),
     ];
     for (sql, needle) in cases {
         let err = sqlx::query(*sql)

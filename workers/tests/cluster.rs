@@ -220,7 +220,13 @@ async fn bad_settings_are_refused_before_any_call(pool: PgPool) {
         (&["worker", "--db-connections", "0"], "--db-connections"),
         (&["worker", "--db-connections", "4"], "needs at least 14"),
         (
-            &["worker", "--db-connections", "15", "--create-concurrency", "8"],
+            &[
+                "worker",
+                "--db-connections",
+                "15",
+                "--create-concurrency",
+                "8",
+            ],
             "needs at least 18",
         ),
         (&["worker", "--create-attempts=-2"], "--create-attempts"),
@@ -422,6 +428,9 @@ async fn chaos_breaks_no_invariant(pool: PgPool) {
         .with_latency(0, 300)
         .with_rule(FaultRule::new(FaultKind::StealReservation).with_probability(0.01))
         .with_rule(FaultRule::new(FaultKind::AcceptThenFail { status: 500 }).with_probability(0.02))
+        // Accepted, and the answer unreadable: the device exists.
+        .with_rule(FaultRule::new(FaultKind::AcceptThenFail { status: 201 }).with_probability(0.02))
+        .with_rule(FaultRule::new(FaultKind::AcceptThenDrop).with_probability(0.02))
         .with_rule(
             FaultRule::new(FaultKind::RateLimited {
                 retry_after_secs: 1,
@@ -443,6 +452,8 @@ async fn chaos_breaks_no_invariant(pool: PgPool) {
         "8",
         "--api-parallelism",
         "6",
+        "--sweep-interval",
+        "2s",
     ];
     for _ in 0..3 {
         c.spawn_worker(&worker_args);
@@ -458,6 +469,7 @@ async fn chaos_breaks_no_invariant(pool: PgPool) {
         (seed % n as u64) as usize
     };
     let (mut kills, mut manual, mut samples, mut highest) = (0u32, 0u32, 0u64, 0i64);
+    let (mut manual_creates, mut manual_admitted) = (0u32, 0u32);
     let mut last_kill = Instant::now();
     let mut restarted: Option<Duration> = None;
     let (mut survivor, mut survivor_log_at): (Option<usize>, usize) = (None, 0);
@@ -544,6 +556,37 @@ async fn chaos_breaks_no_invariant(pool: PgPool) {
                 manual += 1;
             }
         }
+        // Operators create by hand too, from the CLI and from SQL, while
+        // workers die: admitted against the cluster's limit or refused.
+        if manual_creates < 8 && elapsed > Duration::from_secs(2 + 3 * u64::from(manual_creates)) {
+            let free: Vec<Uuid> = c
+                .fake
+                .reservations()
+                .into_iter()
+                .filter(|r| r.device.is_none() && r.provisionable)
+                .map(|r| r.id)
+                .collect();
+            if !free.is_empty() {
+                let r = free[random(free.len())];
+                if manual_creates % 2 == 0 {
+                    reconciles.push(
+                        c.command(&["enqueue", "create-device", "--reservation", &r.to_string()])
+                            .stdout(Stdio::null())
+                            .stderr(Stdio::null())
+                            .spawn()
+                            .unwrap(),
+                    );
+                } else if sqlx::query("select shepherd.enqueue_create_device($1)")
+                    .bind(r)
+                    .execute(&c.pool)
+                    .await
+                    .is_ok()
+                {
+                    manual_admitted += 1;
+                }
+                manual_creates += 1;
+            }
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let elapsed = started.elapsed();
@@ -618,6 +661,30 @@ async fn chaos_breaks_no_invariant(pool: PgPool) {
             "reservation {r} penalised without a cause"
         );
     }
+    // Nothing penalised holds a device of ours, and nothing is left in flight.
+    for (r, _) in &penalised {
+        let active: bool = sqlx::query_scalar(
+            "select exists(select 1 from shepherd.sinbin where reservation_id = $1 and now() <= until)",
+        )
+        .bind(r)
+        .fetch_one(&c.pool)
+        .await
+        .unwrap();
+        assert!(
+            !(active && ours.contains(r)),
+            "reservation {r} is penalised while it holds our device"
+        );
+    }
+    assert_eq!(c.in_flight().await, 0, "something is left in flight");
+    let unresolved = c
+        .count("select count(*) from shepherd.events where event_type = 'creation_unresolved'")
+        .await;
+    let resumed = c
+        .count(
+            "select count(*) from shepherd.events
+             where event_type in ('creation_resumed', 'assimilation_resumed')",
+        )
+        .await;
     let stolen_from_us = reservations_now
         .iter()
         .filter(|r| r.taken_by_other && ours.contains(&r.id))
@@ -650,7 +717,7 @@ async fn chaos_breaks_no_invariant(pool: PgPool) {
         log.iter().filter(|r| r.status == 429).count(),
     );
     eprintln!(
-        "chaos: {} machines of {reservations} reservations (limit {max}, highest managed + in flight {highest} over {samples} samples), {} penalised, {taken} taken by another party, {failed_attempts} failed creation attempts retried, {} API calls ({errors} answered 5xx, {limited} 429), {kills} workers SIGKILLed and replaced, Postgres down {:.1?} once, {manual} manual reconciles, {:.1?}",
+        "chaos: {} machines of {reservations} reservations (limit {max}, highest managed + in flight {highest} over {samples} samples), {} penalised, {taken} taken by another party, {failed_attempts} failed creation attempts retried, {} API calls ({errors} answered 5xx, {limited} 429), {kills} workers SIGKILLed and replaced, Postgres down {:.1?} once, {manual} manual reconciles, {manual_creates} manual creations ({manual_admitted} from SQL admitted), {unresolved} unknown outcomes settled by looking, {resumed} resumed by the sweep, {:.1?}",
         managed.len(),
         penalised.len(),
         c.fake.total_calls(),

@@ -14,7 +14,6 @@ use sqlx::PgPool;
 
 pub const TOKEN: &str = "cluster-test-token-7f3a";
 
-
 pub struct Cluster {
     pub pool: PgPool,
     pub fake: FakeMetal,
@@ -289,4 +288,3 @@ pub async fn migrate(cluster: &Cluster) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
-
