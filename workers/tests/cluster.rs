@@ -679,6 +679,12 @@ async fn chaos_breaks_no_invariant(pool: PgPool) {
     let unresolved = c
         .count("select count(*) from shepherd.events where event_type = 'creation_unresolved'")
         .await;
+    let recovered = c
+        .count(
+            "select count(*) from shepherd.events
+             where event_type = 'device_created' and (body->>'recovered')::bool",
+        )
+        .await;
     let resumed = c
         .count(
             "select count(*) from shepherd.events
@@ -717,7 +723,7 @@ async fn chaos_breaks_no_invariant(pool: PgPool) {
         log.iter().filter(|r| r.status == 429).count(),
     );
     eprintln!(
-        "chaos: {} machines of {reservations} reservations (limit {max}, highest managed + in flight {highest} over {samples} samples), {} penalised, {taken} taken by another party, {failed_attempts} failed creation attempts retried, {} API calls ({errors} answered 5xx, {limited} 429), {kills} workers SIGKILLed and replaced, Postgres down {:.1?} once, {manual} manual reconciles, {manual_creates} manual creations ({manual_admitted} from SQL admitted), {unresolved} unknown outcomes settled by looking, {resumed} resumed by the sweep, {:.1?}",
+        "chaos: {} machines of {reservations} reservations (limit {max}, highest managed + in flight {highest} over {samples} samples), {} penalised, {taken} taken by another party, {failed_attempts} failed creation attempts retried, {} API calls ({errors} answered 5xx, {limited} 429), {kills} workers SIGKILLed and replaced, Postgres down {:.1?} once, {manual} manual reconciles, {manual_creates} manual creations ({manual_admitted} from SQL admitted), {recovered} devices found by their witness after an unreadable or lost answer, {unresolved} outcomes left unknown until a later look, {resumed} resumed by the sweep, {:.1?}",
         managed.len(),
         penalised.len(),
         c.fake.total_calls(),
