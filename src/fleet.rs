@@ -10,7 +10,8 @@ use uuid::Uuid;
 use crate::events::event::{DiscrepancyFound, Event, ReconcileFinished};
 use crate::events::store::read_stream;
 use crate::events::views::{self, Pause};
-use crate::jobs::reconcile::{classify, compare, our_requests, read_fleet};
+use crate::jobs::pass::{self, compare, our_requests, read_fleet};
+pub use crate::jobs::pass::Skip;
 use crate::metal::{MetalClient, MetalError};
 
 #[derive(Debug, Clone, Serialize)]
@@ -231,18 +232,6 @@ pub async fn overview(pool: &PgPool) -> Result<Overview, sqlx::Error> {
     })
 }
 
-/// Why a reservation would not be picked.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "snake_case")]
-pub enum Skip {
-    InUse,
-    NotProvisionable,
-    Penalised,
-    InFlight,
-    /// A candidate beyond what the limit or the chunk size allows.
-    BeyondLimit,
-}
-
 #[derive(Debug, Clone, Serialize)]
 pub struct Plan {
     /// False before any worker recorded the cluster's settings: the plan
@@ -316,35 +305,11 @@ pub async fn plan(
     }
     let reservations = metal.list_reservations(&["facility", "device"]).await?;
     plan.reservations_listed = reservations.len();
-    let (_, candidates) = classify(&reservations, &fleet);
-    let take = if plan.paused.is_some() {
-        0
-    } else {
-        room.unwrap_or(u64::MAX).min(settings.chunk_size) as usize
-    };
-    for r in &reservations {
-        let skip = if r.device.is_some() {
-            Some(Skip::InUse)
-        } else if !r.provisionable {
-            Some(Skip::NotProvisionable)
-        } else if fleet.pending.contains(&r.id) {
-            Some(Skip::InFlight)
-        } else if fleet.penalised.contains(&r.id) {
-            Some(Skip::Penalised)
-        } else {
-            None
-        };
-        if let Some(s) = skip {
-            plan.skipped.push((r.id, s));
-        }
-    }
-    for (i, c) in candidates.iter().enumerate() {
-        if i < take {
-            plan.would_create.push(*c);
-        } else {
-            plan.skipped.push((*c, Skip::BeyondLimit));
-        }
-    }
+    // Paused: nothing would be admitted (queue::admit refuses every one).
+    let room = if plan.paused.is_some() { Some(0) } else { room };
+    let selection = pass::select(&reservations, &fleet, room, settings.chunk_size);
+    plan.would_create = selection.chosen;
+    plan.skipped = selection.skipped;
     Ok(plan)
 }
 

@@ -9,7 +9,7 @@ use common::*;
 use reqwest::Method;
 use serde_json::{Value, json};
 use shepherd::metal::Operation;
-use shepherd::metal::fake::FaultKind;
+use shepherd_fakes::metal::FaultKind;
 
 struct Probe {
     http: reqwest::Client,

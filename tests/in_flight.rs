@@ -11,7 +11,7 @@ use shepherd::config::ProvisionerConfig;
 use shepherd::jobs::create_device::{CreateOutcome, create_device};
 use shepherd::jobs::{CreateDeviceArgs, sweep};
 use shepherd::metal::Operation;
-use shepherd::metal::fake::{FaultKind, FaultRule, Faults};
+use shepherd_fakes::metal::{FaultKind, FaultRule, Faults};
 use sqlx::PgPool;
 
 fn config(max_machines: u64) -> ProvisionerConfig {

@@ -7,7 +7,7 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use common::*;
-use shepherd::metal::fake::{FaultKind, Faults};
+use shepherd_fakes::metal::{FaultKind, Faults};
 use shepherd::metal::model::{DeviceAction, DeviceUpdateRequest, SshKeyInput};
 use shepherd::metal::{
     ClientMetrics, CreateDevice, ErrorClass, MetalClient, MetalError, Operation, Witness,
@@ -24,7 +24,7 @@ fn create_request(reservation: Uuid, key: Uuid, witness: &str) -> CreateDevice {
     }
 }
 
-async fn world(reservations: usize) -> (shepherd::metal::fake::FakeMetal, MetalClient, Uuid) {
+async fn world(reservations: usize) -> (shepherd_fakes::metal::FakeMetal, MetalClient, Uuid) {
     let config = fake_config(reservations);
     let project = config.project_id;
     let fake = start_fake(config).await;
@@ -447,9 +447,9 @@ async fn exhausted_retries_on_an_ambiguous_create_say_so() {
     }
 }
 
-fn fake_project(fake: &shepherd::metal::fake::FakeMetal) -> Uuid {
+fn fake_project(fake: &shepherd_fakes::metal::FakeMetal) -> Uuid {
     let _ = fake;
-    shepherd::metal::fake::FakeConfig::default().project_id
+    shepherd_fakes::metal::FakeConfig::default().project_id
 }
 
 #[tokio::test]

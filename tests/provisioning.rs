@@ -14,7 +14,7 @@ use shepherd::config::ProvisionerConfig;
 use shepherd::jobs::create_device::CreateOutcome;
 use shepherd::jobs::{AssimilateArgs, CreateDeviceArgs, queue};
 use shepherd::metal::Operation;
-use shepherd::metal::fake::FaultKind;
+use shepherd_fakes::metal::FaultKind;
 use sqlx::PgPool;
 use uuid::Uuid;
 

@@ -7,7 +7,7 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 
 use common::*;
-use shepherd::metal::fake::FaultKind;
+use shepherd_fakes::metal::FaultKind;
 use shepherd::metal::{CreateDevice, Operation, Witness};
 use tracing_subscriber::fmt::MakeWriter;
 

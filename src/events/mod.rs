@@ -5,6 +5,7 @@
 
 pub mod event;
 pub mod store;
+pub mod stored;
 pub mod views;
 
 pub use event::{Event, Stream};

@@ -8,28 +8,13 @@
 //! behind the cursor. (Following by position alone skips rows that commit
 //! late; that lost about 15 % of events with four writers.)
 
-use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::{PgConnection, PgPool, Row};
 use uuid::Uuid;
 
 use super::event::Event;
+pub use super::stored::{StoreError, StoredEvent};
 use super::views;
-
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    #[error("database: {0}")]
-    Database(#[from] sqlx::Error),
-    #[error("event {position} ({event_type} v{version}) does not decode: {source}")]
-    Corrupt {
-        position: i64,
-        event_type: String,
-        version: i32,
-        source: serde_json::Error,
-    },
-    #[error("{0}")]
-    Invalid(String),
-}
 
 /// An event about to be appended.
 #[derive(Debug, Clone)]
@@ -60,17 +45,6 @@ impl NewEvent {
         self.event_id = event_id;
         self
     }
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct StoredEvent {
-    pub position: i64,
-    pub event_id: Uuid,
-    pub stream: String,
-    pub event: Event,
-    pub job_id: Option<String>,
-    pub recorded_at: DateTime<Utc>,
-    pub tx_id: i64,
 }
 
 /// Appends events and applies them to the views, in the caller's

@@ -7,17 +7,13 @@
 //! runs at a time across the cluster: a pass holds a transaction-scoped
 //! advisory lock for its duration, and a second one finds it taken and ends.
 
-use std::collections::HashSet;
-
-use sqlx::PgPool;
 use uuid::Uuid;
 
+use super::pass::{self, compare, our_requests, read_fleet};
 use super::queue;
 use super::{AssimilateArgs, JobContext, JobError};
 use crate::events::event::*;
 use crate::events::{NewEvent, record};
-use crate::metal::client::WITNESS_TAG_PREFIX;
-use crate::metal::model::{Device, HardwareReservation};
 
 /// What a pass did, for logs, metrics and tests.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -37,184 +33,6 @@ pub struct ReconcileOutcome {
     pub adopted: Vec<Uuid>,
     pub unknown_devices: Vec<Uuid>,
     pub missing_devices: Vec<Uuid>,
-}
-
-/// What shepherd's own tables say, read in one snapshot.
-#[derive(Debug, Default)]
-pub struct Fleet {
-    pub managed: HashSet<Uuid>,
-    pub pending: HashSet<Uuid>,
-    pub unassimilated: HashSet<Uuid>,
-    pub penalised: HashSet<Uuid>,
-}
-
-impl Fleet {
-    pub fn in_flight(&self) -> u64 {
-        (self.pending.len() + self.unassimilated.len()) as u64
-    }
-}
-
-pub async fn read_fleet(pool: &PgPool) -> Result<Fleet, sqlx::Error> {
-    let mut tx = pool.begin().await?;
-    sqlx::query("set transaction isolation level repeatable read read only")
-        .execute(&mut *tx)
-        .await?;
-    let ids = |sql: &'static str| sqlx::query_scalar::<_, Uuid>(sql);
-    let managed_ids: Vec<String> = sqlx::query_scalar(
-        "select provider_id from shepherd.managed_machines where provider = 'equinix'",
-    )
-    .fetch_all(&mut *tx)
-    .await?;
-    let fleet = Fleet {
-        managed: managed_ids.iter().filter_map(|s| s.parse().ok()).collect(),
-        pending: ids("select reservation_id from shepherd.pending_creations")
-            .fetch_all(&mut *tx)
-            .await?
-            .into_iter()
-            .collect(),
-        unassimilated: ids("select device_id from shepherd.unassimilated_devices")
-            .fetch_all(&mut *tx)
-            .await?
-            .into_iter()
-            .collect(),
-        penalised: ids("select reservation_id from shepherd.sinbin where now() <= until")
-            .fetch_all(&mut *tx)
-            .await?
-            .into_iter()
-            .collect(),
-    };
-    tx.commit().await?;
-    Ok(fleet)
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Adoption {
-    pub device: Uuid,
-    pub reservation: Option<Uuid>,
-    pub witnessed: bool,
-}
-
-/// How the pass sees the provider's devices against its own records.
-#[derive(Debug, Default)]
-pub struct Comparison {
-    /// Prefixed devices to adopt: witnessed orphans, or anything unknown
-    /// when `assimilate` is on.
-    pub adopt: Vec<Adoption>,
-    /// Prefixed devices nobody manages and no witness explains.
-    pub unknown: Vec<Uuid>,
-    /// Managed machines whose device is gone from the provider.
-    pub missing: Vec<Uuid>,
-}
-
-/// The request a device's witness tag names, if it carries one.
-pub fn witness_of(d: &Device) -> Option<&str> {
-    d.tags
-        .iter()
-        .find_map(|t| t.strip_prefix(WITNESS_TAG_PREFIX))
-}
-
-/// Which of the requests named by witnesses this cluster recorded: a
-/// witness proves a device is ours only when our log holds its request.
-pub async fn our_requests(
-    pool: &PgPool,
-    devices: &[Device],
-) -> Result<HashSet<String>, sqlx::Error> {
-    let named: Vec<String> = devices
-        .iter()
-        .filter_map(witness_of)
-        .map(str::to_string)
-        .collect();
-    if named.is_empty() {
-        return Ok(HashSet::new());
-    }
-    let found: Vec<String> = sqlx::query_scalar(
-        "select body->>'request' from shepherd.events
-         where event_type = 'creation_requested' and body->>'request' = any($1)",
-    )
-    .bind(&named)
-    .fetch_all(pool)
-    .await?;
-    Ok(found.into_iter().collect())
-}
-
-/// Compares the provider's devices with shepherd's records. `before` was
-/// read before the listing and `after` once it was done: a machine counts as
-/// missing only if it was managed before the listing began (a device made
-/// during the listing may be absent from it), and a device counts as
-/// unknown only if nothing recorded it by the time the listing ended (its
-/// creation may have committed during the listing).
-pub fn compare(
-    devices: &[Device],
-    before: &Fleet,
-    after: &Fleet,
-    prefix: &str,
-    assimilate: bool,
-    ours: &HashSet<String>,
-) -> Comparison {
-    let mut c = Comparison::default();
-    let present: HashSet<Uuid> = devices.iter().map(|d| d.id).collect();
-    let fleet = after;
-    for d in devices {
-        let prefixed = d.hostname.as_deref().is_some_and(|h| h.starts_with(prefix));
-        // A device whose creation is still committing is in flight, not an orphan.
-        let in_flight = fleet.unassimilated.contains(&d.id)
-            || d.reservation_id()
-                .is_some_and(|r| fleet.pending.contains(&r));
-        if !prefixed || fleet.managed.contains(&d.id) || in_flight {
-            continue;
-        }
-        // Another deployment's witness is no proof: only a request in our log.
-        let witnessed = witness_of(d).is_some_and(|w| ours.contains(w));
-        if witnessed || assimilate {
-            c.adopt.push(Adoption {
-                device: d.id,
-                reservation: d.reservation_id(),
-                witnessed,
-            });
-        } else {
-            c.unknown.push(d.id);
-        }
-    }
-    let mut missing: Vec<Uuid> = before
-        .managed
-        .intersection(&after.managed)
-        .filter(|m| !present.contains(m))
-        .copied()
-        .collect();
-    missing.sort();
-    c.missing = missing;
-    c
-}
-
-/// Reservations by class, and the candidates in listing order.
-pub fn classify(
-    reservations: &[HardwareReservation],
-    fleet: &Fleet,
-) -> (ReservationCounts, Vec<Uuid>) {
-    let mut counts = ReservationCounts {
-        total: reservations.len() as u64,
-        available: 0,
-        in_use: 0,
-        not_provisionable: 0,
-        penalised: 0,
-        in_flight: 0,
-    };
-    let mut candidates = Vec::new();
-    for r in reservations {
-        if r.device.is_some() {
-            counts.in_use += 1;
-        } else if !r.provisionable {
-            counts.not_provisionable += 1;
-        } else if fleet.pending.contains(&r.id) {
-            counts.in_flight += 1;
-        } else if fleet.penalised.contains(&r.id) {
-            counts.penalised += 1;
-        } else {
-            counts.available += 1;
-            candidates.push(r.id);
-        }
-    }
-    (counts, candidates)
 }
 
 async fn note(ctx: &JobContext, job_id: &str, events: Vec<Event>) -> Result<(), JobError> {
@@ -433,31 +251,26 @@ pub async fn reconcile(ctx: &JobContext, job_id: &str) -> Result<ReconcileOutcom
         }
     };
     out.listed_reservations = true;
-    let (counts, candidates) = classify(&reservations, &fleet);
-
     let mut tx = ctx.pool.begin().await?;
+    let capacity = queue::lock_capacity(&mut tx).await?;
+    let selection = pass::select(&reservations, &fleet, capacity.room, settings.chunk_size);
     record(
         &mut tx,
-        vec![NewEvent::new(ReservationsListed { run, counts }).caused_by(job_id)],
+        vec![
+            NewEvent::new(ReservationsListed {
+                run,
+                counts: selection.counts.clone(),
+            })
+            .caused_by(job_id),
+        ],
     )
     .await?;
-    let capacity = queue::lock_capacity(&mut tx).await?;
-    let take = capacity.room.unwrap_or(u64::MAX).min(settings.chunk_size) as usize;
-    let chosen: Vec<(Uuid, Uuid)> = candidates
+    let chosen: Vec<(Uuid, Uuid)> = selection
+        .chosen
         .iter()
-        .take(take)
         .map(|&r| (r, Uuid::new_v4()))
         .collect();
-    // Paused: the pass still reports what it saw, and says why it did nothing.
-    let paused = crate::events::views::read_pause(&mut tx).await?;
-    let chosen = match &paused {
-        Some(p) => {
-            out.refused = Some(format!("creations are paused by {}: {}", p.by, p.reason));
-            vec![]
-        }
-        None => chosen,
-    };
-    let (admitted, _) = queue::admit(
+    let (admitted, refused) = queue::admit(
         &mut tx,
         &chosen,
         &queue::Admission {
@@ -468,6 +281,11 @@ pub async fn reconcile(ctx: &JobContext, job_id: &str) -> Result<ReconcileOutcom
         },
     )
     .await?;
+    // Paused: the pass still reports what it saw, and says why it did nothing.
+    out.refused = refused
+        .iter()
+        .find(|(_, why)| matches!(why, queue::Refusal::Paused { .. }))
+        .map(|(_, why)| why.to_string());
     out.enqueued = admitted.iter().map(|(r, _)| *r).collect();
     out.managed = capacity.managed;
     out.in_flight = capacity.in_flight + admitted.len() as u64;

@@ -4,7 +4,6 @@
 pub mod client;
 pub mod discipline;
 pub mod error;
-pub mod fake;
 pub mod model;
 pub mod operation;
 

@@ -8,7 +8,7 @@ pub mod world;
 
 use std::time::Duration;
 
-use shepherd::metal::fake::{FakeConfig, FakeMetal, FaultKind, FaultRule, Faults};
+use shepherd_fakes::metal::{FakeConfig, FakeMetal, FaultKind, FaultRule, Faults};
 use shepherd::metal::{ClientConfig, ClientMetrics, MetalClient, Operation, RetrySettings};
 use shepherd::secret::ApiToken;
 

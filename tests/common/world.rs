@@ -11,7 +11,7 @@ use shepherd::jobs::create_device::{CreateOutcome, create_device};
 use shepherd::jobs::reconcile::{ReconcileOutcome, reconcile};
 use shepherd::jobs::{AssimilateArgs, CreateDeviceArgs, JobContext};
 use shepherd::limiter::{DEVICE_CREATION, Limiter};
-use shepherd::metal::fake::{FakeConfig, FakeMetal};
+use shepherd_fakes::metal::{FakeConfig, FakeMetal};
 use sqlx::PgPool;
 
 use super::{client_for, fake_config, migrated, start_fake};

@@ -1,20 +1,12 @@
-//! shepherd's processes: the CLI's subcommands, the queue runtime that binds
-//! the domain's job handlers to apalis, the scheduler, and the operator
-//! surfaces. The binary (`main.rs`) only parses flags and reports errors.
+//! shepherd's processes. `commands/` holds the one-shot subcommands (the
+//! demo, enqueue, inspection and operator commands, and `worker`, which
+//! starts the services); `services/` what a worker runs until it stops (the
+//! job runtime, the scheduler, the sweep, the status page and metrics).
+//! `settings` maps flags onto the domain's typed settings. The binary
+//! (`main.rs`) only parses flags and reports errors.
 
-pub mod bench;
-pub mod database;
-pub mod demo;
-pub mod enqueue;
-pub mod fake_metal;
-pub mod http;
-pub mod inspect;
+pub mod commands;
 pub mod logging;
-pub mod operate;
-pub mod runtime;
-pub mod scheduler;
+pub mod services;
 pub mod settings;
-pub mod shutdown;
-pub mod sweeper;
 pub mod table;
-pub mod worker;

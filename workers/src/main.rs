@@ -2,9 +2,10 @@
 //! module; this file only parses flags, sets up logging and maps failures to
 //! a one-line message and a non-zero exit.
 
-use shepherd_workers::{
-    bench, database, demo, enqueue, fake_metal, inspect, logging, operate, settings, worker,
+use shepherd_workers::commands::{
+    database, demo, enqueue, fake_metal, inspect, operate, worker,
 };
+use shepherd_workers::{logging, settings};
 
 use std::process::ExitCode;
 
@@ -61,9 +62,6 @@ enum Command {
     /// Check or rebuild the views from the event log
     #[command(subcommand)]
     Views(inspect::ViewsCommand),
-    /// Measure shepherd on this machine (creates and drops its own database)
-    #[command(subcommand)]
-    Bench(bench::BenchCommand),
     /// Serve a fake Equinix Metal API from memory, with fault injection
     FakeMetal(fake_metal::FakeMetalArgs),
 }
@@ -78,8 +76,6 @@ fn main() -> ExitCode {
     let default_log = match cli.command {
         // Postgres notices ("already exists, skipping") are noise to operators.
         Command::Demo(_) => "warn,sqlx::postgres::notice=error",
-        // Its bulk statements are slow by design.
-        Command::Bench(_) => "info,sqlx=error",
         _ => "info,sqlx::postgres::notice=error",
     };
     if let Err(e) = logging::init(&cli.logging, default_log) {
@@ -116,7 +112,6 @@ fn main() -> ExitCode {
             Command::Events(args) => inspect::events(args).await,
             Command::Views(command) => inspect::views(command).await,
             Command::FakeMetal(args) => fake_metal::run(args).await,
-            Command::Bench(command) => bench::run(command).await,
         }
     });
     match result {

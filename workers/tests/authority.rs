@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use shepherd::metal::Operation;
-use shepherd::metal::fake::Faults;
+use shepherd_fakes::metal::Faults;
 use sqlx::PgPool;
 use uuid::Uuid;
 

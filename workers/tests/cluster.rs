@@ -5,7 +5,7 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use shepherd::metal::fake::{FaultKind, FaultRule, Faults};
+use shepherd_fakes::metal::{FaultKind, FaultRule, Faults};
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -161,7 +161,7 @@ async fn two_schedulers_enqueue_one_reconcile_per_period(pool: PgPool) {
     let _quiet = TIMED.read().await;
     let c = Cluster::new(pool, 1, Faults::default()).await;
     migrate(&c).await;
-    use shepherd_workers::scheduler::{Tick, run_once};
+    use shepherd_workers::services::scheduler::{Tick, run_once};
     let period = Duration::from_secs(3600);
     let (a, b) = tokio::join!(run_once(&c.pool, period), run_once(&c.pool, period));
     let mut ticks = [a.unwrap().0, b.unwrap().0];
@@ -301,7 +301,7 @@ async fn finished_jobs_are_pruned_after_their_retention(pool: PgPool) {
         .await
         .unwrap();
     }
-    let pruned = shepherd_workers::scheduler::prune(&c.pool, Duration::from_secs(24 * 3600))
+    let pruned = shepherd_workers::services::scheduler::prune(&c.pool, Duration::from_secs(24 * 3600))
         .await
         .unwrap();
     // Old Done and Killed go; a recent Done, a Pending, and a Failed job

@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use shepherd_workers::demo::{DemoArgs, run};
-use shepherd_workers::runtime::Stop;
+use shepherd_workers::commands::demo::{DemoArgs, run};
+use shepherd_workers::services::runtime::Stop;
 use sqlx::PgPool;
 
 #[tokio::test]

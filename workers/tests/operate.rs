@@ -4,7 +4,7 @@
 
 use std::process::Command;
 
-use shepherd::metal::fake::{FakeConfig, FakeMetal};
+use shepherd_fakes::metal::{FakeConfig, FakeMetal};
 use sqlx::PgPool;
 
 const TOKEN: &str = "operate-test-token";

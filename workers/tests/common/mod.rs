@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use shepherd::metal::Operation;
-use shepherd::metal::fake::{FakeConfig, FakeMetal, Faults};
+use shepherd_fakes::metal::{FakeConfig, FakeMetal, Faults};
 use sqlx::PgPool;
 
 pub const TOKEN: &str = "cluster-test-token-7f3a";

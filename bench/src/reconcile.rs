@@ -14,7 +14,7 @@ use shepherd::events::event::MachineAssimilated;
 use shepherd::events::{NewEvent, record};
 use shepherd::jobs::JobContext;
 use shepherd::limiter::{DEVICE_CREATION, Limiter};
-use shepherd::metal::fake::FakeConfig;
+use shepherd_fakes::metal::FakeConfig;
 use shepherd::metal::{ClientConfig, ClientMetrics, MetalClient};
 use shepherd::secret::ApiToken;
 
@@ -38,9 +38,9 @@ pub struct ReconcileBench {
 #[derive(Debug, Args)]
 pub struct ReconcileOnce {
     #[command(flatten)]
-    db: crate::database::DatabaseArgs,
+    db: shepherd_workers::commands::database::DatabaseArgs,
     #[command(flatten)]
-    metal: crate::settings::MetalArgs,
+    metal: shepherd_workers::settings::MetalArgs,
 }
 
 /// What a pass reports to the benchmark, as one JSON line on stdout.

@@ -4,7 +4,7 @@
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 
-use crate::metal::operation::Operation;
+use shepherd::metal::Operation;
 
 /// Everything the fake does wrong on purpose. The default does nothing wrong.
 ///

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use shepherd::config::{ProvisionerConfig, Rate};
 use shepherd::jobs::JobContext;
 use shepherd::limiter::{DEVICE_CREATION, Limiter};
-use shepherd::metal::fake::{FakeConfig, FaultKind, FaultRule, Faults};
+use shepherd_fakes::metal::{FakeConfig, FaultKind, FaultRule, Faults};
 use shepherd::metal::{ClientConfig, ClientMetrics, MetalClient, Operation};
 use shepherd::secret::ApiToken;
 
@@ -96,7 +96,7 @@ async fn noop(_: Noop) -> Result<String, BoxDynError> {
 
 pub async fn noop_worker(args: NoopWorker) -> anyhow::Result<()> {
     let pool = shepherd::db::connect(&args.database_url, args.db_connections).await?;
-    let stop = crate::worker::stop_on_signal();
+    let stop = shepherd_workers::commands::worker::stop_on_signal();
     let worker = |queue: &'static str, concurrency: usize| {
         let backend = PostgresStorage::<Noop>::new(&pool)
             .with_config(

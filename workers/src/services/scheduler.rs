@@ -11,7 +11,7 @@ use shepherd::config::Rate;
 use shepherd::jobs::{ReconcileArgs, queue};
 use sqlx::PgPool;
 
-use crate::runtime::Stop;
+use crate::services::runtime::Stop;
 
 /// What one tick did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -11,8 +11,8 @@ use shepherd::jobs::JobContext;
 use shepherd::limiter::{self, Limiter};
 use shepherd::metal::ClientMetrics;
 
-use crate::database::DatabaseArgs;
-use crate::runtime::{self, RuntimeOptions, Stop};
+use crate::commands::database::DatabaseArgs;
+use crate::services::runtime::{self, RuntimeOptions, Stop};
 use crate::settings::{MetalArgs, ProvisionerArgs};
 
 #[derive(Debug, Args)]
@@ -146,11 +146,11 @@ pub fn process_name() -> String {
 pub fn stop_on_signal() -> Stop {
     let (tx, stop) = Stop::new();
     tokio::spawn(async move {
-        crate::shutdown::signalled().await;
+        crate::services::shutdown::signalled().await;
         tracing::info!("shutdown requested: no new jobs; draining running ones");
         let _ = tx.send(true);
         // A second signal means now.
-        crate::shutdown::signalled().await;
+        crate::services::shutdown::signalled().await;
         tracing::warn!("second signal: exiting at once");
         std::process::exit(130);
     });
@@ -205,9 +205,9 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
     let stop = stop_on_signal();
     // The status page stays up while jobs drain, and stops after them.
     let (http_stop_tx, http_stop) = Stop::new();
-    let http = tokio::spawn(crate::http::serve(
+    let http = tokio::spawn(crate::services::http::serve(
         listener,
-        crate::http::HttpState {
+        crate::services::http::HttpState {
             pool: pool.clone(),
             client_metrics,
         },
@@ -224,13 +224,13 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
         drain_timeout: args.drain_timeout,
     };
     tracing::info!(process = %opts.process_name, scheduler = args.scheduler, "worker starting");
-    let sweeper = tokio::spawn(crate::sweeper::run(
+    let sweeper = tokio::spawn(crate::services::sweeper::run(
         pool.clone(),
         args.sweep_interval,
         stop.clone(),
     ));
     let scheduler = args.scheduler.then(|| {
-        tokio::spawn(crate::scheduler::run(
+        tokio::spawn(crate::services::scheduler::run(
             pool.clone(),
             config.reconcile_rate,
             args.job_retention,
@@ -266,6 +266,6 @@ pub struct SchedulerArgs {
 pub async fn scheduler(args: SchedulerArgs) -> anyhow::Result<()> {
     let pool = args.db.prepare(2).await?;
     let stop = stop_on_signal();
-    crate::scheduler::run(pool, args.reconcile_rate, args.job_retention, stop).await;
+    crate::services::scheduler::run(pool, args.reconcile_rate, args.job_retention, stop).await;
     Ok(())
 }

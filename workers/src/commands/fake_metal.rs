@@ -8,7 +8,7 @@ use anyhow::Context;
 use clap::Args;
 use shepherd::config::parse_duration;
 use shepherd::metal::Operation;
-use shepherd::metal::fake::{FakeConfig, FakeMetal, FaultKind, FaultRule, Faults};
+use shepherd_fakes::metal::{FakeConfig, FakeMetal, FaultKind, FaultRule, Faults};
 use uuid::Uuid;
 
 #[derive(Debug, Args)]
@@ -178,7 +178,7 @@ pub async fn run(args: FakeMetalArgs) -> anyhow::Result<()> {
     );
     // Printed on stdout as well, so scripts can pick up the port when it was 0.
     println!("{}", fake.base_url());
-    crate::shutdown::signalled().await;
+    crate::services::shutdown::signalled().await;
     tracing::info!("stopping the fake Metal API");
     fake.shutdown().await;
     Ok(())

@@ -8,7 +8,7 @@ use clap::{Args, Subcommand};
 use shepherd::events::store::{Follower, StoredEvent};
 use shepherd::events::views;
 
-use crate::database::DatabaseArgs;
+use crate::commands::database::DatabaseArgs;
 use crate::table::{Table, human_duration};
 
 #[derive(Debug, Args)]
@@ -32,12 +32,12 @@ pub struct MachinesArgs {
 #[derive(Debug, clap::Subcommand)]
 pub enum MachinesCommand {
     /// Record that a machine whose device is gone is no longer managed
-    Release(crate::operate::ReleaseArgs),
+    Release(crate::commands::operate::ReleaseArgs),
 }
 
 pub async fn machines(args: MachinesArgs) -> anyhow::Result<()> {
     if let Some(MachinesCommand::Release(release)) = args.command {
-        return crate::operate::release(release).await;
+        return crate::commands::operate::release(release).await;
     }
     let args = args.list;
     let pool = args.db.connect(2).await?;
@@ -74,7 +74,7 @@ pub async fn machines(args: MachinesArgs) -> anyhow::Result<()> {
 #[command(args_conflicts_with_subcommands = true)]
 pub struct SinbinArgs {
     #[command(subcommand)]
-    command: Option<crate::operate::SinbinCommand>,
+    command: Option<crate::commands::operate::SinbinCommand>,
     #[command(flatten)]
     list: ListArgs,
     /// Also list expired penalties (kept for their failure counts)
@@ -83,8 +83,8 @@ pub struct SinbinArgs {
 }
 
 pub async fn sinbin(args: SinbinArgs) -> anyhow::Result<()> {
-    if let Some(crate::operate::SinbinCommand::Clear(clear)) = args.command {
-        return crate::operate::sinbin_clear(clear).await;
+    if let Some(crate::commands::operate::SinbinCommand::Clear(clear)) = args.command {
+        return crate::commands::operate::sinbin_clear(clear).await;
     }
     let pool = args.list.db.connect(2).await?;
     let mut conn = pool.acquire().await?;
@@ -216,7 +216,7 @@ pub async fn events(args: EventsArgs) -> anyhow::Result<()> {
     for e in &backlog {
         print_event(e, args.list.json)?;
     }
-    let stop = crate::shutdown::signalled();
+    let stop = crate::services::shutdown::signalled();
     tokio::pin!(stop);
     loop {
         let batch = follower.poll(&pool).await?;

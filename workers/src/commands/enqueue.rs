@@ -6,7 +6,7 @@ use shepherd::jobs::{AssimilateArgs, ReconcileArgs, queue};
 use shepherd::metal::{ClientMetrics, MetalError};
 use uuid::Uuid;
 
-use crate::database::DatabaseArgs;
+use crate::commands::database::DatabaseArgs;
 use crate::settings::MetalArgs;
 
 #[derive(Debug, Subcommand)]

@@ -1,4 +1,4 @@
-//! `shepherd bench`: the benchmark scenarios of BENCHMARKS.md. Each one
+//! `shepherd-bench`: the benchmark scenarios of BENCHMARKS.md. Each one
 //! builds its own databases, starts the fake Metal API in this process and
 //! the worker processes it needs as children, and prints a table. Sides that
 //! are compared run in the same invocation, alternating, and figures are
@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use shepherd::metal::Operation;
-use shepherd::metal::fake::{FakeConfig, FakeMetal};
+use shepherd_fakes::metal::{FakeConfig, FakeMetal};
 use sqlx::PgPool;
 
 #[derive(Debug, Subcommand)]
@@ -320,9 +320,15 @@ impl Stage {
         Ok(())
     }
 
-    /// `shepherd ARGS` with the stage's database and fake in its environment.
+    /// `shepherd ARGS` with the stage's database and fake in its environment;
+    /// `bench ARGS` runs this benchmark binary's own helper instead.
     pub fn command(&self, args: &[&str]) -> anyhow::Result<Command> {
-        let mut c = Command::new(std::env::current_exe()?);
+        let exe = std::env::current_exe()?;
+        let (program, args) = match args.split_first() {
+            Some((&"bench", rest)) => (exe, rest),
+            _ => (exe.with_file_name("shepherd"), args),
+        };
+        let mut c = Command::new(program);
         c.args(args)
             .env("DATABASE_URL", &self.url)
             .env("METAL_API_URL", self.fake.base_url())

@@ -1,4 +1,4 @@
-//! Scenario 5, `shepherd bench events`: the event log's costs:
+//! Scenario 5, `shepherd-bench events`: the event log's costs:
 //! appends per second (single-event transactions that update a view, with 1
 //! and 4 writers), and replaying the views from a large log next to a plain
 //! sequential read of the same table. It creates and drops its own database.

@@ -7,7 +7,7 @@ use std::time::Duration;
 use shepherd::jobs::sweep;
 use sqlx::PgPool;
 
-use crate::runtime::Stop;
+use crate::services::runtime::Stop;
 
 pub async fn run(pool: PgPool, interval: Duration, stop: Stop) {
     loop {

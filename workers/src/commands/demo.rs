@@ -16,12 +16,12 @@ use clap::Args;
 use shepherd::config::{JobRetry, ProvisionerConfig, Rate};
 use shepherd::jobs::JobContext;
 use shepherd::limiter::{DEVICE_CREATION, Limiter};
-use shepherd::metal::fake::{FakeConfig, FakeMetal, FaultKind, FaultRule, Faults};
+use shepherd_fakes::metal::{FakeConfig, FakeMetal, FaultKind, FaultRule, Faults};
 use shepherd::metal::{ClientConfig, ClientMetrics, MetalClient, Operation, RetrySettings};
 use shepherd::secret::ApiToken;
 use sqlx::PgPool;
 
-use crate::runtime::{self, RuntimeOptions, Stop};
+use crate::services::runtime::{self, RuntimeOptions, Stop};
 
 #[derive(Debug, Clone, Args)]
 pub struct DemoArgs {
@@ -238,7 +238,7 @@ pub async fn run(args: DemoArgs, stop: Stop) -> anyhow::Result<DemoSummary> {
             workers_stop.clone(),
         )));
     }
-    tasks.push(tokio::spawn(crate::scheduler::run(
+    tasks.push(tokio::spawn(crate::services::scheduler::run(
         pool.clone(),
         config.reconcile_rate,
         Duration::from_secs(7 * 86400),

@@ -27,7 +27,7 @@ use super::input;
 use super::reply::ApiError;
 use super::state::{DeviceFilter, Embed, KeyOwner, ReservationFilter, World};
 use super::{API_PREFIX, RequestRecord, Shared, metal_path};
-use crate::metal::operation::Operation;
+use shepherd::metal::Operation;
 
 /// What packngo reads as the hourly budget when it is rate limited.
 const RATE_LIMIT: u64 = 4500;

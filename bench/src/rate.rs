@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use shepherd::metal::Operation;
-use shepherd::metal::fake::{FakeConfig, Faults};
+use shepherd_fakes::metal::{FakeConfig, Faults};
 
 use super::{Server, Stage, Stats};
 

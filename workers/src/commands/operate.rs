@@ -7,8 +7,8 @@ use shepherd::fleet::{self, Overview};
 use shepherd::metal::ClientMetrics;
 use uuid::Uuid;
 
-use crate::database::DatabaseArgs;
-use crate::inspect::print_event;
+use crate::commands::database::DatabaseArgs;
+use crate::commands::inspect::print_event;
 use crate::settings::{MetalArgs, ProvisionerArgs};
 use crate::table::Table;
 

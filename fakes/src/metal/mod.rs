@@ -73,7 +73,7 @@ use uuid::Uuid;
 
 pub use faults::{FaultKind, FaultRule, Faults};
 
-use crate::metal::operation::Operation;
+use shepherd::metal::Operation;
 use state::World;
 
 /// Builds a served path from a literal, so routes and hrefs share one prefix.
@@ -449,7 +449,7 @@ impl FakeMetal {
     ///
     /// ```no_run
     /// # async fn demo() -> std::io::Result<()> {
-    /// use shepherd::metal::fake::{FakeConfig, FakeMetal};
+    /// use shepherd_fakes::metal::{FakeConfig, FakeMetal};
     /// let fake = FakeMetal::start(FakeConfig::default(), "127.0.0.1:8080".parse().unwrap()).await?;
     /// println!("serving {}", fake.base_url());
     /// fake.run_until(async { tokio::signal::ctrl_c().await.ok(); }).await

@@ -1,0 +1,346 @@
+//! The views built from the log: managed machines, the sinbin, and what is
+//! in flight (pending creations, devices not yet assimilated).
+//!
+//! One pure [`apply`] folds an event into a [`ViewState`]. The live path
+//! loads the rows an event touches, applies it, and writes back what
+//! changed, in the appending transaction. The rebuild folds the whole log
+//! into an empty state. Both use the same function, so they cannot drift.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, SubsecRound, Utc};
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use super::event::Event;
+pub use crate::config::PenaltyPolicy;
+
+pub const PROVIDER_EQUINIX: &str = "equinix";
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ManagedMachine {
+    pub machine_id: Uuid,
+    pub provider: String,
+    pub provider_id: String,
+    pub reservation_id: Option<Uuid>,
+    pub hostname: Option<String>,
+    pub assimilated_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Penalty {
+    pub reservation_id: Uuid,
+    pub until: DateTime<Utc>,
+    pub cause: String,
+    pub failures: i32,
+}
+
+impl Penalty {
+    /// The seed's sinbin: penalised while now <= until.
+    pub fn is_active(&self, now: DateTime<Utc>) -> bool {
+        now <= self.until
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct PendingCreation {
+    pub reservation_id: Uuid,
+    /// The request that owns it (the witness is derived from it).
+    pub request: Option<String>,
+    pub enqueued_at: DateTime<Utc>,
+    /// Since when its outcome is unknown, if it is.
+    pub unresolved_since: Option<DateTime<Utc>>,
+    pub last_error: Option<String>,
+}
+
+/// One cluster setting as the view holds it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Setting {
+    pub value: serde_json::Value,
+    pub updated_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct UnassimilatedDevice {
+    pub device_id: Uuid,
+    pub reservation_id: Option<Uuid>,
+    pub hostname: Option<String>,
+    pub created_at: DateTime<Utc>,
+}
+
+/// Creations are paused, by whom and why.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Pause {
+    pub by: String,
+    pub reason: String,
+    pub since: DateTime<Utc>,
+}
+
+/// All the views, or the part of them one event touches.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ViewState {
+    /// `Some` while creations are paused.
+    pub paused: Option<Pause>,
+    /// By provider id (unique per provider; shepherd has one provider).
+    pub machines: BTreeMap<String, ManagedMachine>,
+    pub sinbin: BTreeMap<Uuid, Penalty>,
+    pub pending_creations: BTreeMap<Uuid, PendingCreation>,
+    pub unassimilated: BTreeMap<Uuid, UnassimilatedDevice>,
+    pub settings: BTreeMap<String, Setting>,
+}
+
+/// Folds one event into the views. `at` is the event's recorded time, so
+/// replaying the log gives the same timestamps the live path wrote.
+pub fn apply(state: &mut ViewState, event: &Event, at: DateTime<Utc>) {
+    match event {
+        Event::CreationRequested(e) => {
+            state.pending_creations.insert(
+                e.reservation,
+                PendingCreation {
+                    reservation_id: e.reservation,
+                    request: Some(e.request.to_string()),
+                    enqueued_at: at,
+                    unresolved_since: None,
+                    last_error: None,
+                },
+            );
+        }
+        Event::DeviceCreated(e) => {
+            state.pending_creations.remove(&e.reservation);
+            // Success resets the growing penalty.
+            state.sinbin.remove(&e.reservation);
+            if !state.machines.contains_key(&e.device.to_string()) {
+                state.unassimilated.insert(
+                    e.device,
+                    UnassimilatedDevice {
+                        device_id: e.device,
+                        reservation_id: Some(e.reservation),
+                        hostname: Some(e.hostname.clone()),
+                        created_at: at,
+                    },
+                );
+            }
+        }
+        Event::CreationUnresolved(e) => {
+            if let Some(p) = state.pending_creations.get_mut(&e.reservation)
+                && p.request.as_deref() == Some(e.request.to_string().as_str())
+            {
+                p.unresolved_since.get_or_insert(at);
+                p.last_error = Some(e.message.clone());
+            }
+        }
+        Event::MachineReleased(e) => {
+            state.machines.remove(&e.provider_id);
+        }
+        Event::SettingsChanged(e) => {
+            for (key, value) in &e.settings {
+                state.settings.insert(
+                    key.clone(),
+                    Setting {
+                        value: value.clone(),
+                        updated_at: at,
+                    },
+                );
+            }
+        }
+        Event::CreationGivenUp(e) => {
+            state.pending_creations.remove(&e.reservation);
+        }
+        Event::RaceLost(e) => {
+            state.pending_creations.remove(&e.reservation);
+        }
+        Event::ReservationPenalised(e) => {
+            // The table keeps microseconds; the view must equal it.
+            let until = e.until.trunc_subsecs(6);
+            let penalty = state
+                .sinbin
+                .entry(e.reservation)
+                .or_insert_with(|| Penalty {
+                    reservation_id: e.reservation,
+                    until,
+                    cause: e.cause.clone(),
+                    failures: 0,
+                });
+            // The seed's sinbin keeps the later deadline.
+            penalty.until = penalty.until.max(until);
+            penalty.cause = e.cause.clone();
+            penalty.failures += 1;
+        }
+        Event::PenaltyCleared(e) => {
+            state.sinbin.remove(&e.reservation);
+        }
+        Event::MachineAssimilated(e) => {
+            if let Ok(device) = e.provider_id.parse::<Uuid>() {
+                state.unassimilated.remove(&device);
+            }
+            if let Some(r) = e.reservation {
+                state.pending_creations.remove(&r);
+            }
+            state
+                .machines
+                .entry(e.provider_id.clone())
+                .or_insert_with(|| ManagedMachine {
+                    machine_id: e.machine_id,
+                    provider: e.provider.clone(),
+                    provider_id: e.provider_id.clone(),
+                    reservation_id: e.reservation,
+                    hostname: e.hostname.clone(),
+                    assimilated_at: at,
+                });
+        }
+        Event::AdoptionRequested(e) => {
+            if !state.machines.contains_key(&e.device.to_string()) {
+                state
+                    .unassimilated
+                    .entry(e.device)
+                    .or_insert(UnassimilatedDevice {
+                        device_id: e.device,
+                        reservation_id: e.reservation,
+                        hostname: None,
+                        created_at: at,
+                    });
+            }
+        }
+        Event::AssimilationSkipped(e) => {
+            state.unassimilated.remove(&e.device);
+        }
+        Event::AssimilationRejected(e) => {
+            state.unassimilated.remove(&e.device);
+        }
+        Event::CreationsPaused(e) => {
+            state.paused = Some(Pause {
+                by: e.by.clone(),
+                reason: e.reason.clone(),
+                since: at,
+            });
+        }
+        Event::CreationsResumed(_) => state.paused = None,
+        Event::ReconcileStarted(_)
+        | Event::ReservationsListed(_)
+        | Event::DiscrepancyFound(_)
+        | Event::ReconcileRefused(_)
+        | Event::CreationsEnqueued(_)
+        | Event::ReconcileFinished(_)
+        | Event::ReconcileCoalesced(_)
+        | Event::CreationResumed(_)
+        | Event::AssimilationResumed(_)
+        | Event::CreationAttemptFailed(_)
+        | Event::CreationRefused(_)
+        | Event::SshKeyEnsured(_)
+        | Event::Unknown { .. } => {}
+    }
+}
+
+/// The rows a batch of events can touch.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Keys {
+    reservations: Vec<Uuid>,
+    devices: Vec<Uuid>,
+    controls: bool,
+    settings: bool,
+}
+
+impl Keys {
+    pub(crate) fn of<'a>(events: impl Iterator<Item = &'a Event>) -> Keys {
+        let mut k = Keys::default();
+        for event in events {
+            match event {
+                Event::CreationRequested(e) => k.reservations.push(e.reservation),
+                Event::DeviceCreated(e) => {
+                    k.reservations.push(e.reservation);
+                    k.devices.push(e.device);
+                }
+                Event::CreationGivenUp(e) => k.reservations.push(e.reservation),
+                Event::CreationUnresolved(e) => k.reservations.push(e.reservation),
+                Event::MachineReleased(e) => {
+                    if let Ok(d) = e.provider_id.parse() {
+                        k.devices.push(d);
+                    }
+                }
+                Event::SettingsChanged(_) => k.settings = true,
+                Event::RaceLost(e) => k.reservations.push(e.reservation),
+                Event::ReservationPenalised(e) => k.reservations.push(e.reservation),
+                Event::PenaltyCleared(e) => k.reservations.push(e.reservation),
+                Event::MachineAssimilated(e) => {
+                    k.reservations.extend(e.reservation);
+                    if let Ok(d) = e.provider_id.parse() {
+                        k.devices.push(d);
+                    }
+                }
+                Event::AdoptionRequested(e) => k.devices.push(e.device),
+                Event::AssimilationSkipped(e) => k.devices.push(e.device),
+                Event::AssimilationRejected(e) => k.devices.push(e.device),
+                Event::CreationsPaused(_) | Event::CreationsResumed(_) => k.controls = true,
+                _ => {}
+            }
+        }
+        k.reservations.sort();
+        k.reservations.dedup();
+        k.devices.sort();
+        k.devices.dedup();
+        k
+    }
+
+    fn is_empty(&self) -> bool {
+        self.reservations.is_empty() && self.devices.is_empty() && !self.controls && !self.settings
+    }
+
+    /// Serialises writers per reservation and device, in a fixed order so two
+    /// writers cannot deadlock. Transaction-scoped: released at commit.
+    pub(crate) async fn lock(&self, conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+        if self.is_empty() {
+            return Ok(());
+        }
+        let names: Vec<String> = self
+            .reservations
+            .iter()
+            .map(|r| format!("reservation/{r}"))
+            .chain(self.devices.iter().map(|d| format!("device/{d}")))
+            .chain(self.controls.then(|| "operator/controls".to_string()))
+            .chain(self.settings.then(|| "operator/settings".to_string()))
+            .collect();
+        sqlx::query(
+            "select pg_advisory_xact_lock(hashtextextended(k, 0))
+             from (select unnest($1::text[]) as k order by 1) keys",
+        )
+        .bind(&names)
+        .execute(&mut *conn)
+        .await?;
+        Ok(())
+    }
+}
+
+mod live;
+mod rebuild;
+mod tables;
+
+pub(crate) use live::apply_live;
+pub use rebuild::{RebuildReport, differences, fold_log, rebuild};
+pub use tables::{is_penalised, penalty, read_live, read_pause};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn the_default_penalty_is_the_seeds_hour() {
+        let p = PenaltyPolicy::default();
+        assert_eq!(p.duration(0), Duration::from_secs(3600));
+        assert_eq!(p.duration(5), Duration::from_secs(3600));
+    }
+
+    #[test]
+    fn a_growing_penalty_grows_and_stops_at_its_maximum() {
+        let p = PenaltyPolicy {
+            initial: Duration::from_secs(60),
+            factor: 2.0,
+            max: Duration::from_secs(600),
+        };
+        assert_eq!(p.duration(0), Duration::from_secs(60));
+        assert_eq!(p.duration(1), Duration::from_secs(120));
+        assert_eq!(p.duration(3), Duration::from_secs(480));
+        assert_eq!(p.duration(4), Duration::from_secs(600));
+        assert_eq!(p.duration(40), Duration::from_secs(600));
+    }
+}

@@ -1,0 +1,281 @@
+//! The view tables' SQL: reading rows, upserting them (for the live path
+//! and the bulk load of a rebuild alike), and the small reads other modules
+//! need (the pause, a reservation's penalty).
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use sqlx::{PgConnection, Row};
+use uuid::Uuid;
+
+use super::*;
+
+pub(super) async fn write_pause(conn: &mut PgConnection, pause: Option<&Pause>) -> Result<(), sqlx::Error> {
+    match pause {
+        Some(p) => {
+            sqlx::query(
+                "insert into shepherd.controls (name, paused, by, reason, since)
+                 values ('creations', true, $1, $2, $3)
+                 on conflict (name) do update set paused = true, by = excluded.by,
+                   reason = excluded.reason, since = excluded.since",
+            )
+            .bind(&p.by)
+            .bind(&p.reason)
+            .bind(p.since)
+            .execute(&mut *conn)
+            .await?;
+        }
+        None => {
+            sqlx::query("delete from shepherd.controls where name = 'creations'")
+                .execute(&mut *conn)
+                .await?;
+        }
+    }
+    Ok(())
+}
+
+pub(super) async fn read_settings(conn: &mut PgConnection) -> Result<BTreeMap<String, Setting>, sqlx::Error> {
+    let rows: Vec<(String, serde_json::Value, DateTime<Utc>)> =
+        sqlx::query_as("select key, value, updated_at from shepherd.cluster_settings")
+            .fetch_all(&mut *conn)
+            .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(key, value, updated_at)| (key, Setting { value, updated_at }))
+        .collect())
+}
+
+pub(super) async fn write_settings<'a>(
+    conn: &mut PgConnection,
+    rows: impl Iterator<Item = (&'a String, &'a Setting)>,
+) -> Result<(), sqlx::Error> {
+    for (key, s) in rows {
+        sqlx::query(
+            "insert into shepherd.cluster_settings (key, value, updated_at) values ($1, $2, $3)
+             on conflict (key) do update set value = excluded.value, updated_at = excluded.updated_at",
+        )
+        .bind(key)
+        .bind(&s.value)
+        .bind(s.updated_at)
+        .execute(&mut *conn)
+        .await?;
+    }
+    Ok(())
+}
+
+/// Whether creations are paused, and by whom.
+pub async fn read_pause(conn: &mut PgConnection) -> Result<Option<Pause>, sqlx::Error> {
+    let row: Option<(String, String, DateTime<Utc>)> = sqlx::query_as(
+        "select by, reason, since from shepherd.controls where name = 'creations' and paused",
+    )
+    .fetch_optional(&mut *conn)
+    .await?;
+    Ok(row.map(|(by, reason, since)| Pause { by, reason, since }))
+}
+
+// The inserts below upsert by primary key and serve both the live path and
+// the bulk load of a rebuild (one statement per table, arrays unnested).
+
+pub(super) async fn insert_machines<'a>(
+    conn: &mut PgConnection,
+    rows: impl Iterator<Item = &'a ManagedMachine>,
+) -> Result<(), sqlx::Error> {
+    let rows: Vec<_> = rows.collect();
+    if rows.is_empty() {
+        return Ok(());
+    }
+    sqlx::query(
+        "insert into shepherd.managed_machines (machine_id, provider, provider_id, reservation_id, hostname, assimilated_at)
+         select * from unnest($1::uuid[], $2::text[], $3::text[], $4::uuid[], $5::text[], $6::timestamptz[])
+         on conflict (machine_id) do update set provider = excluded.provider,
+           provider_id = excluded.provider_id, reservation_id = excluded.reservation_id,
+           hostname = excluded.hostname, assimilated_at = excluded.assimilated_at",
+    )
+    .bind(rows.iter().map(|m| m.machine_id).collect::<Vec<_>>())
+    .bind(rows.iter().map(|m| m.provider.clone()).collect::<Vec<_>>())
+    .bind(rows.iter().map(|m| m.provider_id.clone()).collect::<Vec<_>>())
+    .bind(rows.iter().map(|m| m.reservation_id).collect::<Vec<_>>())
+    .bind(rows.iter().map(|m| m.hostname.clone()).collect::<Vec<_>>())
+    .bind(rows.iter().map(|m| m.assimilated_at).collect::<Vec<_>>())
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+pub(super) async fn insert_penalties<'a>(
+    conn: &mut PgConnection,
+    rows: impl Iterator<Item = &'a Penalty>,
+) -> Result<(), sqlx::Error> {
+    let rows: Vec<_> = rows.collect();
+    if rows.is_empty() {
+        return Ok(());
+    }
+    sqlx::query(
+        "insert into shepherd.sinbin (reservation_id, until, cause, failures)
+         select * from unnest($1::uuid[], $2::timestamptz[], $3::text[], $4::int[])
+         on conflict (reservation_id) do update set until = excluded.until,
+           cause = excluded.cause, failures = excluded.failures",
+    )
+    .bind(rows.iter().map(|p| p.reservation_id).collect::<Vec<_>>())
+    .bind(rows.iter().map(|p| p.until).collect::<Vec<_>>())
+    .bind(rows.iter().map(|p| p.cause.clone()).collect::<Vec<_>>())
+    .bind(rows.iter().map(|p| p.failures).collect::<Vec<_>>())
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+pub(super) async fn insert_pending<'a>(
+    conn: &mut PgConnection,
+    rows: impl Iterator<Item = &'a PendingCreation>,
+) -> Result<(), sqlx::Error> {
+    let rows: Vec<_> = rows.collect();
+    if rows.is_empty() {
+        return Ok(());
+    }
+    sqlx::query(
+        "insert into shepherd.pending_creations
+           (reservation_id, request, enqueued_at, unresolved_since, last_error)
+         select * from unnest($1::uuid[], $2::text[], $3::timestamptz[], $4::timestamptz[], $5::text[])
+         on conflict (reservation_id) do update set request = excluded.request,
+           enqueued_at = excluded.enqueued_at, unresolved_since = excluded.unresolved_since,
+           last_error = excluded.last_error",
+    )
+    .bind(rows.iter().map(|p| p.reservation_id).collect::<Vec<_>>())
+    .bind(rows.iter().map(|p| p.request.clone()).collect::<Vec<_>>())
+    .bind(rows.iter().map(|p| p.enqueued_at).collect::<Vec<_>>())
+    .bind(rows.iter().map(|p| p.unresolved_since).collect::<Vec<_>>())
+    .bind(rows.iter().map(|p| p.last_error.clone()).collect::<Vec<_>>())
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+pub(super) async fn insert_unassimilated<'a>(
+    conn: &mut PgConnection,
+    rows: impl Iterator<Item = &'a UnassimilatedDevice>,
+) -> Result<(), sqlx::Error> {
+    let rows: Vec<_> = rows.collect();
+    if rows.is_empty() {
+        return Ok(());
+    }
+    sqlx::query(
+        "insert into shepherd.unassimilated_devices (device_id, reservation_id, hostname, created_at)
+         select * from unnest($1::uuid[], $2::uuid[], $3::text[], $4::timestamptz[])
+         on conflict (device_id) do update set reservation_id = excluded.reservation_id,
+           hostname = excluded.hostname, created_at = excluded.created_at",
+    )
+    .bind(rows.iter().map(|d| d.device_id).collect::<Vec<_>>())
+    .bind(rows.iter().map(|d| d.reservation_id).collect::<Vec<_>>())
+    .bind(rows.iter().map(|d| d.hostname.clone()).collect::<Vec<_>>())
+    .bind(rows.iter().map(|d| d.created_at).collect::<Vec<_>>())
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+pub(super) fn machine_from_row(row: &sqlx::postgres::PgRow) -> ManagedMachine {
+    ManagedMachine {
+        machine_id: row.get("machine_id"),
+        provider: row.get("provider"),
+        provider_id: row.get("provider_id"),
+        reservation_id: row.get("reservation_id"),
+        hostname: row.get("hostname"),
+        assimilated_at: row.get("assimilated_at"),
+    }
+}
+
+pub(super) fn penalty_from_row(row: &sqlx::postgres::PgRow) -> Penalty {
+    Penalty {
+        reservation_id: row.get("reservation_id"),
+        until: row.get("until"),
+        cause: row.get("cause"),
+        failures: row.get("failures"),
+    }
+}
+
+pub(super) fn pending_from_row(row: &sqlx::postgres::PgRow) -> PendingCreation {
+    PendingCreation {
+        reservation_id: row.get("reservation_id"),
+        request: row.get("request"),
+        enqueued_at: row.get("enqueued_at"),
+        unresolved_since: row.get("unresolved_since"),
+        last_error: row.get("last_error"),
+    }
+}
+
+pub(super) fn unassimilated_from_row(row: &sqlx::postgres::PgRow) -> UnassimilatedDevice {
+    UnassimilatedDevice {
+        device_id: row.get("device_id"),
+        reservation_id: row.get("reservation_id"),
+        hostname: row.get("hostname"),
+        created_at: row.get("created_at"),
+    }
+}
+
+/// Reads all four live views.
+pub async fn read_live(conn: &mut PgConnection) -> Result<ViewState, sqlx::Error> {
+    read_tables(conn).await
+}
+
+pub(super) async fn read_tables(conn: &mut PgConnection) -> Result<ViewState, sqlx::Error> {
+    let mut state = ViewState {
+        paused: read_pause(&mut *conn).await?,
+        settings: read_settings(&mut *conn).await?,
+        ..ViewState::default()
+    };
+    for row in sqlx::query("select * from shepherd.managed_machines")
+        .fetch_all(&mut *conn)
+        .await?
+    {
+        let m = machine_from_row(&row);
+        state.machines.insert(m.provider_id.clone(), m);
+    }
+    for row in sqlx::query("select * from shepherd.sinbin")
+        .fetch_all(&mut *conn)
+        .await?
+    {
+        let p = penalty_from_row(&row);
+        state.sinbin.insert(p.reservation_id, p);
+    }
+    for row in sqlx::query("select * from shepherd.pending_creations")
+        .fetch_all(&mut *conn)
+        .await?
+    {
+        let p = pending_from_row(&row);
+        state.pending_creations.insert(p.reservation_id, p);
+    }
+    for row in sqlx::query("select * from shepherd.unassimilated_devices")
+        .fetch_all(&mut *conn)
+        .await?
+    {
+        let d = unassimilated_from_row(&row);
+        state.unassimilated.insert(d.device_id, d);
+    }
+    Ok(state)
+}
+
+/// The sinbin row of a reservation, penalised or not.
+pub async fn penalty(
+    conn: &mut PgConnection,
+    reservation: Uuid,
+) -> Result<Option<Penalty>, sqlx::Error> {
+    let row = sqlx::query(
+        "select reservation_id, until, cause, failures from shepherd.sinbin where reservation_id = $1",
+    )
+    .bind(reservation)
+    .fetch_optional(&mut *conn)
+    .await?;
+    Ok(row.as_ref().map(penalty_from_row))
+}
+
+/// Whether a reservation is penalised now (by the database's clock, which
+/// every process shares).
+pub async fn is_penalised(conn: &mut PgConnection, reservation: Uuid) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar(
+        "select exists(select 1 from shepherd.sinbin where reservation_id = $1 and now() <= until)",
+    )
+    .bind(reservation)
+    .fetch_one(&mut *conn)
+    .await
+}

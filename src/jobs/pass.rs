@@ -1,0 +1,232 @@
+//! The decisions of a reconcile pass, as pure functions over what it read:
+//! which devices to adopt and which are discrepancies, and which
+//! reservations to take and why the others are skipped. The reconcile job
+//! and the dry-run `shepherd plan` both call them, so the plan cannot drift
+//! from what a pass does.
+
+use std::collections::HashSet;
+
+use serde::Serialize;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::events::event::ReservationCounts;
+use crate::metal::client::WITNESS_TAG_PREFIX;
+use crate::metal::model::{Device, HardwareReservation};
+
+/// What shepherd's own tables say, read in one snapshot.
+#[derive(Debug, Default)]
+pub struct Fleet {
+    pub managed: HashSet<Uuid>,
+    pub pending: HashSet<Uuid>,
+    pub unassimilated: HashSet<Uuid>,
+    pub penalised: HashSet<Uuid>,
+}
+
+impl Fleet {
+    pub fn in_flight(&self) -> u64 {
+        (self.pending.len() + self.unassimilated.len()) as u64
+    }
+}
+
+pub async fn read_fleet(pool: &PgPool) -> Result<Fleet, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("set transaction isolation level repeatable read read only")
+        .execute(&mut *tx)
+        .await?;
+    let ids = |sql: &'static str| sqlx::query_scalar::<_, Uuid>(sql);
+    let managed_ids: Vec<String> = sqlx::query_scalar(
+        "select provider_id from shepherd.managed_machines where provider = 'equinix'",
+    )
+    .fetch_all(&mut *tx)
+    .await?;
+    let fleet = Fleet {
+        managed: managed_ids.iter().filter_map(|s| s.parse().ok()).collect(),
+        pending: ids("select reservation_id from shepherd.pending_creations")
+            .fetch_all(&mut *tx)
+            .await?
+            .into_iter()
+            .collect(),
+        unassimilated: ids("select device_id from shepherd.unassimilated_devices")
+            .fetch_all(&mut *tx)
+            .await?
+            .into_iter()
+            .collect(),
+        penalised: ids("select reservation_id from shepherd.sinbin where now() <= until")
+            .fetch_all(&mut *tx)
+            .await?
+            .into_iter()
+            .collect(),
+    };
+    tx.commit().await?;
+    Ok(fleet)
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Adoption {
+    pub device: Uuid,
+    pub reservation: Option<Uuid>,
+    pub witnessed: bool,
+}
+
+/// How the pass sees the provider's devices against its own records.
+#[derive(Debug, Default)]
+pub struct Comparison {
+    /// Prefixed devices to adopt: witnessed orphans, or anything unknown
+    /// when `assimilate` is on.
+    pub adopt: Vec<Adoption>,
+    /// Prefixed devices nobody manages and no witness explains.
+    pub unknown: Vec<Uuid>,
+    /// Managed machines whose device is gone from the provider.
+    pub missing: Vec<Uuid>,
+}
+
+/// The request a device's witness tag names, if it carries one.
+pub fn witness_of(d: &Device) -> Option<&str> {
+    d.tags
+        .iter()
+        .find_map(|t| t.strip_prefix(WITNESS_TAG_PREFIX))
+}
+
+/// Which of the requests named by witnesses this cluster recorded: a
+/// witness proves a device is ours only when our log holds its request.
+pub async fn our_requests(
+    pool: &PgPool,
+    devices: &[Device],
+) -> Result<HashSet<String>, sqlx::Error> {
+    let named: Vec<String> = devices
+        .iter()
+        .filter_map(witness_of)
+        .map(str::to_string)
+        .collect();
+    if named.is_empty() {
+        return Ok(HashSet::new());
+    }
+    let found: Vec<String> = sqlx::query_scalar(
+        "select body->>'request' from shepherd.events
+         where event_type = 'creation_requested' and body->>'request' = any($1)",
+    )
+    .bind(&named)
+    .fetch_all(pool)
+    .await?;
+    Ok(found.into_iter().collect())
+}
+
+/// Compares the provider's devices with shepherd's records. `before` was
+/// read before the listing and `after` once it was done: a machine counts as
+/// missing only if it was managed before the listing began (a device made
+/// during the listing may be absent from it), and a device counts as
+/// unknown only if nothing recorded it by the time the listing ended (its
+/// creation may have committed during the listing).
+pub fn compare(
+    devices: &[Device],
+    before: &Fleet,
+    after: &Fleet,
+    prefix: &str,
+    assimilate: bool,
+    ours: &HashSet<String>,
+) -> Comparison {
+    let mut c = Comparison::default();
+    let present: HashSet<Uuid> = devices.iter().map(|d| d.id).collect();
+    let fleet = after;
+    for d in devices {
+        let prefixed = d.hostname.as_deref().is_some_and(|h| h.starts_with(prefix));
+        // A device whose creation is still committing is in flight, not an orphan.
+        let in_flight = fleet.unassimilated.contains(&d.id)
+            || d.reservation_id()
+                .is_some_and(|r| fleet.pending.contains(&r));
+        if !prefixed || fleet.managed.contains(&d.id) || in_flight {
+            continue;
+        }
+        // Another deployment's witness is no proof: only a request in our log.
+        let witnessed = witness_of(d).is_some_and(|w| ours.contains(w));
+        if witnessed || assimilate {
+            c.adopt.push(Adoption {
+                device: d.id,
+                reservation: d.reservation_id(),
+                witnessed,
+            });
+        } else {
+            c.unknown.push(d.id);
+        }
+    }
+    let mut missing: Vec<Uuid> = before
+        .managed
+        .intersection(&after.managed)
+        .filter(|m| !present.contains(m))
+        .copied()
+        .collect();
+    missing.sort();
+    c.missing = missing;
+    c
+}
+
+/// Why a reservation is not taken.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Skip {
+    InUse,
+    NotProvisionable,
+    Penalised,
+    InFlight,
+    /// A candidate beyond what the limit or the chunk size allows.
+    BeyondLimit,
+}
+
+/// What a pass takes from a listing of reservations.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Selection {
+    pub counts: ReservationCounts,
+    /// In listing order, at most `room` and `chunk_size` of them.
+    pub chosen: Vec<Uuid>,
+    pub skipped: Vec<(Uuid, Skip)>,
+}
+
+/// Classifies the reservations against the fleet and takes the candidates
+/// the room (`None`: no limit) and the chunk size allow.
+pub fn select(
+    reservations: &[HardwareReservation],
+    fleet: &Fleet,
+    room: Option<u64>,
+    chunk_size: u64,
+) -> Selection {
+    let take = room.unwrap_or(u64::MAX).min(chunk_size);
+    let mut counts = ReservationCounts {
+        total: reservations.len() as u64,
+        available: 0,
+        in_use: 0,
+        not_provisionable: 0,
+        penalised: 0,
+        in_flight: 0,
+    };
+    let mut chosen = Vec::new();
+    let mut skipped = Vec::new();
+    for r in reservations {
+        let skip = if r.device.is_some() {
+            counts.in_use += 1;
+            Skip::InUse
+        } else if !r.provisionable {
+            counts.not_provisionable += 1;
+            Skip::NotProvisionable
+        } else if fleet.pending.contains(&r.id) {
+            counts.in_flight += 1;
+            Skip::InFlight
+        } else if fleet.penalised.contains(&r.id) {
+            counts.penalised += 1;
+            Skip::Penalised
+        } else {
+            counts.available += 1;
+            if (chosen.len() as u64) < take {
+                chosen.push(r.id);
+                continue;
+            }
+            Skip::BeyondLimit
+        };
+        skipped.push((r.id, skip));
+    }
+    Selection {
+        counts,
+        chosen,
+        skipped,
+    }
+}

@@ -1,0 +1,246 @@
+//! `/metrics`: figures read from the database at each scrape, and the
+//! API client's own counters, in the OpenMetrics text format.
+
+use super::*;
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct ClassLabel {
+    pub(super) class: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct OutcomeLabel {
+    pub(super) outcome: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct QueueLabels {
+    pub(super) kind: String,
+    pub(super) state: String,
+}
+
+/// Outcomes counted over the whole log.
+#[derive(sqlx::FromRow)]
+pub(super) struct Outcomes {
+    pub(super) created: i64,
+    pub(super) recovered: i64,
+    pub(super) given_up: i64,
+    pub(super) race_lost: i64,
+    pub(super) attempt_failed: i64,
+    pub(super) refused: i64,
+    pub(super) discrepancies: i64,
+    pub(super) assimilated: i64,
+    pub(super) skipped: i64,
+    pub(super) rejected: i64,
+}
+
+/// The provisioner's figures at one scrape.
+pub(super) struct Figures {
+    pub(super) overview: Overview,
+    pub(super) listed: Option<ReservationCounts>,
+    pub(super) outcomes: Outcomes,
+}
+
+impl Figures {
+    pub(super) async fn read(pool: &PgPool) -> Result<Figures, sqlx::Error> {
+        let overview = fleet::overview(pool).await?;
+        let listed: Option<(i32, Value)> = sqlx::query_as(
+            "select schema_version, body from shepherd.events
+             where event_type = 'reservations_listed' order by position desc limit 1",
+        )
+        .fetch_optional(pool)
+        .await?;
+        // Decoded like any reader would, so an older body is upcast and a
+        // newer one this build cannot read is left out rather than misread.
+        let listed = listed.and_then(|(version, body)| {
+            match Event::decode("reservations_listed", version, body) {
+                Ok(Event::ReservationsListed(e)) => Some(e.counts),
+                _ => None,
+            }
+        });
+        // events_type_idx keeps this to the counted types' rows.
+        let outcomes = sqlx::query_as(
+            "select
+               count(*) filter (where event_type = 'device_created'
+                                  and not coalesce((body->>'recovered')::bool, false)) as created,
+               count(*) filter (where event_type = 'device_created'
+                                  and coalesce((body->>'recovered')::bool, false)) as recovered,
+               count(*) filter (where event_type = 'creation_given_up') as given_up,
+               count(*) filter (where event_type = 'race_lost') as race_lost,
+               count(*) filter (where event_type = 'creation_attempt_failed') as attempt_failed,
+               count(*) filter (where event_type = 'creation_refused') as refused,
+               count(*) filter (where event_type = 'discrepancy_found') as discrepancies,
+               count(*) filter (where event_type = 'machine_assimilated') as assimilated,
+               count(*) filter (where event_type = 'assimilation_skipped') as skipped,
+               count(*) filter (where event_type = 'assimilation_rejected') as rejected
+             from shepherd.events
+             where event_type in ('device_created', 'creation_given_up', 'race_lost',
+                                  'creation_attempt_failed', 'creation_refused',
+                                  'discrepancy_found', 'machine_assimilated',
+                                  'assimilation_skipped', 'assimilation_rejected')",
+        )
+        .fetch_one(pool)
+        .await?;
+        Ok(Figures {
+            overview,
+            listed,
+            outcomes,
+        })
+    }
+
+    pub(super) fn register(self, registry: &mut Registry) {
+        let Figures {
+            overview: o,
+            listed,
+            outcomes: n,
+        } = self;
+
+        if let Some(c) = listed {
+            let reservations = Family::<ClassLabel, Gauge<u64, AtomicU64>>::default();
+            for (class, value) in [
+                ("total", c.total),
+                ("available", c.available),
+                ("in_use", c.in_use),
+                ("not_provisionable", c.not_provisionable),
+                ("penalised", c.penalised),
+                ("in_flight", c.in_flight),
+            ] {
+                reservations.get_or_create(&ClassLabel { class }).set(value);
+            }
+            registry.register(
+                "shepherd_reservations",
+                "Hardware reservations by class, as the last reconcile listed them",
+                reservations,
+            );
+        }
+
+        registry.register(
+            "shepherd_machines_managed",
+            "Machines shepherd manages",
+            ConstGauge::new(o.managed),
+        );
+        registry.register(
+            "shepherd_machines_in_flight",
+            "Pending creations plus created devices not yet assimilated",
+            ConstGauge::new(o.in_flight()),
+        );
+        if let Some(limit) = o.max_machines {
+            registry.register(
+                "shepherd_machines_limit",
+                "The cluster's max_machines (0: no limit)",
+                ConstGauge::new(limit),
+            );
+        }
+        registry.register(
+            "shepherd_unresolved_creations",
+            "Creations whose outcome is unknown, held in flight until a look settles them",
+            ConstGauge::new(o.unresolved.len() as i64),
+        );
+        registry.register(
+            "shepherd_oldest_unresolved_creation_seconds",
+            "Age of the oldest unresolved creation (0 when none)",
+            ConstGauge::<f64>::new(o.unresolved.first().map_or(0.0, |u| u.seconds)),
+        );
+        registry.register(
+            "shepherd_sinbin_reservations",
+            "Reservations under an active penalty",
+            ConstGauge::new(o.penalised.len() as i64),
+        );
+        registry.register(
+            "shepherd_creations_paused",
+            "1 while an operator has paused new creations",
+            ConstGauge::new(i64::from(o.paused.is_some())),
+        );
+
+        let creations = Family::<OutcomeLabel, Counter>::default();
+        for (outcome, events) in [
+            ("created", n.created),
+            ("recovered", n.recovered),
+            ("given_up", n.given_up),
+            ("race_lost", n.race_lost),
+            ("attempt_failed", n.attempt_failed),
+            ("refused", n.refused),
+        ] {
+            creations
+                .get_or_create(&OutcomeLabel { outcome })
+                .inc_by(count(events));
+        }
+        registry.register(
+            "shepherd_creations",
+            "Device creations by outcome, over the whole event log",
+            creations,
+        );
+        registry.register(
+            "shepherd_discrepancies",
+            "Reconcile passes that found provider and shepherd disagreeing",
+            ConstCounter::new(count(n.discrepancies)),
+        );
+        let assimilations = Family::<OutcomeLabel, Counter>::default();
+        for (outcome, events) in [
+            ("assimilated", n.assimilated),
+            ("skipped", n.skipped),
+            ("rejected", n.rejected),
+        ] {
+            assimilations
+                .get_or_create(&OutcomeLabel { outcome })
+                .inc_by(count(events));
+        }
+        registry.register(
+            "shepherd_assimilations",
+            "Assimilations by outcome, over the whole event log",
+            assimilations,
+        );
+
+        let jobs = Family::<QueueLabels, Gauge>::default();
+        let oldest = Family::<QueueLabels, Gauge<f64, AtomicU64>>::default();
+        for row in &o.queue {
+            let labels = QueueLabels {
+                kind: row.kind.clone(),
+                state: row.state.clone(),
+            };
+            jobs.get_or_create(&labels).set(row.jobs);
+            if let Some(seconds) = row.oldest_seconds {
+                oldest.get_or_create(&labels).set(seconds);
+            }
+        }
+        registry.register("shepherd_jobs", "Jobs on the queue by kind and state", jobs);
+        registry.register_with_unit(
+            "shepherd_job_oldest_age",
+            "Age of the oldest job of each kind and state, by its run time",
+            Unit::Seconds,
+            oldest,
+        );
+        if let Some(at) = o.last_successful_reconcile {
+            registry.register_with_unit(
+                "shepherd_last_successful_reconcile_age",
+                "Time since the last reconcile pass that was not refused finished",
+                Unit::Seconds,
+                ConstGauge::new(seconds_between(at, o.now)),
+            );
+        }
+    }
+}
+
+/// SQL's `count(*)` is a bigint, but never a negative one.
+pub(super) fn count(n: i64) -> u64 {
+    u64::try_from(n).unwrap_or_default()
+}
+
+pub(super) fn seconds_between(from: DateTime<Utc>, to: DateTime<Utc>) -> f64 {
+    (to - from).num_milliseconds() as f64 / 1000.0
+}
+
+pub(super) async fn metrics(State(state): State<HttpState>) -> Result<Response, Failure> {
+    let figures = Figures::read(&state.pool)
+        .await
+        .map_err(|e| database_failure("metrics", e))?;
+    // A fresh registry per scrape: the provisioner's figures are read, not
+    // accumulated, and a family left from an earlier scrape would go stale.
+    let mut registry = Registry::default();
+    state.client_metrics.register(&mut registry);
+    figures.register(&mut registry);
+    let mut body = String::new();
+    prometheus_client::encoding::text::encode(&mut body, &registry)
+        .map_err(|e| Failure::Internal(format!("cannot encode the metrics: {e}")))?;
+    Ok(([(CONTENT_TYPE, OPENMETRICS)], body).into_response())
+}

@@ -1,0 +1,157 @@
+//! What every worker serves on its metrics port, in the spirit of Monogon's
+//! "webug": a status page a person can read without JavaScript, each
+//! reservation's and device's history, Prometheus metrics and the health
+//! probes. Read-only: nothing here writes to the database or calls the API.
+//!
+//! The provisioner's figures are read from the database at each request, so
+//! every worker's page and endpoint tell the same cluster-wide story; only
+//! the API client's metrics are this process's own.
+
+use std::fmt::{self, Display, Formatter};
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::http::header::CONTENT_TYPE;
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::get;
+use chrono::{DateTime, Utc};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::registry::{Registry, Unit};
+use serde_json::Value;
+use shepherd::events::StoreError;
+use shepherd::events::event::{Event, ReservationCounts};
+use shepherd::events::store::{self, StoredEvent};
+use shepherd::events::views::{self, ManagedMachine};
+use shepherd::fleet::{self, Overview};
+use shepherd::metal::ClientMetrics;
+use sqlx::PgPool;
+use tokio::net::TcpListener;
+use uuid::Uuid;
+
+use crate::services::runtime::Stop;
+use crate::table::human_duration;
+
+/// What `prometheus_client::encoding::text::encode` writes.
+pub(super) const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+/// Orchestrators probe often and give up quickly; a hung database must read
+/// as "not ready" well before their own timeout.
+pub(super) const READY_TIMEOUT: Duration = Duration::from_secs(2);
+pub(super) const RECENT_EVENTS: i64 = 20;
+
+#[derive(Clone)]
+pub struct HttpState {
+    pub pool: PgPool,
+    pub client_metrics: ClientMetrics,
+}
+
+/// Serves until `stop` resolves. Binds nothing itself: the caller passes the
+/// listener (so tests can bind port 0).
+pub async fn serve(listener: TcpListener, state: HttpState, stop: Stop) -> std::io::Result<()> {
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(%addr, "serving the status page and metrics");
+    }
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(stop.wait())
+        .await
+}
+
+pub(super) fn router(state: HttpState) -> Router {
+    Router::new()
+        .route("/", get(status_page))
+        .route("/reservation/{id}", get(reservation_page))
+        .route("/device/{id}", get(device_page))
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .with_state(state)
+}
+
+// ---- failures ----
+
+/// Why a request got no page.
+pub(super) enum Failure {
+    /// The database did not answer. The cause goes to the log, not to
+    /// whoever can reach the metrics port.
+    Unavailable,
+    Internal(String),
+    BadRequest(String),
+    NotFound(String),
+}
+
+impl IntoResponse for Failure {
+    fn into_response(self) -> Response {
+        match self {
+            Failure::Unavailable => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the database is unavailable; see this worker's log\n",
+            )
+                .into_response(),
+            Failure::Internal(message) => {
+                (StatusCode::INTERNAL_SERVER_ERROR, format!("{message}\n")).into_response()
+            }
+            Failure::BadRequest(message) => (
+                StatusCode::BAD_REQUEST,
+                Html(Layout::new("bad request", Message(&message)).to_string()),
+            )
+                .into_response(),
+            Failure::NotFound(message) => (
+                StatusCode::NOT_FOUND,
+                Html(Layout::new("not found", Message(&message)).to_string()),
+            )
+                .into_response(),
+        }
+    }
+}
+
+pub(super) fn database_failure(what: &str, error: sqlx::Error) -> Failure {
+    tracing::warn!(%error, "{what}: the database did not answer");
+    Failure::Unavailable
+}
+
+pub(super) fn store_failure(what: &str, error: StoreError) -> Failure {
+    match error {
+        StoreError::Database(e) => database_failure(what, e),
+        corrupt @ (StoreError::Corrupt { .. } | StoreError::Invalid(_)) => {
+            tracing::warn!(error = %corrupt, "{what}: the event log does not decode");
+            Failure::Internal(corrupt.to_string())
+        }
+    }
+}
+
+// ---- probes ----
+
+pub(super) async fn healthz() -> &'static str {
+    "ok"
+}
+
+pub(super) async fn readyz(State(state): State<HttpState>) -> (StatusCode, &'static str) {
+    let check = sqlx::query("select 1").execute(&state.pool);
+    let reason = match tokio::time::timeout(READY_TIMEOUT, check).await {
+        Ok(Ok(_)) => return (StatusCode::OK, "ready"),
+        Err(_) => "not ready: the database did not answer within 2 s",
+        Ok(Err(sqlx::Error::PoolClosed)) => "not ready: shutting down",
+        Ok(Err(sqlx::Error::PoolTimedOut)) => "not ready: no database connection is free",
+        Ok(Err(sqlx::Error::Io(_) | sqlx::Error::Tls(_))) => "not ready: cannot reach the database",
+        Ok(Err(_)) => "not ready: the database check failed",
+    };
+    // Probes repeat every few seconds; the workers log the outage already.
+    tracing::debug!(reason, "readiness check failed");
+    (StatusCode::SERVICE_UNAVAILABLE, reason)
+}
+
+mod html;
+mod metrics;
+mod pages;
+mod status_page;
+
+use html::*;
+use metrics::*;
+use pages::*;
+use status_page::*;
+

@@ -1,0 +1,105 @@
+//! The page handlers: the status page and the history of one reservation
+//! or device.
+
+use super::*;
+
+pub(super) async fn status_page(State(state): State<HttpState>) -> Result<Html<String>, Failure> {
+    const WHAT: &str = "status page";
+    let overview = fleet::overview(&state.pool)
+        .await
+        .map_err(|e| database_failure(WHAT, e))?;
+    let views = {
+        let mut conn = state
+            .pool
+            .acquire()
+            .await
+            .map_err(|e| database_failure(WHAT, e))?;
+        views::read_live(&mut conn)
+            .await
+            .map_err(|e| database_failure(WHAT, e))?
+    };
+    let mut machines: Vec<ManagedMachine> = views.machines.into_values().collect();
+    machines.sort_by_key(|m| (m.assimilated_at, m.machine_id));
+    let mut events = store::read_recent(&state.pool, RECENT_EVENTS)
+        .await
+        .map_err(|e| store_failure(WHAT, e))?;
+    // What just happened belongs at the top.
+    events.reverse();
+    let rows: Vec<EventRow> = events.into_iter().map(EventRow::from).collect();
+    let page = StatusPage {
+        overview: &overview,
+        machines: &machines,
+        events: &rows,
+    };
+    Ok(Html(Layout::new("shepherd", page).refreshing().to_string()))
+}
+
+pub(super) fn parse_id(kind: Kind, raw: &str) -> Result<Uuid, Failure> {
+    raw.parse().map_err(|_| {
+        Failure::BadRequest(format!(
+            "“{raw}” is not a {kind} id: expected a UUID such as 6f1c2d3e-4a5b-4c6d-8e9f-0a1b2c3d4e5f."
+        ))
+    })
+}
+
+pub(super) async fn reservation_page(
+    State(state): State<HttpState>,
+    Path(raw): Path<String>,
+) -> Result<Html<String>, Failure> {
+    let id = parse_id(Kind::Reservation, &raw)?;
+    let events = store::read_stream(&state.pool, &format!("reservation/{id}"))
+        .await
+        .map_err(|e| store_failure("reservation history", e))?;
+    history(
+        Kind::Reservation,
+        id,
+        events.into_iter().map(EventRow::from).collect(),
+    )
+}
+
+pub(super) async fn device_page(
+    State(state): State<HttpState>,
+    Path(raw): Path<String>,
+) -> Result<Html<String>, Failure> {
+    let id = parse_id(Kind::Device, &raw)?;
+    let rows: Vec<(i64, DateTime<Utc>, String, Value)> = sqlx::query_as(
+        "select event_position, recorded_at, event_type, body from shepherd.device_history($1)",
+    )
+    .bind(id)
+    .fetch_all(&state.pool)
+    .await
+    .map_err(|e| database_failure("device history", e))?;
+    let rows = rows
+        .into_iter()
+        .map(|(position, recorded_at, event_type, body)| EventRow {
+            position,
+            recorded_at,
+            event_type,
+            stream: None,
+            body,
+        })
+        .collect();
+    history(Kind::Device, id, rows)
+}
+
+pub(super) fn history(kind: Kind, id: Uuid, rows: Vec<EventRow>) -> Result<Html<String>, Failure> {
+    if rows.is_empty() {
+        // The discrepancy banner links devices nobody manages; say why they
+        // have no history rather than leave the operator at a bare 404.
+        let hint = match kind {
+            Kind::Device => " A device a reconcile found unknown has none until it is adopted.",
+            Kind::Reservation => "",
+        };
+        return Err(Failure::NotFound(format!(
+            "No events for {kind} {id}: shepherd has recorded nothing about it.{hint}"
+        )));
+    }
+    let page = HistoryPage {
+        kind,
+        id,
+        rows: &rows,
+    };
+    Ok(Html(
+        Layout::new(&format!("shepherd · {kind} {id}"), page).to_string(),
+    ))
+}

@@ -1,0 +1,9 @@
+//! What a long-running process runs until it is stopped: the job runtime
+//! bound to apalis, the scheduler, the sweep, the status page and metrics,
+//! and the shutdown signal they all watch.
+
+pub mod http;
+pub mod runtime;
+pub mod scheduler;
+pub mod shutdown;
+pub mod sweeper;
