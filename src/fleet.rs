@@ -10,8 +10,8 @@ use uuid::Uuid;
 use crate::events::event::{DiscrepancyFound, Event, ReconcileFinished};
 use crate::events::store::read_stream;
 use crate::events::views::{self, Pause};
-use crate::jobs::pass::{self, compare, our_requests, read_fleet};
 pub use crate::jobs::pass::Skip;
+use crate::jobs::pass::{self, compare, our_requests, read_fleet};
 use crate::metal::{MetalClient, MetalError};
 
 #[derive(Debug, Clone, Serialize)]

@@ -7,11 +7,11 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use common::*;
-use shepherd_fakes::metal::{FaultKind, Faults};
 use shepherd::metal::model::{DeviceAction, DeviceUpdateRequest, SshKeyInput};
 use shepherd::metal::{
     ClientMetrics, CreateDevice, ErrorClass, MetalClient, MetalError, Operation, Witness,
 };
+use shepherd_fakes::metal::{FaultKind, Faults};
 use uuid::Uuid;
 
 fn create_request(reservation: Uuid, key: Uuid, witness: &str) -> CreateDevice {

@@ -7,8 +7,8 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 
 use common::*;
-use shepherd_fakes::metal::FaultKind;
 use shepherd::metal::{CreateDevice, Operation, Witness};
+use shepherd_fakes::metal::FaultKind;
 use tracing_subscriber::fmt::MakeWriter;
 
 #[derive(Clone, Default)]

@@ -9,7 +9,11 @@ use shepherd_bench::BenchCommand;
 use shepherd_workers::logging;
 
 #[derive(Debug, Parser)]
-#[command(name = "shepherd-bench", version, about = "Measure shepherd on this machine (creates and drops its own databases)")]
+#[command(
+    name = "shepherd-bench",
+    version,
+    about = "Measure shepherd on this machine (creates and drops its own databases)"
+)]
 struct Cli {
     #[command(flatten)]
     logging: logging::LoggingArgs,

@@ -12,9 +12,9 @@ use serde::{Deserialize, Serialize};
 use shepherd::config::{ProvisionerConfig, Rate};
 use shepherd::jobs::JobContext;
 use shepherd::limiter::{DEVICE_CREATION, Limiter};
-use shepherd_fakes::metal::{FakeConfig, FaultKind, FaultRule, Faults};
 use shepherd::metal::{ClientConfig, ClientMetrics, MetalClient, Operation};
 use shepherd::secret::ApiToken;
+use shepherd_fakes::metal::{FakeConfig, FaultKind, FaultRule, Faults};
 
 use super::{PUBLIC_KEY, Server, Stage, Stats, TOKEN};
 

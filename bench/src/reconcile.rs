@@ -14,9 +14,9 @@ use shepherd::events::event::MachineAssimilated;
 use shepherd::events::{NewEvent, record};
 use shepherd::jobs::JobContext;
 use shepherd::limiter::{DEVICE_CREATION, Limiter};
-use shepherd_fakes::metal::FakeConfig;
 use shepherd::metal::{ClientConfig, ClientMetrics, MetalClient};
 use shepherd::secret::ApiToken;
+use shepherd_fakes::metal::FakeConfig;
 
 use super::{PUBLIC_KEY, Server, Stage, Stats, TOKEN};
 

@@ -8,9 +8,9 @@ pub mod world;
 
 use std::time::Duration;
 
-use shepherd_fakes::metal::{FakeConfig, FakeMetal, FaultKind, FaultRule, Faults};
 use shepherd::metal::{ClientConfig, ClientMetrics, MetalClient, Operation, RetrySettings};
 use shepherd::secret::ApiToken;
+use shepherd_fakes::metal::{FakeConfig, FakeMetal, FaultKind, FaultRule, Faults};
 
 pub const TOKEN: &str = "tok-0f1e2d3c-TEST-SECRET-9a8b7c";
 

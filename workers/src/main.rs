@@ -2,9 +2,7 @@
 //! module; this file only parses flags, sets up logging and maps failures to
 //! a one-line message and a non-zero exit.
 
-use shepherd_workers::commands::{
-    database, demo, enqueue, fake_metal, inspect, operate, worker,
-};
+use shepherd_workers::commands::{database, demo, enqueue, fake_metal, inspect, operate, worker};
 use shepherd_workers::{logging, settings};
 
 use std::process::ExitCode;

@@ -10,7 +10,10 @@ use uuid::Uuid;
 
 use super::*;
 
-pub(super) async fn write_pause(conn: &mut PgConnection, pause: Option<&Pause>) -> Result<(), sqlx::Error> {
+pub(super) async fn write_pause(
+    conn: &mut PgConnection,
+    pause: Option<&Pause>,
+) -> Result<(), sqlx::Error> {
     match pause {
         Some(p) => {
             sqlx::query(
@@ -34,7 +37,9 @@ pub(super) async fn write_pause(conn: &mut PgConnection, pause: Option<&Pause>) 
     Ok(())
 }
 
-pub(super) async fn read_settings(conn: &mut PgConnection) -> Result<BTreeMap<String, Setting>, sqlx::Error> {
+pub(super) async fn read_settings(
+    conn: &mut PgConnection,
+) -> Result<BTreeMap<String, Setting>, sqlx::Error> {
     let rows: Vec<(String, serde_json::Value, DateTime<Utc>)> =
         sqlx::query_as("select key, value, updated_at from shepherd.cluster_settings")
             .fetch_all(&mut *conn)

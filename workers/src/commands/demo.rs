@@ -16,9 +16,9 @@ use clap::Args;
 use shepherd::config::{JobRetry, ProvisionerConfig, Rate};
 use shepherd::jobs::JobContext;
 use shepherd::limiter::{DEVICE_CREATION, Limiter};
-use shepherd_fakes::metal::{FakeConfig, FakeMetal, FaultKind, FaultRule, Faults};
 use shepherd::metal::{ClientConfig, ClientMetrics, MetalClient, Operation, RetrySettings};
 use shepherd::secret::ApiToken;
+use shepherd_fakes::metal::{FakeConfig, FakeMetal, FaultKind, FaultRule, Faults};
 use sqlx::PgPool;
 
 use crate::services::runtime::{self, RuntimeOptions, Stop};

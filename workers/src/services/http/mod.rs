@@ -154,4 +154,3 @@ use html::*;
 use metrics::*;
 use pages::*;
 use status_page::*;
-

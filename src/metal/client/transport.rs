@@ -1,0 +1,231 @@
+//! One HTTP exchange: the gate, the attempt's timeout, reading a bounded
+//! body, and turning statuses and bodies into answers or typed errors.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use reqwest::StatusCode;
+use reqwest::header::HeaderMap;
+use serde::de::DeserializeOwned;
+
+use super::*;
+
+impl MetalClient {
+    /// One call with retries, decoded as JSON.
+    pub(super) async fn json<T: DeserializeOwned>(&self, call: Call<'_>) -> Result<T, MetalError> {
+        retry(&self.inner.retry, call.op.id(), |_| {
+            self.json_once(call.clone_ref())
+        })
+        .await
+    }
+
+    /// One attempt, decoded as JSON.
+    pub(super) async fn json_once<T: DeserializeOwned>(
+        &self,
+        call: Call<'_>,
+    ) -> Result<T, MetalError> {
+        let (status, body) = self.attempt(&call).await?;
+        decode(call.op, status, &body)
+    }
+
+    /// One attempt through the gate, with its own timeout. Returns the status
+    /// and body of a success; any other answer becomes an error.
+    pub(super) async fn attempt(&self, call: &Call<'_>) -> Result<(u16, Vec<u8>), MetalError> {
+        self.attempt_paced::<fn() -> std::future::Ready<Result<(), MetalError>>, _>(call, None)
+            .await
+    }
+
+    /// One attempt; `pace`, when given, is awaited after the attempt has its
+    /// slot in the gate, right before the request is sent, so nothing of our
+    /// own stands between a rate limiter's slot and the wire.
+    pub(super) async fn attempt_paced<P, Fut>(
+        &self,
+        call: &Call<'_>,
+        pace: Option<&P>,
+    ) -> Result<(u16, Vec<u8>), MetalError>
+    where
+        P: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<(), MetalError>>,
+    {
+        let admission = self.inner.gate.admit(call.op).await?;
+        if let Some(pace) = pace {
+            pace().await?;
+        }
+        let started = tokio::time::Instant::now();
+        let url = format!("{}{}", self.inner.base_url, call.path);
+        let mut request = self.inner.http.request(call.method.clone(), &url);
+        if !call.query.is_empty() {
+            request = request.query(&call.query);
+        }
+        if let Some(body) = call.body {
+            let bytes = body.to_json().map_err(|e| {
+                MetalError::Refused(format!("{}: cannot encode the request: {e}", call.op))
+            })?;
+            request = request
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .body(bytes);
+        }
+        let exchange = async {
+            let response = request.send().await?;
+            let status = response.status();
+            let headers = response.headers().clone();
+            let body = read_capped(response).await?;
+            Ok::<_, reqwest::Error>((status, headers, body))
+        };
+        let outcome = tokio::time::timeout(self.inner.attempt_timeout, exchange).await;
+        let status_label = match &outcome {
+            Ok(Ok((s, _, _))) => s.as_u16().to_string(),
+            Ok(Err(_)) => "error".to_string(),
+            Err(_) => "timeout".to_string(),
+        };
+        self.inner
+            .gate
+            .metrics
+            .request_duration
+            .get_or_create(&RequestLabels {
+                endpoint: call.op.id(),
+                status: status_label,
+            })
+            .observe(started.elapsed().as_secs_f64());
+        drop(admission);
+        let (status, headers, body) = match outcome {
+            Err(_) => {
+                return Err(MetalError::Transient {
+                    op: call.op,
+                    reason: format!("no complete answer within {:?}", self.inner.attempt_timeout),
+                });
+            }
+            Ok(Err(e)) => {
+                return Err(MetalError::Transient {
+                    op: call.op,
+                    reason: describe_transport_error(&e),
+                });
+            }
+            Ok(Ok(v)) => v,
+        };
+        let body = match body {
+            Body::Complete(b) => b,
+            Body::TooLarge => {
+                return Err(MetalError::Undecodable {
+                    op: call.op,
+                    status: status.as_u16(),
+                    detail: format!("answer larger than {MAX_BODY_BYTES} bytes"),
+                    excerpt: String::new(),
+                });
+            }
+        };
+        if status.is_success() {
+            return Ok((status.as_u16(), body));
+        }
+        let messages = serde_json::from_slice::<ErrorBody>(&body)
+            .map(ErrorBody::messages)
+            .unwrap_or_else(|_| {
+                if body.is_empty() {
+                    vec![]
+                } else {
+                    vec![error::excerpt(&body)]
+                }
+            });
+        let retry_after = if status == StatusCode::TOO_MANY_REQUESTS {
+            retry_after(&headers)
+        } else {
+            None
+        };
+        Err(error::from_status(
+            call.op,
+            status.as_u16(),
+            messages,
+            retry_after,
+        ))
+    }
+}
+
+impl Call<'_> {
+    pub(super) fn clone_ref(&self) -> Call<'_> {
+        Call {
+            op: self.op,
+            method: self.method.clone(),
+            path: self.path.clone(),
+            query: self.query.clone(),
+            body: self.body,
+        }
+    }
+}
+
+pub(super) fn decode<T: DeserializeOwned>(
+    op: Operation,
+    status: u16,
+    body: &[u8],
+) -> Result<T, MetalError> {
+    serde_json::from_slice(body).map_err(|e| MetalError::Undecodable {
+        op,
+        status,
+        detail: e.to_string(),
+        excerpt: error::excerpt(body),
+    })
+}
+
+/// Success answers with no useful body (204, 202). Anything in the body is
+/// ignored; the status already said it worked.
+pub(super) fn no_content(_op: Operation, _status: u16, _body: &[u8]) -> Result<(), MetalError> {
+    Ok(())
+}
+
+pub(super) enum Body {
+    Complete(Vec<u8>),
+    TooLarge,
+}
+
+pub(super) async fn read_capped(mut response: reqwest::Response) -> Result<Body, reqwest::Error> {
+    if response
+        .content_length()
+        .is_some_and(|n| n > MAX_BODY_BYTES as u64)
+    {
+        return Ok(Body::TooLarge);
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await? {
+        if body.len() + chunk.len() > MAX_BODY_BYTES {
+            return Ok(Body::TooLarge);
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(Body::Complete(body))
+}
+
+/// `Retry-After` in seconds, else `X-RateLimit-Reset` (a Unix time, or a
+/// number of seconds when it is too small to be one).
+pub(super) fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+    let number =
+        |name: &str| -> Option<u64> { headers.get(name)?.to_str().ok()?.trim().parse().ok() };
+    if let Some(secs) = number("retry-after") {
+        return Some(Duration::from_secs(secs));
+    }
+    let reset = number("x-ratelimit-reset")?;
+    const A_UNIX_TIME: u64 = 1_000_000_000;
+    if reset < A_UNIX_TIME {
+        return Some(Duration::from_secs(reset));
+    }
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).ok()?.as_secs();
+    Some(Duration::from_secs(reset.saturating_sub(now)))
+}
+
+/// A transport error without its URL's query or any header: the kind and
+/// the innermost cause are what an operator needs.
+pub(super) fn describe_transport_error(e: &reqwest::Error) -> String {
+    let kind = if e.is_connect() {
+        "connection failed"
+    } else if e.is_timeout() {
+        "timed out"
+    } else if e.is_body() || e.is_decode() {
+        "connection broke while reading the answer"
+    } else if e.is_request() {
+        "request failed"
+    } else {
+        "transport error"
+    };
+    let mut source: &dyn std::error::Error = e;
+    while let Some(inner) = source.source() {
+        source = inner;
+    }
+    format!("{kind}: {source}")
+}
