@@ -159,8 +159,7 @@ begin
             p_reservation, v_until using errcode = 'check_violation';
     end if;
     select (select count(*) from shepherd.managed_machines)
-         + (select count(*) from shepherd.pending_creations)
-         + (select count(*) from shepherd.unassimilated_devices) into v_used;
+         + (select count(*) from shepherd.in_flight) into v_used;
     if v_limit > 0 and v_used >= v_limit then
         raise exception 'managed machines plus creations in flight are at the cluster''s max_machines (%)', v_limit
             using errcode = 'check_violation';

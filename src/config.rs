@@ -310,7 +310,8 @@ impl Default for PenaltyPolicy {
         PenaltyPolicy {
             initial: std::time::Duration::from_secs(3600),
             factor: 1.0,
-            max: std::time::Duration::from_secs(3600),
+            // Reached only when the penalty grows (factor above 1).
+            max: std::time::Duration::from_secs(24 * 3600),
         }
     }
 }

@@ -113,23 +113,28 @@ fn unix_now() -> f64 {
         .unwrap_or(0.0)
 }
 
-/// The Metal client's minimum interval between calls, held across every
-/// process of the cluster.
-#[derive(Debug, Clone)]
-pub struct ClusterPacer(pub Arc<Limiter>);
-
-impl Pacer for ClusterPacer {
+/// A limiter paces API calls: the cluster-wide minimum interval between
+/// calls (`api_rate`) and, right before every POST, device creations. One
+/// mechanism for both.
+impl Pacer for Limiter {
     fn wait_turn(&self) -> PacerFuture<'_> {
         Box::pin(async move {
-            self.0
+            let waited = self
                 .acquire()
                 .await
-                .map(|_| ())
-                .map_err(|e| format!("the API pacer's database is unreachable: {e}"))
+                .map_err(|e| format!("the {} limiter's database is unreachable: {e}", self.name))?;
+            if !waited.is_zero() {
+                tracing::debug!(
+                    limiter = self.name,
+                    waited_ms = waited.as_millis() as u64,
+                    "waited for a slot"
+                );
+            }
+            Ok(())
         })
     }
 
     fn set_interval(&self, interval: Duration) {
-        self.0.set_rate(Rate { interval, burst: 1 });
+        self.set_rate(Rate { interval, burst: 1 });
     }
 }

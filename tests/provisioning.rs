@@ -307,7 +307,6 @@ async fn a_transient_failure_is_retried_by_a_delayed_successor(pool: PgPool) {
             w.pool.clone(),
             shepherd::metal::MetalClient::new(short_budget, Default::default()).unwrap(),
             w.ctx.config.clone(),
-            w.ctx.creation_limiter.clone(),
             PUBLIC_KEY.into(),
         )),
         ..w

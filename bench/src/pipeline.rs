@@ -11,7 +11,6 @@ use clap::Args;
 use serde::{Deserialize, Serialize};
 use shepherd::config::{ProvisionerConfig, Rate};
 use shepherd::jobs::JobContext;
-use shepherd::limiter::{DEVICE_CREATION, Limiter};
 use shepherd::metal::{ClientConfig, ClientMetrics, MetalClient, Operation};
 use shepherd::secret::ApiToken;
 use shepherd_fakes::metal::{FakeConfig, FaultKind, FaultRule, Faults};
@@ -233,18 +232,7 @@ async fn enqueue_pass(stage: &Stage, reservations: usize) -> anyhow::Result<()> 
         "bench",
     )
     .await?;
-    let limiter = Limiter::new(
-        stage.pool.clone(),
-        DEVICE_CREATION,
-        provisioner.device_creation_rate,
-    );
-    let ctx = JobContext::new(
-        stage.pool.clone(),
-        metal,
-        provisioner,
-        limiter,
-        PUBLIC_KEY.into(),
-    );
+    let ctx = JobContext::new(stage.pool.clone(), metal, provisioner, PUBLIC_KEY.into());
     let outcome = shepherd::jobs::reconcile::reconcile(&ctx, "bench").await?;
     anyhow::ensure!(
         outcome.enqueued.len() == reservations,

@@ -13,7 +13,6 @@ use shepherd::config::ProvisionerConfig;
 use shepherd::events::event::MachineAssimilated;
 use shepherd::events::{NewEvent, record};
 use shepherd::jobs::JobContext;
-use shepherd::limiter::{DEVICE_CREATION, Limiter};
 use shepherd::metal::{ClientConfig, ClientMetrics, MetalClient};
 use shepherd::secret::ApiToken;
 use shepherd_fakes::metal::FakeConfig;
@@ -67,8 +66,7 @@ pub async fn once(args: ReconcileOnce) -> anyhow::Result<()> {
         "bench",
     )
     .await?;
-    let limiter = Limiter::new(pool.clone(), DEVICE_CREATION, config.device_creation_rate);
-    let ctx = JobContext::new(pool, metal, config, limiter, PUBLIC_KEY.into());
+    let ctx = JobContext::new(pool, metal, config, PUBLIC_KEY.into());
     let (rss_before, _) = super::memory();
     let started = Instant::now();
     let outcome = shepherd::jobs::reconcile::reconcile(&ctx, "bench-reconcile").await?;

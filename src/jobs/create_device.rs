@@ -116,24 +116,9 @@ pub async fn create_device(
             ssh_keys: vec![key],
             witness: Witness::new(args.request),
         };
-        let pace = || async {
-            let waited =
-                ctx.creation_limiter
-                    .acquire()
-                    .await
-                    .map_err(|e| MetalError::Transient {
-                        op: crate::metal::Operation::CreateDevice,
-                        reason: format!("the creation limiter's database is unreachable: {e}"),
-                    })?;
-            if !waited.is_zero() {
-                tracing::debug!(
-                    waited_ms = waited.as_millis() as u64,
-                    "waited for the creation limiter"
-                );
-            }
-            Ok(())
-        };
-        ctx.metal.create_device_paced(&request, pace).await
+        ctx.metal
+            .create_device_paced(&request, &ctx.creation_limiter)
+            .await
     };
     let result = tokio::time::timeout(ctx.config.create_retry.timeout, attempt)
         .await

@@ -135,13 +135,20 @@ pub struct JobContext {
 }
 
 impl JobContext {
+    /// The context of one process's jobs. The creation limiter is the
+    /// cluster's (one row in Postgres); it adopts the cluster's rate at the
+    /// start of every job.
     pub fn new(
         pool: PgPool,
         metal: MetalClient,
         config: Arc<ProvisionerConfig>,
-        creation_limiter: Limiter,
         public_key: String,
     ) -> Self {
+        let creation_limiter = Limiter::new(
+            pool.clone(),
+            crate::limiter::DEVICE_CREATION,
+            config.device_creation_rate,
+        );
         JobContext {
             pool,
             metal,

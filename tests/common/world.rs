@@ -10,7 +10,6 @@ use shepherd::jobs::assimilate::{AssimilateOutcome, assimilate};
 use shepherd::jobs::create_device::{CreateOutcome, create_device};
 use shepherd::jobs::reconcile::{ReconcileOutcome, reconcile};
 use shepherd::jobs::{AssimilateArgs, CreateDeviceArgs, JobContext};
-use shepherd::limiter::{DEVICE_CREATION, Limiter};
 use shepherd_fakes::metal::{FakeConfig, FakeMetal};
 use sqlx::PgPool;
 
@@ -64,12 +63,10 @@ impl World {
         )
         .await
         .expect("the cluster's settings are recorded");
-        let limiter = Limiter::new(pool.clone(), DEVICE_CREATION, config.device_creation_rate);
         let ctx = Arc::new(JobContext::new(
             pool.clone(),
             client,
             Arc::new(config),
-            limiter,
             PUBLIC_KEY.to_string(),
         ));
         World { pool, fake, ctx }
@@ -140,11 +137,8 @@ impl World {
     }
 
     pub async fn in_flight(&self) -> i64 {
-        self.count(
-            "select (select count(*) from shepherd.pending_creations)
-                  + (select count(*) from shepherd.unassimilated_devices)",
-        )
-        .await
+        self.count("select (select count(*) from shepherd.in_flight)")
+            .await
     }
 
     /// Invariant 2: managed + in flight never exceeds max_machines.

@@ -14,12 +14,20 @@ use shepherd::config::{
     parse_duration,
 };
 use shepherd::events::views::PenaltyPolicy;
-use shepherd::limiter::{self, ClusterPacer, Limiter};
-use shepherd::metal::client::BASE_URL_DEFAULT;
+use shepherd::limiter::{self, Limiter};
+use shepherd::metal::client::{BASE_URL_DEFAULT, PER_PAGE_DEFAULT};
+use shepherd::metal::discipline::PARALLELISM_DEFAULT;
 use shepherd::metal::{ClientConfig, ClientMetrics, LocalPacer, MetalClient, Pacer, RetrySettings};
 use shepherd::secret::ApiToken;
 use sqlx::PgPool;
 use uuid::Uuid;
+
+/// The provisioner's defaults, the one source the flags' defaults come
+/// from (durations, which have no display form, are written in the flags
+/// and checked against these by a test).
+fn defaults() -> ProvisionerConfig {
+    ProvisionerConfig::default()
+}
 
 #[derive(Debug, Clone, Args)]
 pub struct MetalArgs {
@@ -36,7 +44,7 @@ pub struct MetalArgs {
     pub token_file: Option<PathBuf>,
 
     /// Metal API calls in flight at once, per process
-    #[arg(long, env = "SHEPHERD_API_PARALLELISM", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, env = "SHEPHERD_API_PARALLELISM", default_value_t = PARALLELISM_DEFAULT as u32, value_parser = clap::value_parser!(u32).range(1..))]
     pub api_parallelism: u32,
 
     /// Minimum time between the starts of two API calls, across the cluster
@@ -52,7 +60,7 @@ pub struct MetalArgs {
     pub api_retry_budget: Duration,
 
     /// Page size of listings (1 to 1000)
-    #[arg(long, env = "SHEPHERD_API_PER_PAGE", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    #[arg(long, env = "SHEPHERD_API_PER_PAGE", default_value_t = PER_PAGE_DEFAULT, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub per_page: u32,
 }
 
@@ -103,14 +111,14 @@ impl MetalArgs {
         // With a database the pacer is the cluster's, even at a zero rate:
         // the cluster's api_rate can change while the process runs.
         let pacer: Arc<dyn Pacer> = match pool {
-            Some(pool) => Arc::new(ClusterPacer(Arc::new(Limiter::new(
+            Some(pool) => Arc::new(Limiter::new(
                 pool.clone(),
                 limiter::METAL_API,
                 Rate {
                     interval: config.api_rate,
                     burst: 1,
                 },
-            )))),
+            )),
             _ => Arc::new(LocalPacer::new(config.api_rate)),
         };
         Ok(MetalClient::with_pacer(config, metrics, pacer)?)
@@ -120,18 +128,18 @@ impl MetalArgs {
 #[derive(Debug, Clone, Args)]
 pub struct ProvisionerArgs {
     /// Hostname prefix of managed devices
-    #[arg(long, env = "SHEPHERD_DEVICE_PREFIX", default_value = "shepherd-")]
+    #[arg(long, env = "SHEPHERD_DEVICE_PREFIX", default_value_t = defaults().device_prefix)]
     pub device_prefix: String,
 
     /// OS slug for new devices
-    #[arg(long, env = "SHEPHERD_OS", default_value = "ubuntu_20_04")]
+    #[arg(long, env = "SHEPHERD_OS", default_value_t = defaults().os)]
     pub os: String,
 
     /// Limit of managed machines plus creations in flight (0: no limit)
     #[arg(
         long,
         env = "SHEPHERD_MAX_MACHINES",
-        default_value_t = 50,
+        default_value_t = defaults().max_machines,
         allow_negative_numbers = true
     )]
     pub max_machines: u64,
@@ -140,7 +148,7 @@ pub struct ProvisionerArgs {
     #[arg(
         long,
         env = "SHEPHERD_CHUNK_SIZE",
-        default_value_t = 20,
+        default_value_t = defaults().chunk_size,
         allow_negative_numbers = true
     )]
     pub chunk_size: u64,
@@ -150,15 +158,15 @@ pub struct ProvisionerArgs {
     pub assimilate: bool,
 
     /// Reconcile passes: INTERVAL,BURST
-    #[arg(long, env = "SHEPHERD_RECONCILE_RATE", default_value = "1m,1")]
+    #[arg(long, env = "SHEPHERD_RECONCILE_RATE", default_value_t = defaults().reconcile_rate)]
     pub reconcile_rate: Rate,
 
     /// Device creations across the cluster: INTERVAL,BURST (0s,1: no limit)
-    #[arg(long, env = "SHEPHERD_DEVICE_CREATION_RATE", default_value = "5s,1")]
+    #[arg(long, env = "SHEPHERD_DEVICE_CREATION_RATE", default_value_t = defaults().device_creation_rate)]
     pub device_creation_rate: Rate,
 
     /// Label of the managed SSH key
-    #[arg(long, env = "SHEPHERD_SSH_KEY_LABEL", default_value = "shepherd")]
+    #[arg(long, env = "SHEPHERD_SSH_KEY_LABEL", default_value_t = defaults().ssh_key_label)]
     pub ssh_key_label: String,
 
     /// File with the public SSH key put on every device
@@ -170,7 +178,7 @@ pub struct ProvisionerArgs {
     pub penalty: Duration,
 
     /// Growth of the penalty per consecutive failure (1: fixed)
-    #[arg(long, env = "SHEPHERD_PENALTY_FACTOR", default_value_t = 1.0)]
+    #[arg(long, env = "SHEPHERD_PENALTY_FACTOR", default_value_t = defaults().penalty.factor)]
     pub penalty_factor: f64,
 
     /// Longest penalty when it grows
@@ -298,5 +306,40 @@ impl ProvisionerArgs {
             );
         }
         Ok(key)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Flags {
+        #[command(flatten)]
+        provisioner: ProvisionerArgs,
+        #[command(flatten)]
+        metal: MetalArgs,
+    }
+
+    #[test]
+    fn the_flags_defaults_are_the_configs() {
+        // No flag given, and no SHEPHERD_* variable set by this test's runner.
+        let flags = Flags::try_parse_from(["shepherd"]).unwrap();
+        assert_eq!(
+            flags.provisioner.config_with(&flags.metal).unwrap(),
+            ProvisionerConfig::default()
+        );
+        assert_eq!(flags.metal.api_parallelism as usize, PARALLELISM_DEFAULT);
+        assert_eq!(flags.metal.per_page, PER_PAGE_DEFAULT);
+        assert_eq!(
+            flags.metal.api_timeout,
+            shepherd::metal::discipline::ATTEMPT_TIMEOUT_DEFAULT
+        );
+        assert_eq!(
+            flags.metal.api_retry_budget,
+            RetrySettings::default().max_elapsed
+        );
+        assert_eq!(flags.metal.metal_api_url, BASE_URL_DEFAULT);
     }
 }

@@ -1,4 +1,6 @@
-//! Plain aligned tables for people; scripts use `--json`.
+//! Plain aligned tables and event lines for people; scripts use `--json`.
+
+use shepherd::events::StoredEvent;
 
 pub struct Table {
     headers: Vec<&'static str>,
@@ -59,4 +61,32 @@ pub fn human_duration(d: chrono::TimeDelta) -> String {
     } else {
         format!("{s}s")
     }
+}
+
+/// One event as a line, or as a JSON object with `--json`.
+pub fn print_event(e: &StoredEvent, json: bool) -> anyhow::Result<()> {
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "position": e.position,
+                "recorded_at": e.recorded_at,
+                "stream": e.stream,
+                "type": e.event.type_name(),
+                "version": e.event.schema_version(),
+                "job_id": e.job_id,
+                "body": e.event.body(),
+            })
+        );
+    } else {
+        println!(
+            "{:>8}  {}  {:<24} {:<48} {}",
+            e.position,
+            e.recorded_at.format("%H:%M:%S%.3f"),
+            e.event.type_name(),
+            e.stream,
+            e.event.body()
+        );
+    }
+    Ok(())
 }

@@ -137,8 +137,7 @@ async fn chaos_breaks_no_invariant(pool: PgPool) {
         // The limit, sampled in one snapshot (None while Postgres is away).
         let sample: Option<(i64, i64, i64)> = sqlx::query_as(
             "select (select count(*) from shepherd.managed_machines),
-                    (select count(*) from shepherd.pending_creations)
-                  + (select count(*) from shepherd.unassimilated_devices),
+                    (select count(*) from shepherd.in_flight),
                     (select count(*) from apalis.jobs
                       where job_type in ('create_device', 'assimilate', 'reconcile')
                         and (status in ('Pending', 'Queued', 'Running')

@@ -9,18 +9,15 @@ use uuid::Uuid;
 use super::*;
 
 impl MetalClient {
-    /// [`MetalClient::create_device`], awaiting `pace` right before every
-    /// POST: a creation rate limit then holds at the moment devices are
-    /// requested, not at some earlier point before the reservation's read.
-    pub async fn create_device_paced<P, Fut>(
+    /// [`MetalClient::create_device`], waiting for `pacer`'s turn right
+    /// before every POST: a creation rate limit then holds at the moment
+    /// devices are requested, not at some earlier point before the
+    /// reservation's read.
+    pub async fn create_device_paced(
         &self,
         req: &CreateDevice,
-        pace: P,
-    ) -> Result<CreatedDevice, MetalError>
-    where
-        P: Fn() -> Fut,
-        Fut: std::future::Future<Output = Result<(), MetalError>>,
-    {
+        pacer: &dyn Pacer,
+    ) -> Result<CreatedDevice, MetalError> {
         let witness = req.witness.tag();
         // Set when a POST's outcome could not be observed, cleared when a
         // later read of the reservation shows no device of ours: an error
@@ -30,7 +27,7 @@ impl MetalClient {
         let result = retry(&self.inner.retry, "createDevice", |attempt| {
             let witness = &witness;
             let ambiguous = &ambiguous;
-            let pace = &pace;
+
             attempts.store(attempt, Ordering::Relaxed);
             async move {
                 let reservation = self
@@ -62,7 +59,7 @@ impl MetalClient {
                     query: vec![],
                     body: Some(&body),
                 };
-                let posted = match self.attempt_paced(&call, Some(pace)).await {
+                let posted = match self.attempt_paced(&call, Some(pacer)).await {
                     Ok((status, body)) => decode::<Device>(call.op, status, &body),
                     Err(e) => Err(e),
                 };

@@ -365,7 +365,8 @@ impl MetalClient {
     /// repeated blindly: the next attempt starts with that read. In the normal
     /// case this is two calls; after an accepted-then-failed POST, three.
     pub async fn create_device(&self, req: &CreateDevice) -> Result<CreatedDevice, MetalError> {
-        self.create_device_paced(req, || async { Ok(()) }).await
+        self.create_device_paced(req, &LocalPacer::new(Duration::ZERO))
+            .await
     }
 
     // ---- SSH keys ----

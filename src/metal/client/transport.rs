@@ -30,25 +30,26 @@ impl MetalClient {
     /// One attempt through the gate, with its own timeout. Returns the status
     /// and body of a success; any other answer becomes an error.
     pub(super) async fn attempt(&self, call: &Call<'_>) -> Result<(u16, Vec<u8>), MetalError> {
-        self.attempt_paced::<fn() -> std::future::Ready<Result<(), MetalError>>, _>(call, None)
-            .await
+        self.attempt_paced(call, None).await
     }
 
     /// One attempt; `pace`, when given, is awaited after the attempt has its
     /// slot in the gate, right before the request is sent, so nothing of our
     /// own stands between a rate limiter's slot and the wire.
-    pub(super) async fn attempt_paced<P, Fut>(
+    pub(super) async fn attempt_paced(
         &self,
         call: &Call<'_>,
-        pace: Option<&P>,
-    ) -> Result<(u16, Vec<u8>), MetalError>
-    where
-        P: Fn() -> Fut,
-        Fut: std::future::Future<Output = Result<(), MetalError>>,
-    {
+        pacer: Option<&dyn Pacer>,
+    ) -> Result<(u16, Vec<u8>), MetalError> {
         let admission = self.inner.gate.admit(call.op).await?;
-        if let Some(pace) = pace {
-            pace().await?;
+        if let Some(pacer) = pacer {
+            pacer
+                .wait_turn()
+                .await
+                .map_err(|reason| MetalError::Transient {
+                    op: call.op,
+                    reason,
+                })?;
         }
         let started = tokio::time::Instant::now();
         let url = format!("{}{}", self.inner.base_url, call.path);

@@ -15,7 +15,6 @@ use anyhow::Context;
 use clap::Args;
 use shepherd::config::{JobRetry, ProvisionerConfig, Rate};
 use shepherd::jobs::JobContext;
-use shepherd::limiter::{DEVICE_CREATION, Limiter};
 use shepherd::metal::{ClientConfig, ClientMetrics, MetalClient, Operation, RetrySettings};
 use shepherd::secret::ApiToken;
 use shepherd_fakes::metal::{FakeConfig, FakeMetal, FaultKind, FaultRule, Faults};
@@ -81,8 +80,7 @@ struct Counts {
 async fn counts(pool: &PgPool) -> Result<Counts, sqlx::Error> {
     let (managed, in_flight, penalised, pending_jobs): (i64, i64, i64, i64) = sqlx::query_as(
         "select (select count(*) from shepherd.managed_machines),
-                (select count(*) from shepherd.pending_creations)
-                  + (select count(*) from shepherd.unassimilated_devices),
+                (select count(*) from shepherd.in_flight),
                 (select count(*) from shepherd.sinbin where now() <= until),
                 (select count(*) from apalis.jobs where status in ('Pending', 'Queued', 'Running'))",
     )
@@ -210,12 +208,10 @@ pub async fn run(args: DemoArgs, stop: Stop) -> anyhow::Result<DemoSummary> {
     let mut tasks = Vec::new();
     for n in 0..args.workers.max(1) {
         let metal = MetalClient::new(client_config.clone(), ClientMetrics::default())?;
-        let limiter = Limiter::new(pool.clone(), DEVICE_CREATION, config.device_creation_rate);
         let ctx = Arc::new(JobContext::new(
             pool.clone(),
             metal,
             config.clone(),
-            limiter,
             "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHNoZXBoZXJkLWRlbW8ta2V5 demo".into(),
         ));
         ctx.ensure_ssh_key()

@@ -5,11 +5,11 @@ use std::time::Duration;
 
 use chrono::Utc;
 use clap::{Args, Subcommand};
-use shepherd::events::store::{Follower, StoredEvent};
+use shepherd::events::store::Follower;
 use shepherd::events::views;
 
 use crate::commands::database::DatabaseArgs;
-use crate::table::{Table, human_duration};
+use crate::table::{Table, human_duration, print_event};
 
 #[derive(Debug, Args)]
 pub struct ListArgs {
@@ -149,33 +149,6 @@ pub struct EventsArgs {
     /// Keep printing events as they are committed
     #[arg(long)]
     follow: bool,
-}
-
-pub fn print_event(e: &StoredEvent, json: bool) -> anyhow::Result<()> {
-    if json {
-        println!(
-            "{}",
-            serde_json::json!({
-                "position": e.position,
-                "recorded_at": e.recorded_at,
-                "stream": e.stream,
-                "type": e.event.type_name(),
-                "version": e.event.schema_version(),
-                "job_id": e.job_id,
-                "body": e.event.body(),
-            })
-        );
-    } else {
-        println!(
-            "{:>8}  {}  {:<24} {:<48} {}",
-            e.position,
-            e.recorded_at.format("%H:%M:%S%.3f"),
-            e.event.type_name(),
-            e.stream,
-            e.event.body()
-        );
-    }
-    Ok(())
 }
 
 pub async fn events(args: EventsArgs) -> anyhow::Result<()> {

@@ -8,9 +8,8 @@ use shepherd::metal::ClientMetrics;
 use uuid::Uuid;
 
 use crate::commands::database::DatabaseArgs;
-use crate::commands::inspect::print_event;
 use crate::settings::{MetalArgs, ProvisionerArgs};
-use crate::table::Table;
+use crate::table::{Table, print_event};
 
 #[derive(Debug, Args)]
 pub struct StatusArgs {

@@ -8,7 +8,6 @@ use clap::Args;
 use shepherd::cluster::ClusterSettings;
 use shepherd::config::parse_duration;
 use shepherd::jobs::JobContext;
-use shepherd::limiter::{self, Limiter};
 use shepherd::metal::ClientMetrics;
 
 use crate::commands::database::DatabaseArgs;
@@ -184,16 +183,10 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(args.metrics_listen)
         .await
         .with_context(|| format!("--metrics-listen: cannot listen on {}", args.metrics_listen))?;
-    let creation_limiter = Limiter::new(
-        pool.clone(),
-        limiter::DEVICE_CREATION,
-        config.device_creation_rate,
-    );
     let ctx = Arc::new(JobContext::new(
         pool.clone(),
         metal,
         config.clone(),
-        creation_limiter,
         public_key,
     ));
     let key = ctx

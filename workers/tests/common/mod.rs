@@ -147,13 +147,10 @@ impl Cluster {
     }
 
     pub async fn in_flight(&self) -> i64 {
-        sqlx::query_scalar(
-            "select (select count(*) from shepherd.pending_creations)
-                  + (select count(*) from shepherd.unassimilated_devices)",
-        )
-        .fetch_one(&self.pool)
-        .await
-        .unwrap_or(0)
+        sqlx::query_scalar("select (select count(*) from shepherd.in_flight)")
+            .fetch_one(&self.pool)
+            .await
+            .unwrap_or(0)
     }
 
     /// Waits until `managed` machines are managed and nothing is in flight,
