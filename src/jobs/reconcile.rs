@@ -65,6 +65,16 @@ pub async fn reconcile(ctx: &JobContext, job_id: &str) -> Result<ReconcileOutcom
             ..Default::default()
         });
     }
+    let outcome = run_pass(ctx, job_id).await;
+    // Released before the outcome is returned, so the next pass finds the
+    // lock free (a dropped transaction rolls back only later, on its
+    // connection's next use).
+    guard.rollback().await?;
+    outcome
+}
+
+/// The pass proper, run while the caller holds the reconcile lock.
+async fn run_pass(ctx: &JobContext, job_id: &str) -> Result<ReconcileOutcome, JobError> {
     let run = Uuid::new_v4();
     let mut out = ReconcileOutcome {
         run: Some(run),
@@ -312,7 +322,6 @@ pub async fn reconcile(ctx: &JobContext, job_id: &str) -> Result<ReconcileOutcom
     )
     .await?;
     tx.commit().await?;
-    drop(guard);
     tracing::info!(
         run = %run,
         managed = out.managed,
