@@ -256,10 +256,7 @@ async fn the_sweep_gives_a_stranded_creation_and_assimilation_a_job(pool: PgPool
     assert_eq!(w.managed().await, 3);
     assert_eq!(w.events("creation_resumed").await, 1);
     assert_settled(&w).await;
-    let report = shepherd::events::views::rebuild(&w.pool, false)
-        .await
-        .unwrap();
-    assert_eq!(report.differences, Vec::<String>::new());
+    common::assert_rebuild_equals_live(&w.pool).await;
 }
 
 #[sqlx::test(migrations = false)]

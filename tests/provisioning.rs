@@ -424,10 +424,7 @@ async fn concurrent_passes_and_manual_jobs_never_double_create_or_pass_the_limit
     w.drain().await;
     assert_eq!(w.managed().await, 12);
     w.assert_fleet_consistent().await;
-    let report = shepherd::events::views::rebuild(&w.pool, false)
-        .await
-        .unwrap();
-    assert_eq!(report.differences, Vec::<String>::new());
+    common::assert_rebuild_equals_live(&w.pool).await;
 }
 
 #[sqlx::test(migrations = false)]
@@ -631,6 +628,22 @@ async fn a_pause_stops_creations_and_a_resume_restarts_them(pool: PgPool) {
     assert!(report.differences.is_empty(), "{report:?}");
 }
 
+async fn queue_reconcile(w: &World) -> String {
+    let mut tx = w.pool.begin().await.unwrap();
+    let id = queue::push_reconcile(
+        &mut tx,
+        &shepherd::jobs::ReconcileArgs {
+            requested_by: "test".into(),
+        },
+        None,
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    tx.commit().await.unwrap();
+    id
+}
+
 #[sqlx::test(migrations = false)]
 async fn passes_queued_behind_a_newer_one_coalesce(pool: PgPool) {
     let w = World::with(pool, 6, config(5, 5)).await;
@@ -638,18 +651,7 @@ async fn passes_queued_behind_a_newer_one_coalesce(pool: PgPool) {
     // requests).
     let mut jobs = Vec::new();
     for _ in 0..5 {
-        let mut tx = w.pool.begin().await.unwrap();
-        let id = queue::push_reconcile(
-            &mut tx,
-            &shepherd::jobs::ReconcileArgs {
-                requested_by: "test".into(),
-            },
-            None,
-        )
-        .await
-        .unwrap()
-        .unwrap();
-        tx.commit().await.unwrap();
+        let id = queue_reconcile(&w).await;
         jobs.push(id);
     }
     let calls = w.fake.total_calls();
@@ -673,19 +675,7 @@ async fn passes_queued_behind_a_newer_one_coalesce(pool: PgPool) {
     assert_eq!(w.events("reconcile_coalesced").await, 4);
     assert_eq!(w.events("reconcile_started").await, 1);
     // A pass queued after the last one started runs.
-    let mut tx = w.pool.begin().await.unwrap();
-    tokio::time::sleep(Duration::from_millis(20)).await;
-    let later = queue::push_reconcile(
-        &mut tx,
-        &shepherd::jobs::ReconcileArgs {
-            requested_by: "test".into(),
-        },
-        None,
-    )
-    .await
-    .unwrap()
-    .unwrap();
-    tx.commit().await.unwrap();
+    let later = queue_reconcile(&w).await;
     let out = shepherd::jobs::reconcile::reconcile(&w.ctx, &later)
         .await
         .unwrap();

@@ -70,3 +70,11 @@ pub fn next(op: Operation, times: u64, kind: FaultKind) -> Faults {
 pub async fn migrated(pool: &sqlx::PgPool) {
     shepherd::db::migrate(pool).await.expect("migrations apply");
 }
+
+/// Invariant 5: the views rebuilt from the log equal the live ones.
+pub async fn assert_rebuild_equals_live(pool: &sqlx::PgPool) {
+    let report = shepherd::events::views::rebuild(pool, false)
+        .await
+        .expect("the log replays");
+    assert_eq!(report.differences, Vec::<String>::new());
+}

@@ -23,6 +23,16 @@ fn free_reservation(c: &Cluster) -> Uuid {
         .id
 }
 
+/// What `shepherd.enqueue_create_device(r)` refused with.
+async fn sql_refusal(c: &Cluster, r: Uuid) -> String {
+    sqlx::query("select shepherd.enqueue_create_device($1)")
+        .bind(r)
+        .execute(&c.pool)
+        .await
+        .expect_err("the SQL function admitted it")
+        .to_string()
+}
+
 fn run(c: &Cluster, args: &[&str]) -> (bool, String, String) {
     let out = c.command(args).output().unwrap();
     (
@@ -71,12 +81,7 @@ async fn one_limit_for_the_cluster_whatever_the_flags_and_manual_paths(pool: PgP
     );
     assert!(!ok, "a manual creation passed the limit");
     assert!(err.contains("max_machines (5)"), "{err}");
-    let sql = sqlx::query("select shepherd.enqueue_create_device($1)")
-        .bind(r)
-        .execute(&c.pool)
-        .await
-        .unwrap_err()
-        .to_string();
+    let sql = sql_refusal(&c, r).await;
     assert!(sql.contains("max_machines (5)"), "{sql}");
     // plan without flags reports the cluster's limit.
     let (ok, out, err) = run(&c, &["plan"]);
@@ -157,12 +162,7 @@ async fn one_limit_for_the_cluster_whatever_the_flags_and_manual_paths(pool: PgP
     );
     assert!(!ok);
     assert!(err.contains("penalised"), "{err}");
-    let sql = sqlx::query("select shepherd.enqueue_create_device($1)")
-        .bind(r)
-        .execute(&c.pool)
-        .await
-        .unwrap_err()
-        .to_string();
+    let sql = sql_refusal(&c, r).await;
     assert!(sql.contains("penalised"), "{sql}");
     let (ok, out, err) = run(
         &c,
@@ -186,10 +186,7 @@ async fn one_limit_for_the_cluster_whatever_the_flags_and_manual_paths(pool: PgP
     .await
     .unwrap();
     assert_eq!(overridden.as_deref(), Some("the disk was replaced"));
-    let report = shepherd::events::views::rebuild(&c.pool, false)
-        .await
-        .unwrap();
-    assert_eq!(report.differences, Vec::<String>::new());
+    common::assert_rebuild_equals_live(&c.pool).await;
 }
 
 #[sqlx::test(migrations = false)]
@@ -302,10 +299,7 @@ async fn a_machine_whose_device_is_gone_is_released_and_passes_resume(pool: PgPo
     .await
     .unwrap();
     assert_eq!(released, "deleted by hand in the portal");
-    let report = shepherd::events::views::rebuild(&c.pool, false)
-        .await
-        .unwrap();
-    assert_eq!(report.differences, Vec::<String>::new());
+    common::assert_rebuild_equals_live(&c.pool).await;
 }
 
 #[sqlx::test(migrations = false)]

@@ -285,3 +285,11 @@ pub async fn migrate(cluster: &Cluster) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Invariant 5: the views rebuilt from the log equal the live ones.
+pub async fn assert_rebuild_equals_live(pool: &sqlx::PgPool) {
+    let report = shepherd::events::views::rebuild(pool, false)
+        .await
+        .expect("the log replays");
+    assert_eq!(report.differences, Vec::<String>::new());
+}
