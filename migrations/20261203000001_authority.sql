@@ -56,7 +56,8 @@ language plpgsql as $$
 declare
     v_by text := coalesce(p_by, 'sql:' || current_user);
     v_value jsonb;
-    v_duration text := '^[0-9]+(\.[0-9]+)?(ms|s|m|h|d)?$';
+    -- A duration as parse_duration reads it: 90s, 1m30s, 1h 15m, or a bare number.
+    v_duration text := '^([0-9]+(\.[0-9]+)?(ms|s|m|h|d) ?)+$|^[0-9]+(\.[0-9]+)?$';
 begin
     perform shepherd.require(p_key is not null, 'a setting name is required');
     perform shepherd.require(p_value is not null, 'a value is required');
@@ -82,7 +83,7 @@ begin
             format('%s is a duration such as 500ms, 5s, 1m or 1h, not %L', p_key, p_value));
         v_value := to_jsonb(p_value);
     when 'device_creation_rate' then
-        perform shepherd.require(p_value ~ '^[0-9]+(\.[0-9]+)?(ms|s|m|h|d)?,[1-9][0-9]*$',
+        perform shepherd.require(p_value ~ '^(([0-9]+(\.[0-9]+)?(ms|s|m|h|d) ?)+|[0-9]+(\.[0-9]+)?),[1-9][0-9]*$',
             format('device_creation_rate is INTERVAL,BURST such as 5s,1, not %L', p_value));
         v_value := to_jsonb(p_value);
     else
@@ -202,8 +203,11 @@ begin
 end;
 $$;
 
-create or replace function shepherd.pause_creations(p_reason text, p_by text default null)
-returns void
+-- Pausing and resuming are idempotent: a second pause (or a resume while
+-- running) records nothing and returns false.
+drop function shepherd.pause_creations(text, text);
+create function shepherd.pause_creations(p_reason text, p_by text default null)
+returns boolean
 language plpgsql as $$
 declare
     v_by text := coalesce(p_by, 'sql:' || current_user);
@@ -211,26 +215,35 @@ begin
     perform shepherd.require(nullif(trim(p_reason), '') is not null,
         'a reason is required (it is recorded with the pause)');
     perform pg_advisory_xact_lock(hashtextextended('operator/controls', 0));
+    if exists (select 1 from shepherd.controls where name = 'creations' and paused) then
+        return false;
+    end if;
     perform shepherd.append_event('operator/controls', 'creations_paused',
         jsonb_build_object('by', v_by, 'reason', p_reason));
     insert into shepherd.controls (name, paused, by, reason, since)
     values ('creations', true, v_by, p_reason, now())
     on conflict (name) do update set paused = true, by = excluded.by,
         reason = excluded.reason, since = excluded.since;
+    return true;
 end;
 $$;
 
-create or replace function shepherd.resume_creations(p_reason text default '', p_by text default null)
-returns void
+drop function shepherd.resume_creations(text, text);
+create function shepherd.resume_creations(p_reason text default '', p_by text default null)
+returns boolean
 language plpgsql as $$
 declare
     v_by text := coalesce(p_by, 'sql:' || current_user);
 begin
     perform shepherd.require(p_reason is not null, 'the reason may be empty but not NULL');
     perform pg_advisory_xact_lock(hashtextextended('operator/controls', 0));
+    if not exists (select 1 from shepherd.controls where name = 'creations' and paused) then
+        return false;
+    end if;
     perform shepherd.append_event('operator/controls', 'creations_resumed',
         jsonb_build_object('by', v_by, 'reason', p_reason));
     delete from shepherd.controls where name = 'creations';
+    return true;
 end;
 $$;
 

@@ -7,28 +7,45 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
-/// Parses `250ms`, `5s`, `1m`, `2h`, `7d` (or a bare number of seconds).
+/// Parses `250ms`, `5s`, `1m`, `2h`, `7d`, their sums such as `1m30s` or
+/// `1h 15m`, or a bare number of seconds.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let t = text.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (number, unit) = t.split_at(split);
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("{text:?} is not a duration (try 500ms, 5s, 1m or 1h)"))?;
-    let seconds = match unit.trim() {
-        "ms" => value / 1000.0,
-        "" | "s" => value,
-        "m" => value * 60.0,
-        "h" => value * 3600.0,
-        "d" => value * 86400.0,
-        other => {
-            return Err(format!(
-                "{text:?} has unknown unit {other:?} (use ms, s, m, h or d)"
-            ));
-        }
-    };
+    let hint = || format!("{text:?} is not a duration (try 500ms, 5s, 1m30s or 1h)");
+    let mut rest = text.trim();
+    if rest.is_empty() {
+        return Err(hint());
+    }
+    let mut seconds = 0.0;
+    let mut first = true;
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let (number, after) = rest.split_at(digits);
+        let value: f64 = number.parse().map_err(|_| hint())?;
+        let letters = after
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(after.len());
+        let (unit, next) = after.split_at(letters);
+        let factor = match unit.trim() {
+            "ms" => 0.001,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            "d" => 86400.0,
+            // A bare number is seconds, but only alone: `1m30` is a slip.
+            "" if first && next.is_empty() => 1.0,
+            "" => return Err(hint()),
+            other => {
+                return Err(format!(
+                    "{text:?} has unknown unit {other:?} (use ms, s, m, h or d)"
+                ));
+            }
+        };
+        seconds += value * factor;
+        first = false;
+        rest = next.trim_start();
+    }
     if !seconds.is_finite() || seconds < 0.0 {
         return Err(format!("{text:?} is not a usable duration"));
     }
@@ -109,7 +126,13 @@ mod tests {
         assert_eq!(parse_duration("1m").unwrap(), Duration::from_secs(60));
         assert_eq!(parse_duration("1h").unwrap(), Duration::from_secs(3600));
         assert_eq!(parse_duration("2").unwrap(), Duration::from_secs(2));
-        for bad in ["", "5x", "-1s", "s", "1.2.3s"] {
+        assert_eq!(parse_duration("1m30s").unwrap(), Duration::from_secs(90));
+        assert_eq!(parse_duration("1h 15m").unwrap(), Duration::from_secs(4500));
+        assert_eq!(
+            parse_duration("2s500ms").unwrap(),
+            Duration::from_millis(2500)
+        );
+        for bad in ["", "5x", "-1s", "s", "1.2.3s", "1m30", "1m-2s", "m5"] {
             assert!(parse_duration(bad).is_err(), "{bad}");
         }
     }

@@ -18,6 +18,10 @@ pub enum DbError {
         "cannot reach Postgres at {target}: {reason}. Start one (e.g. `docker compose up -d postgres`, or install the postgresql package) or point DATABASE_URL at one"
     )]
     Unreachable { target: String, reason: String },
+    #[error(
+        "the Postgres server at {target} answered, but it has no database {name}: create it and apply shepherd's schema with `shepherd migrate`"
+    )]
+    NoDatabase { target: String, name: String },
     #[error("cannot create database {name}: {reason}")]
     CreateDatabase { name: String, reason: String },
     #[error("migration failed: {0}")]
@@ -71,6 +75,19 @@ pub async fn ensure_database(url: &str) -> Result<(), DbError> {
 }
 
 fn unreachable(url: &str, e: &sqlx::Error) -> DbError {
+    // The server answered "invalid_catalog_name": reachable, just no database.
+    if let Some(db) = e.as_database_error()
+        && db.code().as_deref() == Some("3D000")
+    {
+        let name = url
+            .rsplit_once('/')
+            .map(|(_, n)| n.split('?').next().unwrap_or(n).to_string())
+            .unwrap_or_default();
+        return DbError::NoDatabase {
+            target: describe_url(url),
+            name,
+        };
+    }
     DbError::Unreachable {
         target: describe_url(url),
         reason: e.to_string(),

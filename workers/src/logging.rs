@@ -30,8 +30,13 @@ pub fn init(args: &LoggingArgs, default: &str) -> Result<(), String> {
     let wanted = args.log.as_deref().unwrap_or(default);
     let filter = EnvFilter::try_new(wanted)
         .map_err(|e| format!("--log {wanted:?} is not a valid log filter: {e}"))?;
+    // Colour only for a person at a terminal: a log file or a pipe gets
+    // plain text, and NO_COLOR (no-color.org) turns it off everywhere.
+    let colour = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colour)
         .with_writer(std::io::stderr);
     let result = match args.log_format {
         LogFormat::Human => builder.try_init(),

@@ -43,7 +43,7 @@ enum Command {
     #[command(subcommand)]
     History(operate::HistoryOf),
     /// Stop new creations cluster-wide (reconciles go on reporting)
-    Pause(operate::ControlArgs),
+    Pause(operate::PauseArgs),
     /// Let new creations start again
     Resume(operate::ControlArgs),
     /// Create the database if needed and apply the schema
@@ -64,7 +64,28 @@ enum Command {
     FakeMetal(fake_metal::FakeMetalArgs),
 }
 
+/// A reader that goes away (`shepherd status | head -1`) ends the command
+/// quietly, as Unix tools do: `println!` panics on a closed pipe, and that
+/// one panic is turned into a clean exit. Any other panic is reported as
+/// usual.
+fn exit_quietly_when_the_reader_goes_away() {
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let message = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if message.starts_with("failed printing to stdout") && message.contains("Broken pipe") {
+            std::process::exit(0);
+        }
+        report(info);
+    }));
+}
+
 fn main() -> ExitCode {
+    exit_quietly_when_the_reader_goes_away();
     let matches = Cli::command().get_matches();
     settings::note_explicit(&matches);
     let cli = match Cli::from_arg_matches(&matches) {

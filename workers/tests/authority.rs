@@ -129,6 +129,24 @@ async fn one_limit_for_the_cluster_whatever_the_flags_and_manual_paths(pool: PgP
     );
     assert!(!ok);
     assert!(err.contains("unknown setting"), "{err}");
+    // Durations as people write them.
+    let (ok, _, err) = run(
+        &c,
+        &[
+            "settings",
+            "set",
+            "penalty",
+            "1h30m",
+            "--reason",
+            "longer cool-off",
+        ],
+    );
+    assert!(ok, "{err}");
+    // Logs written to a file carry no colour codes.
+    assert!(
+        !log_of(&c.dir, 0).contains('\u{1b}'),
+        "ANSI codes in a log file"
+    );
     let (ok, out, _) = run(&c, &["settings", "show"]);
     assert!(ok);
     assert!(out.contains("max_machines") && out.contains(" 7 "), "{out}");

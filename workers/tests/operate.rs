@@ -67,6 +67,39 @@ impl World {
         )
     }
 
+    /// Runs the binary with its stdout a pipe whose reader is gone before
+    /// the command prints; returns whether it exited 0, and its stderr.
+    async fn run_into_closed_pipe(&self, args: &[&str], poke: Option<&str>) -> (bool, String) {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_shepherd"));
+        cmd.args(args)
+            .env("DATABASE_URL", &self.url)
+            .env("METAL_API_URL", self.fake.base_url())
+            .env("METAL_PROJECT_ID", self.fake.project_id().to_string())
+            .env("METAL_AUTH_TOKEN", TOKEN)
+            .env("SHEPHERD_LOG", "warn")
+            .env("SHEPHERD_API_RATE", "0s")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        let mut child = cmd.spawn().unwrap();
+        drop(child.stdout.take());
+        if let Some(sql) = poke {
+            // Something for a follower to print, once it is listening.
+            tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+            sqlx::query(sqlx::AssertSqlSafe(sql.to_string()))
+                .execute(&self.pool)
+                .await
+                .unwrap();
+        }
+        let out = tokio::task::spawn_blocking(move || child.wait_with_output())
+            .await
+            .unwrap()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
     async fn counts(&self) -> (i64, i64) {
         sqlx::query_as(
             "select (select count(*) from shepherd.events), (select count(*) from apalis.jobs)",
@@ -202,4 +235,82 @@ async fn status_history_pause_resume_and_clear_on_a_known_state(pool: PgPool) {
         .await
         .unwrap();
     assert!(report.differences.is_empty(), "{:?}", report.differences);
+}
+
+#[sqlx::test(migrations = false)]
+async fn commands_end_quietly_when_their_reader_goes_away(pool: PgPool) {
+    let w = World::new(pool).await;
+    // Something to print for each command.
+    sqlx::query("select shepherd.pause_creations('to have events')")
+        .execute(&w.pool)
+        .await
+        .unwrap();
+    for args in [
+        &["status"][..],
+        &["status", "--json"],
+        &["machines"],
+        &["sinbin", "--all"],
+        &["plan"],
+        &["events"],
+        &["settings", "show"],
+    ] {
+        let (ok, err) = w.run_into_closed_pipe(args, None).await;
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert!(ok || err.contains("no settings yet"), "{args:?}: {err}");
+    }
+    let (ok, err) = w
+        .run_into_closed_pipe(
+            &["events", "--follow"],
+            Some("select shepherd.resume_creations('poke the follower')"),
+        )
+        .await;
+    assert!(ok && !err.contains("panicked"), "{err}");
+}
+
+#[sqlx::test(migrations = false)]
+async fn messages_name_the_cause_and_the_next_command(pool: PgPool) {
+    let w = World::new(pool).await;
+    // The server answers but the database is not there: the fix is migrate.
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_shepherd"));
+    // (Test databases' names are already 63 characters, the most Postgres
+    // keeps: a suffix would be cut off and name the test's own database.)
+    let missing = format!("{}/no_such_shepherd_db", w.url.rsplit_once('/').unwrap().0);
+    cmd.args(["status"]).env("DATABASE_URL", &missing);
+    let out = tokio::task::spawn_blocking(move || cmd.output())
+        .await
+        .unwrap()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "{missing}: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(err.contains("shepherd migrate"), "{err}");
+    assert!(!err.contains("docker compose"), "{err}");
+    // A pause needs a reason; a second pause and a second resume record nothing.
+    let (ok, _, err) = w.run(&["pause"]).await;
+    assert!(!ok && err.contains("--reason"), "{err}");
+    let (ok, out, _) = w.run(&["pause", "--reason", "window"]).await;
+    assert!(ok && out.contains("paused cluster-wide"), "{out}");
+    let (ok, out, _) = w.run(&["pause", "--reason", "again"]).await;
+    assert!(ok && out.contains("already paused by cli:"), "{out}");
+    let (ok, _, _) = w.run(&["resume"]).await;
+    assert!(ok);
+    let (ok, out, _) = w.run(&["resume"]).await;
+    assert!(ok && out.contains("were not paused"), "{out}");
+    let count = |t: &'static str| {
+        let pool = w.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(
+                "select count(*) from shepherd.events where event_type = $1",
+            )
+            .bind(t)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        }
+    };
+    assert_eq!(count("creations_paused").await, 1);
+    assert_eq!(count("creations_resumed").await, 1);
 }

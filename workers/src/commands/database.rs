@@ -6,7 +6,8 @@ use sqlx::PgPool;
 
 #[derive(Debug, Clone, Args)]
 pub struct DatabaseArgs {
-    /// Postgres URL; the database is created if it does not exist
+    /// Postgres URL (`shepherd migrate` and `shepherd worker` create the
+    /// database if it does not exist; other commands expect it)
     #[arg(
         long,
         env = "DATABASE_URL",

@@ -286,6 +286,15 @@ pub async fn history(of: HistoryOf) -> anyhow::Result<()> {
 }
 
 #[derive(Debug, Args)]
+pub struct PauseArgs {
+    #[command(flatten)]
+    db: DatabaseArgs,
+    /// Why (recorded in the event, shown to everyone who asks)
+    #[arg(long)]
+    reason: String,
+}
+
+#[derive(Debug, Args)]
 pub struct ControlArgs {
     #[command(flatten)]
     db: DatabaseArgs,
@@ -301,27 +310,54 @@ fn operator() -> String {
     )
 }
 
-pub async fn pause(args: ControlArgs) -> anyhow::Result<()> {
+pub async fn pause(args: PauseArgs) -> anyhow::Result<()> {
     let pool = args.db.connect(2).await?;
-    sqlx::query("select shepherd.pause_creations($1, $2)")
+    let paused: bool = sqlx::query_scalar("select shepherd.pause_creations($1, $2)")
         .bind(&args.reason)
         .bind(operator())
-        .execute(&pool)
+        .fetch_one(&pool)
         .await
+        .map_err(database_message)
         .context("cannot pause creations")?;
-    println!("creations paused cluster-wide; reconciles go on reporting");
+    if paused {
+        println!("creations paused cluster-wide; reconciles go on reporting");
+    } else {
+        let mut conn = pool.acquire().await?;
+        match shepherd::events::views::read_pause(&mut conn).await? {
+            Some(p) => println!(
+                "creations were already paused by {} since {}: {} (nothing recorded)",
+                p.by,
+                p.since.format("%Y-%m-%d %H:%M:%S"),
+                p.reason
+            ),
+            None => println!("creations were already paused (nothing recorded)"),
+        }
+    }
     Ok(())
+}
+
+/// The message Postgres raised, without sqlx's wrapping.
+fn database_message(e: sqlx::Error) -> anyhow::Error {
+    match e.as_database_error() {
+        Some(d) => anyhow::anyhow!("{}", d.message()),
+        None => anyhow::Error::from(e),
+    }
 }
 
 pub async fn resume(args: ControlArgs) -> anyhow::Result<()> {
     let pool = args.db.connect(2).await?;
-    sqlx::query("select shepherd.resume_creations($1, $2)")
+    let resumed: bool = sqlx::query_scalar("select shepherd.resume_creations($1, $2)")
         .bind(&args.reason)
         .bind(operator())
-        .execute(&pool)
+        .fetch_one(&pool)
         .await
+        .map_err(database_message)
         .context("cannot resume creations")?;
-    println!("creations resumed");
+    if resumed {
+        println!("creations resumed");
+    } else {
+        println!("creations were not paused (nothing recorded)");
+    }
     Ok(())
 }
 
@@ -435,10 +471,7 @@ pub async fn settings(command: SettingsCommand) -> anyhow::Result<()> {
             let pool = db.connect(2).await?;
             shepherd::cluster::change(&pool, &key, &value, &reason, &operator())
                 .await
-                .map_err(|e| match e.as_database_error() {
-                    Some(d) => anyhow::anyhow!("{}", d.message()),
-                    None => anyhow::Error::from(e),
-                })?;
+                .map_err(database_message)?;
             println!("{key} is now {value} for the whole cluster");
         }
     }
@@ -489,10 +522,7 @@ pub async fn release(args: ReleaseArgs) -> anyhow::Result<()> {
         .bind(operator())
         .execute(&pool)
         .await
-        .map_err(|e| match e.as_database_error() {
-            Some(d) => anyhow::anyhow!("{}", d.message()),
-            None => anyhow::Error::from(e),
-        })?;
+        .map_err(database_message)?;
     println!("machine {machine_id} (device {device}) is no longer managed");
     Ok(())
 }
