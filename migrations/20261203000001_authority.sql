@@ -41,6 +41,28 @@ begin
 end;
 $$;
 
+-- A duration as config::parse_duration reads it (90s, 1m30s, 1h 15m, or a
+-- bare number of seconds), in seconds; null when it is not one.
+create function shepherd.duration_seconds(p_text text) returns float8
+language plpgsql immutable as $$
+declare
+    v_total float8 := 0;
+    v_part text[];
+begin
+    if p_text ~ '^[0-9]+(\.[0-9]+)?$' then
+        return p_text::float8;
+    end if;
+    if p_text is null or p_text !~ '^([0-9]+(\.[0-9]+)?(ms|s|m|h|d) ?)+$' then
+        return null;
+    end if;
+    for v_part in select regexp_matches(p_text, '([0-9]+(?:\.[0-9]+)?)(ms|s|m|h|d)', 'g') loop
+        v_total := v_total + v_part[1]::float8 * case v_part[2]
+            when 'ms' then 0.001 when 's' then 1 when 'm' then 60 when 'h' then 3600 else 86400 end;
+    end loop;
+    return v_total;
+end;
+$$;
+
 -- The cluster's limit as recorded (0: no limit; null before any worker ran).
 create function shepherd.max_machines() returns bigint
 language sql stable as $$
@@ -57,7 +79,9 @@ declare
     v_by text := coalesce(p_by, 'sql:' || current_user);
     v_value jsonb;
     -- A duration as parse_duration reads it: 90s, 1m30s, 1h 15m, or a bare number.
-    v_duration text := '^([0-9]+(\.[0-9]+)?(ms|s|m|h|d) ?)+$|^[0-9]+(\.[0-9]+)?$';
+    -- Durations and bursts within what the workers can use (parse_duration
+    -- refuses more than a year; a burst is a 32-bit count).
+    v_year constant float8 := 365 * 86400;
 begin
     perform shepherd.require(p_key is not null, 'a setting name is required');
     perform shepherd.require(p_value is not null, 'a value is required');
@@ -65,7 +89,7 @@ begin
         'a reason is required (it is recorded with the change)');
     case p_key
     when 'max_machines', 'chunk_size' then
-        perform shepherd.require(p_value ~ '^[0-9]+$',
+        perform shepherd.require(p_value ~ '^[0-9]{1,15}$',
             format('%s must be a whole number of 0 or more, not %L', p_key, p_value));
         perform shepherd.require(p_key <> 'chunk_size' or p_value::bigint > 0,
             'chunk_size must be at least 1');
@@ -75,16 +99,19 @@ begin
             format('assimilate is true or false, not %L', p_value));
         v_value := to_jsonb(p_value::boolean);
     when 'penalty_factor' then
-        perform shepherd.require(p_value ~ '^[0-9]+(\.[0-9]+)?$' and p_value::float8 >= 1,
+        perform shepherd.require(p_value ~ '^[0-9]{1,6}(\.[0-9]+)?$' and p_value::float8 >= 1,
             format('penalty_factor must be a number of 1 or more, not %L', p_value));
         v_value := to_jsonb(p_value::float8);
     when 'api_rate', 'penalty', 'penalty_max' then
-        perform shepherd.require(p_value ~ v_duration,
-            format('%s is a duration such as 500ms, 5s, 1m or 1h, not %L', p_key, p_value));
+        perform shepherd.require(shepherd.duration_seconds(p_value) <= v_year,
+            format('%s is a duration of at most a year such as 500ms, 5s, 1m30s or 1h, not %L', p_key, p_value));
         v_value := to_jsonb(p_value);
     when 'device_creation_rate' then
-        perform shepherd.require(p_value ~ '^(([0-9]+(\.[0-9]+)?(ms|s|m|h|d) ?)+|[0-9]+(\.[0-9]+)?),[1-9][0-9]*$',
-            format('device_creation_rate is INTERVAL,BURST such as 5s,1, not %L', p_value));
+        perform shepherd.require(
+            shepherd.duration_seconds(split_part(p_value, ',', 1)) <= v_year
+            and split_part(p_value, ',', 2) ~ '^[1-9][0-9]{0,5}$'
+            and p_value ~ '^[^,]+,[^,]+$',
+            format('device_creation_rate is INTERVAL,BURST such as 5s,1 (at most a year, a burst of at most 999999), not %L', p_value));
         v_value := to_jsonb(p_value);
     else
         raise exception 'unknown setting %; the settings are max_machines, chunk_size, assimilate, device_creation_rate, api_rate, penalty, penalty_factor, penalty_max', p_key
@@ -104,6 +131,9 @@ $$;
 
 -- Records that a managed machine is no longer managed (its device is gone),
 -- so reconcile passes resume. Takes the machine's id or its device's id.
+-- Unlike `shepherd machines release`, it cannot ask the provider whether the
+-- device is really gone: releasing a live device frees its slot, and the
+-- next pass reports the device as a discrepancy (or adopts it again).
 -- Mirrors events/views.rs apply() for `machine_released`.
 create function shepherd.release_machine(p_id text, p_reason text, p_by text default null)
 returns uuid
@@ -122,6 +152,11 @@ begin
             using errcode = 'no_data_found';
     end if;
     perform pg_advisory_xact_lock(hashtextextended('device/' || m.provider_id, 0));
+    -- Read again under the lock: a concurrent release may have won.
+    if not exists (select 1 from shepherd.managed_machines where machine_id = m.machine_id) then
+        raise exception 'machine % was released meanwhile', m.machine_id
+            using errcode = 'no_data_found';
+    end if;
     perform shepherd.append_event('device/' || m.provider_id, 'machine_released',
         jsonb_build_object('machine_id', m.machine_id, 'provider', m.provider,
                            'provider_id', m.provider_id, 'by', v_by, 'reason', p_reason));
@@ -145,6 +180,8 @@ begin
     perform shepherd.require(p_reservation is not null, 'a reservation id is required');
     perform shepherd.require(p_override_sinbin is null or trim(p_override_sinbin) <> '',
         'overriding the sinbin needs a reason');
+    perform shepherd.require(v_limit is not null,
+        'the cluster has no settings yet: start a worker once (its flags become the cluster''s settings)');
     if exists (select 1 from shepherd.pending_creations where reservation_id = p_reservation) then
         raise exception 'reservation % already has a creation in flight', p_reservation
             using errcode = 'unique_violation';

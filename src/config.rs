@@ -46,8 +46,12 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         first = false;
         rest = next.trim_start();
     }
-    if !seconds.is_finite() || seconds < 0.0 {
-        return Err(format!("{text:?} is not a usable duration"));
+    // A year bounds every duration shepherd takes, and keeps the arithmetic
+    // on timestamps far from overflowing.
+    if !seconds.is_finite() || !(0.0..=365.0 * 86400.0).contains(&seconds) {
+        return Err(format!(
+            "{text:?} is not a usable duration (at most a year)"
+        ));
     }
     Ok(Duration::from_secs_f64(seconds))
 }
@@ -101,7 +105,11 @@ impl FromStr for Rate {
         let burst: u32 = burst
             .trim()
             .parse()
-            .map_err(|_| format!("rate {s:?}: the burst {burst:?} is not a whole number"))?;
+            .ok()
+            .filter(|b| *b < 1_000_000)
+            .ok_or_else(|| {
+                format!("rate {s:?}: the burst {burst:?} is not a whole number below a million")
+            })?;
         if burst == 0 {
             return Err(format!("rate {s:?}: the burst must be at least 1"));
         }

@@ -84,17 +84,20 @@ fn one_of_each() -> Vec<Event> {
             hostname: "h".into(),
             witness: "w".into(),
             recovered: true,
+            request: None,
         }
         .into(),
         CreationGivenUp {
             reservation: r,
             class: ErrorClass::Permanent,
             message: "422".into(),
+            request: None,
         }
         .into(),
         RaceLost {
             reservation: r,
             other_device: Some(Uuid::new_v4()),
+            request: None,
         }
         .into(),
         ReservationPenalised {
@@ -344,6 +347,7 @@ async fn a_rollback_leaves_neither_events_nor_view_changes(pool: PgPool) {
                 hostname: "h".into(),
                 witness: "w".into(),
                 recovered: false,
+                request: None,
             }),
         ],
     )
@@ -526,6 +530,7 @@ async fn a_growing_penalty_resets_on_success(pool: PgPool) {
             hostname: "h".into(),
             witness: "w".into(),
             recovered: false,
+            request: None,
         })],
     )
     .await
@@ -592,17 +597,20 @@ fn random_event(rng: &mut impl Rng, reservations: &[Uuid], devices: &[Uuid]) -> 
             hostname: "h".into(),
             witness: "w".into(),
             recovered: rng.random(),
+            request: [None, Some(Uuid::from_u128(rng.random_range(0..3)))][rng.random_range(0..2)],
         }
         .into(),
         2 => CreationGivenUp {
             reservation: r,
             class: ErrorClass::Permanent,
             message: "m".into(),
+            request: None,
         }
         .into(),
         3 => RaceLost {
             reservation: r,
             other_device: None,
+            request: None,
         }
         .into(),
         4 | 5 => ReservationPenalised {

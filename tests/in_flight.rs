@@ -315,3 +315,44 @@ async fn a_rotated_ssh_key_is_looked_up_again_not_penalised(pool: PgPool) {
     assert_eq!(w.events("reservation_penalised").await, 0);
     assert_eq!(w.events("creation_given_up").await, 0);
 }
+
+#[sqlx::test(migrations = false)]
+async fn a_rerun_of_the_same_job_never_frees_the_slot_on_a_guess(pool: PgPool) {
+    let mut c = config(1);
+    c.create_retry.max_attempts = 1;
+    let w = World::with(pool, 3, c).await;
+    let r = w.reconcile().await.enqueued[0];
+    // The job row was claimed before (a worker killed after its POST): this
+    // run cannot know what the last one did.
+    sqlx::query("update apalis.jobs set attempts = 1 where job_type = 'create_device'")
+        .execute(&w.pool)
+        .await
+        .unwrap();
+    w.fake.set_faults(next(
+        Operation::CreateDevice,
+        1,
+        FaultKind::Status { status: 422 },
+    ));
+    match w.run_next().await {
+        Some(Ran::Create(CreateOutcome::Unresolved { .. })) => {}
+        other => panic!("a re-run gave up on a guess: {other:?}"),
+    }
+    assert_eq!(w.events("creation_given_up").await, 0);
+    assert_eq!(w.in_flight().await, 1);
+    // The look finds no device: now the slot is freed, and penalised.
+    sqlx::query("update apalis.jobs set run_at = now() where status = 'Pending'")
+        .execute(&w.pool)
+        .await
+        .unwrap();
+    w.drain().await;
+    assert_eq!(w.events("creation_given_up").await, 1);
+    assert_eq!(w.in_flight().await, 0);
+    let penalised: bool = sqlx::query_scalar(
+        "select exists(select 1 from shepherd.sinbin where reservation_id = $1)",
+    )
+    .bind(r)
+    .fetch_one(&w.pool)
+    .await
+    .unwrap();
+    assert!(penalised);
+}

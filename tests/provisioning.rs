@@ -163,6 +163,7 @@ async fn record_request_given_up(w: &World, reservation: Uuid, request: Uuid) {
                 reservation,
                 class: shepherd::metal::ErrorClass::Permanent,
                 message: "an older release's guess".into(),
+                request: Some(request),
             }),
         ],
     )

@@ -150,6 +150,10 @@ events! {
         witness: String,
         /// Found after an ambiguous answer or a crash rather than returned by the create.
         recovered: bool,
+        /// The creation's request (absent before 2026-12): only its own
+        /// pending row is closed.
+        #[serde(default)]
+        request: Option<Uuid>,
     }
     /// The creation's outcome is unknown (an answer that could not be read,
     /// a timeout after the request was sent): it stays in flight, and is
@@ -159,9 +163,22 @@ events! {
     /// pruned job); the sweep gave it one.
     CreationResumed = "creation_resumed", 1 { reservation: Uuid, request: Uuid, reason: String }
     /// The creation job ended without a device.
-    CreationGivenUp = "creation_given_up", 1 { reservation: Uuid, class: ErrorClass, message: String }
+    CreationGivenUp = "creation_given_up", 1 {
+        reservation: Uuid,
+        class: ErrorClass,
+        message: String,
+        /// The creation's request (absent before 2026-12).
+        #[serde(default)]
+        request: Option<Uuid>,
+    }
     /// Another party took the reservation.
-    RaceLost = "race_lost", 1 { reservation: Uuid, other_device: Option<Uuid> }
+    RaceLost = "race_lost", 1 {
+        reservation: Uuid,
+        other_device: Option<Uuid>,
+        /// The creation's request (absent before 2026-12).
+        #[serde(default)]
+        request: Option<Uuid>,
+    }
     /// The reservation is skipped until `until`.
     ReservationPenalised = "reservation_penalised", 2 { reservation: Uuid, until: DateTime<Utc>, cause: String, class: Option<ErrorClass> }
     /// An operator lifted a penalty early.

@@ -59,6 +59,18 @@ pub async fn create_device(
     job_id: &str,
 ) -> Result<CreateOutcome, JobError> {
     let settings = ctx.settings().await?;
+    // A second run of the same job row (a worker killed or presumed dead,
+    // a drain cut short) may follow a POST whose outcome nobody saw.
+    let rerun: bool = sqlx::query_scalar(
+        "select coalesce((select attempts > 1 from apalis.jobs where id = $1), false)",
+    )
+    .bind(job_id)
+    .fetch_one(&ctx.pool)
+    .await?;
+    let args = &CreateDeviceArgs {
+        unknown: args.unknown || rerun,
+        ..args.clone()
+    };
     // A pending creation belongs to its request: a re-run of the same
     // request (a crash, a re-delivery, the sweep) resumes it.
     let owner: Option<Option<String>> = sqlx::query_scalar(
@@ -187,6 +199,7 @@ async fn created_outcome(
                 hostname: hostname.clone(),
                 witness: Witness::new(args.request).tag(),
                 recovered,
+                request: Some(args.request),
             })
             .caused_by(job_id),
         ],
@@ -322,9 +335,13 @@ async fn race_lost(
 ) -> Result<CreateOutcome, JobError> {
     let cause = "the reservation was taken by another party".to_string();
     let mut tx = ctx.pool.begin().await?;
+    if !still_owns(&mut tx, args).await? {
+        return Ok(not_owner());
+    }
     let mut events = vec![NewEvent::new(RaceLost {
         reservation: args.reservation,
         other_device,
+        request: Some(args.request),
     })];
     events.push(
         penalty(
@@ -356,10 +373,14 @@ async fn give_up(
     cause: String,
 ) -> Result<CreateOutcome, JobError> {
     let mut tx = ctx.pool.begin().await?;
+    if !still_owns(&mut tx, args).await? {
+        return Ok(not_owner());
+    }
     let mut events = vec![NewEvent::new(CreationGivenUp {
         reservation: args.reservation,
         class,
         message: cause.clone(),
+        request: Some(args.request),
     })];
     events.push(penalty(settings, &mut tx, args.reservation, &cause, class).await?);
     record(
@@ -369,6 +390,33 @@ async fn give_up(
     .await?;
     tx.commit().await?;
     Ok(CreateOutcome::GivenUp { class, cause })
+}
+
+/// Whether this request still owns the reservation's pending creation,
+/// checked under the reservation's lock (the one `record()` takes), so a
+/// stale run of an ended request cannot free a newer request's slot or
+/// penalise the reservation it is creating on.
+async fn still_owns(
+    tx: &mut sqlx::PgConnection,
+    args: &CreateDeviceArgs,
+) -> Result<bool, JobError> {
+    sqlx::query("select pg_advisory_xact_lock(hashtextextended($1, 0))")
+        .bind(format!("reservation/{}", args.reservation))
+        .execute(&mut *tx)
+        .await?;
+    let owner: Option<Option<String>> = sqlx::query_scalar(
+        "select request from shepherd.pending_creations where reservation_id = $1",
+    )
+    .bind(args.reservation)
+    .fetch_optional(&mut *tx)
+    .await?;
+    Ok(owner.flatten().as_deref() == Some(args.request.to_string().as_str()))
+}
+
+fn not_owner() -> CreateOutcome {
+    CreateOutcome::Skipped {
+        reason: "the creation ended while this run was under way".into(),
+    }
 }
 
 fn at(after: std::time::Duration) -> chrono::DateTime<Utc> {

@@ -83,10 +83,16 @@ async fn run_pass(ctx: &JobContext, job_id: &str) -> Result<ReconcileOutcome, Jo
     // Passes queued while no worker ran (an outage, a backlog of manual
     // requests) would each list everything in turn: one that finds a newer
     // pass started since it was queued has nothing left to do.
+    // The newest pass another job started (a re-run of this job must not
+    // count its own crashed start), compared with when this one was queued;
+    // only the newest is read, so the cost does not grow with the log.
     let newer: Option<chrono::DateTime<chrono::Utc>> = sqlx::query_scalar(
-        "select e.recorded_at from shepherd.events e, apalis.jobs j
-         where j.id = $1 and e.event_type = 'reconcile_started' and e.recorded_at > j.run_at
-         order by e.position desc limit 1",
+        "select latest.recorded_at
+         from (select recorded_at from shepherd.events
+               where event_type = 'reconcile_started' and job_id is distinct from $1
+               order by position desc limit 1) latest,
+              apalis.jobs j
+         where j.id = $1 and latest.recorded_at > j.run_at",
     )
     .bind(job_id)
     .fetch_optional(&ctx.pool)

@@ -68,7 +68,11 @@ pub async fn run_once(pool: &PgPool) -> Result<SweepOutcome, StoreError> {
         "),
          tried as (
              select shepherd.job_args(j.job)->>'request' as request,
-                    max((shepherd.job_args(j.job)->>'attempt')::int) as attempt
+                    -- A row whose attempt is not a number (a bad row from
+                    -- SQL, killed on decode) must not stop the sweep.
+                    max(case when jsonb_typeof(shepherd.job_args(j.job)->'attempt') = 'number'
+                             then least((shepherd.job_args(j.job)->>'attempt')::numeric, 1000000)::int
+                        end) as attempt
              from apalis.jobs j where j.job_type = 'create_device'
              group by 1)
          select p.reservation_id, p.request, coalesce(t.attempt, 0)

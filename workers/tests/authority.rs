@@ -368,6 +368,18 @@ async fn sql_functions_refuse_null_and_nonsense_and_queue_nothing(pool: PgPool) 
             "at least 1",
         ),
         (
+            "select shepherd.change_setting('device_creation_rate', '5s,4294967296', 'x')",
+            "burst of at most",
+        ),
+        (
+            "select shepherd.change_setting('penalty', '99999999999999999999s', 'x')",
+            "at most a year",
+        ),
+        (
+            "select shepherd.enqueue_create_device(gen_random_uuid())",
+            "no settings yet",
+        ),
+        (
             "select shepherd.change_setting('max_machines', '5', NULL)",
             "a reason is required",
         ),

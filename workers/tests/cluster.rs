@@ -217,7 +217,7 @@ async fn bad_settings_are_refused_before_any_call(pool: PgPool) {
         (&["worker", "--per-page=-5"], "--per-page"),
         (&["worker", "--db-connections=-1"], "--db-connections"),
         (&["worker", "--db-connections", "0"], "--db-connections"),
-        (&["worker", "--db-connections", "4"], "needs at least 14"),
+        (&["worker", "--db-connections", "4"], "needs at least 15"),
         (
             &[
                 "worker",
@@ -226,7 +226,7 @@ async fn bad_settings_are_refused_before_any_call(pool: PgPool) {
                 "--create-concurrency",
                 "8",
             ],
-            "needs at least 18",
+            "needs at least 19",
         ),
         (&["worker", "--create-attempts=-2"], "--create-attempts"),
         (&["worker", "--penalty", "soon"], "--penalty"),

@@ -116,6 +116,7 @@ async fn seed(pool: &PgPool) -> Fleet {
                 hostname: "shepherd-alpha".into(),
                 witness: "shepherd-witness:w1".into(),
                 recovered: false,
+                request: None,
             }
             .into(),
             assimilated(fleet.device, fleet.managed, "shepherd-alpha"),

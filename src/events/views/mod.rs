@@ -106,7 +106,7 @@ pub fn apply(state: &mut ViewState, event: &Event, at: DateTime<Utc>) {
             );
         }
         Event::DeviceCreated(e) => {
-            state.pending_creations.remove(&e.reservation);
+            close_pending(state, e.reservation, e.request);
             // Success resets the growing penalty.
             state.sinbin.remove(&e.reservation);
             if !state.machines.contains_key(&e.device.to_string()) {
@@ -143,12 +143,8 @@ pub fn apply(state: &mut ViewState, event: &Event, at: DateTime<Utc>) {
                 );
             }
         }
-        Event::CreationGivenUp(e) => {
-            state.pending_creations.remove(&e.reservation);
-        }
-        Event::RaceLost(e) => {
-            state.pending_creations.remove(&e.reservation);
-        }
+        Event::CreationGivenUp(e) => close_pending(state, e.reservation, e.request),
+        Event::RaceLost(e) => close_pending(state, e.reservation, e.request),
         Event::ReservationPenalised(e) => {
             // The table keeps microseconds; the view must equal it.
             let until = e.until.trunc_subsecs(6);
@@ -228,6 +224,20 @@ pub fn apply(state: &mut ViewState, event: &Event, at: DateTime<Utc>) {
         | Event::CreationRefused(_)
         | Event::SshKeyEnsured(_)
         | Event::Unknown { .. } => {}
+    }
+}
+
+/// Ends a reservation's pending creation, but only the one `request` owns:
+/// a stale run of an ended request must not close a newer request's
+/// creation. Events written before requests were recorded close any.
+fn close_pending(state: &mut ViewState, reservation: Uuid, request: Option<Uuid>) {
+    let owned = match (state.pending_creations.get(&reservation), request) {
+        (Some(p), Some(r)) => p.request.as_deref() == Some(r.to_string().as_str()),
+        (Some(_), None) => true,
+        (None, _) => false,
+    };
+    if owned {
+        state.pending_creations.remove(&reservation);
     }
 }
 
@@ -320,6 +330,44 @@ pub use tables::{is_penalised, penalty, read_live, read_pause};
 
 #[cfg(test)]
 mod tests {
+    use crate::events::event::{CreationGivenUp, CreationRequested};
+
+    #[test]
+    fn a_stale_request_cannot_close_a_newer_requests_creation() {
+        let (r, a, b) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
+        let at = Utc::now();
+        let mut state = ViewState::default();
+        let requested = |request| {
+            Event::CreationRequested(CreationRequested {
+                reservation: r,
+                request,
+                manual: true,
+                requested_by: None,
+                sinbin_override: None,
+            })
+        };
+        let given_up = |request| {
+            Event::CreationGivenUp(CreationGivenUp {
+                reservation: r,
+                class: crate::metal::ErrorClass::Permanent,
+                message: "m".into(),
+                request,
+            })
+        };
+        apply(&mut state, &requested(b), at);
+        apply(&mut state, &given_up(Some(a)), at);
+        assert!(
+            state.pending_creations.contains_key(&r),
+            "A closed B's creation"
+        );
+        apply(&mut state, &given_up(Some(b)), at);
+        assert!(!state.pending_creations.contains_key(&r));
+        // Events from before requests were recorded close whatever is pending.
+        apply(&mut state, &requested(b), at);
+        apply(&mut state, &given_up(None), at);
+        assert!(!state.pending_creations.contains_key(&r));
+    }
+
     use super::*;
     use std::time::Duration;
 

@@ -69,9 +69,9 @@ impl MetalClient {
                         recovered: false,
                         attempts: attempt,
                     }),
-                    Err(e @ MetalError::Invalid { status: 422, .. }) => {
-                        // A 422 is what a create on a reservation taken
-                        // since our read looks like; tell that apart.
+                    Err(e @ MetalError::Invalid { status: 409 | 422, .. }) => {
+                        // A 422 (or a 409) is what a create on a reservation
+                        // taken since our read looks like; tell that apart.
                         let now = self
                             .json_once::<HardwareReservation>(
                                 self.reservation_call(req.reservation, &["device"]),
@@ -178,10 +178,16 @@ impl MetalClient {
             Embedded::Full(d) => d.clone(),
             Embedded::Link(h) => match h.id() {
                 Some(id) => self.json_once::<Device>(self.device_call(id)).await?,
+                // A device is there and we cannot tell whose: unknown,
+                // not lost (the caller looks again rather than gives up).
                 None => {
-                    return Err(MetalError::RaceLost {
-                        reservation: reservation_id,
-                        device: None,
+                    return Err(MetalError::Undecodable {
+                        op: Operation::FindHardwareReservationById,
+                        status: 200,
+                        detail: format!(
+                            "reservation {reservation_id} holds a device whose link has no id"
+                        ),
+                        excerpt: String::new(),
                     });
                 }
             },

@@ -73,8 +73,8 @@ pub struct WorkerArgs {
     #[arg(long, env = "SHEPHERD_SKIP_MIGRATIONS")]
     pub skip_migrations: bool,
 
-    /// Database connections this process may hold (at least the job
-    /// concurrencies plus 5; checked at start)
+    /// Database connections this process may hold (at least twice the
+    /// reconcile concurrency plus the other two plus 5; checked at start)
     #[arg(long, env = "SHEPHERD_DB_CONNECTIONS", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
     pub db_connections: u32,
 
@@ -93,7 +93,8 @@ const CONNECTIONS_BESIDE_JOBS: u32 = 5;
 impl WorkerArgs {
     /// The least `--db-connections` the configured concurrency can run with.
     pub fn connections_needed(&self) -> u32 {
-        self.reconcile_concurrency
+        // A pass holds two: its lock's transaction and its work.
+        2 * self.reconcile_concurrency
             + self.create_concurrency
             + self.assimilate_concurrency
             + CONNECTIONS_BESIDE_JOBS
