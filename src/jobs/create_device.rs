@@ -58,30 +58,33 @@ pub async fn create_device(
     args: &CreateDeviceArgs,
     job_id: &str,
 ) -> Result<CreateOutcome, JobError> {
-    let settings = ctx.settings().await?;
-    // A second run of the same job row (a worker killed or presumed dead,
-    // a drain cut short) may follow a POST whose outcome nobody saw.
-    let rerun: bool = sqlx::query_scalar(
-        "select coalesce((select attempts > 1 from apalis.jobs where id = $1), false)",
-    )
-    .bind(job_id)
-    .fetch_one(&ctx.pool)
-    .await?;
+    // One round trip for what the job needs to know first: the cluster's
+    // settings; whether this is a second run of the same job row (a worker
+    // killed or presumed dead, a drain cut short), which may follow a POST
+    // whose outcome nobody saw; and who owns the reservation's creation (a
+    // re-run of the same request resumes it).
+    let (stored, rerun, owner): (Option<serde_json::Value>, Option<bool>, Option<String>) =
+        sqlx::query_as(
+            "select (select jsonb_object_agg(key, value) from shepherd.cluster_settings),
+                    (select attempts > 1 from apalis.jobs where id = $1),
+                    (select request from shepherd.pending_creations where reservation_id = $2)",
+        )
+        .bind(job_id)
+        .bind(args.reservation)
+        .fetch_one(&ctx.pool)
+        .await?;
+    let stored = match stored {
+        Some(serde_json::Value::Object(map)) => map.into_iter().collect(),
+        _ => Default::default(),
+    };
+    let settings = ctx.adopt(&stored)?;
     let args = &CreateDeviceArgs {
-        unknown: args.unknown || rerun,
+        unknown: args.unknown || rerun.unwrap_or(false),
         ..args.clone()
     };
-    // A pending creation belongs to its request: a re-run of the same
-    // request (a crash, a re-delivery, the sweep) resumes it.
-    let owner: Option<Option<String>> = sqlx::query_scalar(
-        "select request from shepherd.pending_creations where reservation_id = $1",
-    )
-    .bind(args.reservation)
-    .fetch_optional(&ctx.pool)
-    .await?;
     let ours = args.request.to_string();
     match owner {
-        Some(Some(owner)) if owner == ours => {}
+        Some(owner) if owner == ours => {}
         Some(_) if args.admitted || args.verify => {
             return Ok(CreateOutcome::Skipped {
                 reason: "another request owns the reservation's creation".into(),

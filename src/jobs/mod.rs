@@ -162,8 +162,19 @@ impl JobContext {
     /// The cluster's settings now, adopted by this process's limiters. Read
     /// at the start of every job, so a change reaches every worker.
     pub async fn settings(&self) -> Result<ClusterSettings, sqlx::Error> {
+        let mut conn = self.pool.acquire().await?;
+        let stored = cluster::stored(&mut conn).await?;
+        self.adopt(&stored)
+    }
+
+    /// Adopts settings read as part of a job's own first query.
+    pub fn adopt(
+        &self,
+        stored: &std::collections::BTreeMap<String, serde_json::Value>,
+    ) -> Result<ClusterSettings, sqlx::Error> {
         let fallback = ClusterSettings::proposed_by(&self.config);
-        let settings = cluster::current(&self.pool, &fallback).await?.settings;
+        let settings =
+            ClusterSettings::from_map(stored, &fallback).map_err(sqlx::Error::Protocol)?;
         self.creation_limiter
             .set_rate(settings.device_creation_rate);
         self.metal.set_api_rate(settings.api_rate);

@@ -230,3 +230,91 @@ pub fn select(
         skipped,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn device(id: Uuid, tags: &[&str]) -> Device {
+        serde_json::from_value(serde_json::json!({
+            "id": id, "hostname": "shepherd-0123", "tags": tags
+        }))
+        .unwrap()
+    }
+
+    fn fleet(managed: &[Uuid], unassimilated: &[Uuid]) -> Fleet {
+        Fleet {
+            managed: managed.iter().copied().collect(),
+            unassimilated: unassimilated.iter().copied().collect(),
+            ..Fleet::default()
+        }
+    }
+
+    #[test]
+    fn a_machine_assimilated_during_the_listing_is_not_missing() {
+        let d = Uuid::new_v4();
+        let none = HashSet::new();
+        // Made and assimilated after the listing began: absent from it.
+        let c = compare(
+            &[],
+            &fleet(&[], &[]),
+            &fleet(&[d], &[]),
+            "shepherd-",
+            false,
+            &none,
+        );
+        assert!(c.missing.is_empty(), "{c:?}");
+        // Managed before the listing and absent from it: missing.
+        let c = compare(
+            &[],
+            &fleet(&[d], &[]),
+            &fleet(&[d], &[]),
+            "shepherd-",
+            false,
+            &none,
+        );
+        assert_eq!(c.missing, vec![d]);
+    }
+
+    #[test]
+    fn a_device_recorded_during_the_listing_is_not_unknown() {
+        let d = Uuid::new_v4();
+        let none = HashSet::new();
+        let listed = [device(d, &[])];
+        let c = compare(
+            &listed,
+            &fleet(&[], &[]),
+            &fleet(&[], &[d]),
+            "shepherd-",
+            false,
+            &none,
+        );
+        assert!(c.unknown.is_empty() && c.adopt.is_empty(), "{c:?}");
+        let c = compare(
+            &listed,
+            &fleet(&[], &[]),
+            &fleet(&[], &[]),
+            "shepherd-",
+            false,
+            &none,
+        );
+        assert_eq!(c.unknown, vec![d]);
+    }
+
+    #[test]
+    fn only_a_witness_our_log_holds_is_adopted() {
+        let (ours, theirs) = (Uuid::new_v4(), Uuid::new_v4());
+        let request = Uuid::new_v4().to_string();
+        let tag = format!("{WITNESS_TAG_PREFIX}{request}");
+        let other = format!("{WITNESS_TAG_PREFIX}{}", Uuid::new_v4());
+        let listed = [device(ours, &[&tag]), device(theirs, &[&other])];
+        let known: HashSet<String> = [request].into_iter().collect();
+        let empty = fleet(&[], &[]);
+        let c = compare(&listed, &empty, &empty, "shepherd-", false, &known);
+        assert_eq!(
+            c.adopt.iter().map(|a| a.device).collect::<Vec<_>>(),
+            vec![ours]
+        );
+        assert_eq!(c.unknown, vec![theirs]);
+    }
+}
