@@ -96,10 +96,7 @@ async fn an_unknown_outcome_holds_its_slot_until_a_look_settles_it(pool: PgPool)
             }
             Some(_) => {}
             None => {
-                sqlx::query("update apalis.jobs set run_at = now() where status = 'Pending'")
-                    .execute(&w.pool)
-                    .await
-                    .unwrap();
+                w.make_due().await;
             }
         }
     }
@@ -131,10 +128,7 @@ async fn an_unknown_outcome_holds_its_slot_until_a_look_settles_it(pool: PgPool)
 
     // The provider answers again: the look finds our device.
     w.fake.set_faults(Faults::default());
-    sqlx::query("update apalis.jobs set run_at = now() where status = 'Pending'")
-        .execute(&w.pool)
-        .await
-        .unwrap();
+    w.make_due().await;
     w.drain().await;
     assert_eq!(w.managed().await, 1);
     assert_settled(&w).await;
@@ -153,10 +147,7 @@ async fn a_look_that_finds_nothing_frees_the_slot_and_penalises(pool: PgPool) {
     let r = w.reconcile().await.enqueued[0];
     for _ in 0..12 {
         if w.run_next().await.is_none() {
-            sqlx::query("update apalis.jobs set run_at = now() where status = 'Pending'")
-                .execute(&w.pool)
-                .await
-                .unwrap();
+            w.make_due().await;
         }
         if w.events("creation_given_up").await > 0 {
             break;
@@ -165,14 +156,7 @@ async fn a_look_that_finds_nothing_frees_the_slot_and_penalises(pool: PgPool) {
     assert_eq!(w.events("creation_unresolved").await, 1);
     assert_eq!(w.events("creation_given_up").await, 1);
     assert_eq!(w.in_flight().await, 0);
-    let penalised: bool = sqlx::query_scalar(
-        "select exists(select 1 from shepherd.sinbin where reservation_id = $1)",
-    )
-    .bind(r)
-    .fetch_one(&w.pool)
-    .await
-    .unwrap();
-    assert!(penalised);
+    assert!(w.has_penalty(r).await);
     assert!(w.fake.devices().is_empty());
 }
 
@@ -304,10 +288,7 @@ async fn a_rotated_ssh_key_is_looked_up_again_not_penalised(pool: PgPool) {
     assert_eq!(pass.enqueued.len(), 1);
     for _ in 0..6 {
         if w.run_next().await.is_none() {
-            sqlx::query("update apalis.jobs set run_at = now() where status = 'Pending'")
-                .execute(&w.pool)
-                .await
-                .unwrap();
+            w.make_due().await;
         }
     }
     w.drain().await;
@@ -340,19 +321,9 @@ async fn a_rerun_of_the_same_job_never_frees_the_slot_on_a_guess(pool: PgPool) {
     assert_eq!(w.events("creation_given_up").await, 0);
     assert_eq!(w.in_flight().await, 1);
     // The look finds no device: now the slot is freed, and penalised.
-    sqlx::query("update apalis.jobs set run_at = now() where status = 'Pending'")
-        .execute(&w.pool)
-        .await
-        .unwrap();
+    w.make_due().await;
     w.drain().await;
     assert_eq!(w.events("creation_given_up").await, 1);
     assert_eq!(w.in_flight().await, 0);
-    let penalised: bool = sqlx::query_scalar(
-        "select exists(select 1 from shepherd.sinbin where reservation_id = $1)",
-    )
-    .bind(r)
-    .fetch_one(&w.pool)
-    .await
-    .unwrap();
-    assert!(penalised);
+    assert!(w.has_penalty(r).await);
 }

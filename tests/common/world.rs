@@ -189,6 +189,23 @@ impl World {
         }
     }
 
+    /// Makes every delayed job runnable now (retries wait out a backoff).
+    pub async fn make_due(&self) {
+        sqlx::query("update apalis.jobs set run_at = now() where status = 'Pending'")
+            .execute(&self.pool)
+            .await
+            .unwrap();
+    }
+
+    /// Whether the reservation has a sinbin row.
+    pub async fn has_penalty(&self, reservation: uuid::Uuid) -> bool {
+        sqlx::query_scalar("select exists(select 1 from shepherd.sinbin where reservation_id = $1)")
+            .bind(reservation)
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
+    }
+
     pub async fn jobs(&self, kind: &str) -> i64 {
         sqlx::query_scalar("select count(*) from apalis.jobs where job_type = $1")
             .bind(kind)

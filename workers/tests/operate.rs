@@ -45,9 +45,8 @@ impl World {
         }
     }
 
-    /// Runs the binary off the test's thread: the fake it talks to is served
-    /// by this thread's runtime.
-    async fn run(&self, args: &[&str]) -> (bool, String, String) {
+    /// `shepherd ARGS` against this world's database and fake.
+    fn command(&self, args: &[&str]) -> Command {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_shepherd"));
         cmd.args(args)
             .env("DATABASE_URL", &self.url)
@@ -56,6 +55,13 @@ impl World {
             .env("METAL_AUTH_TOKEN", TOKEN)
             .env("SHEPHERD_LOG", "warn")
             .env("SHEPHERD_API_RATE", "0s");
+        cmd
+    }
+
+    /// Runs the binary off the test's thread: the fake it talks to is served
+    /// by this thread's runtime.
+    async fn run(&self, args: &[&str]) -> (bool, String, String) {
+        let mut cmd = self.command(args);
         let out = tokio::task::spawn_blocking(move || cmd.output())
             .await
             .unwrap()
@@ -70,15 +76,8 @@ impl World {
     /// Runs the binary with its stdout a pipe whose reader is gone before
     /// the command prints; returns whether it exited 0, and its stderr.
     async fn run_into_closed_pipe(&self, args: &[&str], poke: Option<&str>) -> (bool, String) {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_shepherd"));
-        cmd.args(args)
-            .env("DATABASE_URL", &self.url)
-            .env("METAL_API_URL", self.fake.base_url())
-            .env("METAL_PROJECT_ID", self.fake.project_id().to_string())
-            .env("METAL_AUTH_TOKEN", TOKEN)
-            .env("SHEPHERD_LOG", "warn")
-            .env("SHEPHERD_API_RATE", "0s")
-            .stdout(std::process::Stdio::piped())
+        let mut cmd = self.command(args);
+        cmd.stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped());
         let mut child = cmd.spawn().unwrap();
         drop(child.stdout.take());
