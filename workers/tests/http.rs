@@ -311,7 +311,6 @@ async fn metrics_read_the_database_at_each_scrape(pool: PgPool) {
         ("shepherd_machines_limit", 10.0),
         ("shepherd_sinbin_reservations", 1.0),
         ("shepherd_creations_paused", 0.0),
-        ("shepherd_reservations{class=\"total\"}", 9.0),
         ("shepherd_reservations{class=\"available\"}", 5.0),
         ("shepherd_creations_total{outcome=\"created\"}", 1.0),
         ("shepherd_creations_total{outcome=\"recovered\"}", 0.0),
@@ -320,6 +319,12 @@ async fn metrics_read_the_database_at_each_scrape(pool: PgPool) {
         ("shepherd_assimilations_total{outcome=\"assimilated\"}", 1.0),
         ("shepherd_assimilations_total{outcome=\"rejected\"}", 0.0),
         ("shepherd_jobs{kind=\"reconcile\",state=\"Pending\"}", 1.0),
+        // Present at zero, so an alert can fire on the first one.
+        (
+            "shepherd_jobs{kind=\"create_device\",state=\"Killed\"}",
+            0.0,
+        ),
+        ("shepherd_jobs{kind=\"assimilate\",state=\"Failed\"}", 0.0),
         ("shepherd_metal_calls_in_flight", 0.0),
         ("shepherd_metal_calls_waiting", 0.0),
     ] {
@@ -328,6 +333,19 @@ async fn metrics_read_the_database_at_each_scrape(pool: PgPool) {
     let age = m["shepherd_job_oldest_age_seconds{kind=\"reconcile\",state=\"Pending\"}"];
     assert!((0.0..60.0).contains(&age), "{age}");
     assert!(text.contains("# TYPE shepherd_creations counter"));
+    assert!(
+        !text.contains("class=\"total\""),
+        "a total beside its parts double-counts under sum()"
+    );
+    let classes: f64 = m
+        .iter()
+        .filter(|(k, _)| k.starts_with("shepherd_reservations{"))
+        .map(|(_, v)| v)
+        .sum();
+    assert_eq!(
+        classes, 9.0,
+        "the classes add up to the reservations listed"
+    );
     // The only pass was refused.
     assert!(!text.contains("shepherd_last_successful_reconcile_age_seconds"));
 

@@ -2,6 +2,10 @@
 //! API client's own counters, in the OpenMetrics text format.
 
 use super::*;
+use shepherd::jobs::{ASSIMILATE_QUEUE, CREATE_DEVICE_QUEUE, RECONCILE_QUEUE};
+
+/// The states apalis gives a job.
+const JOB_STATES: [&str; 6] = ["Pending", "Queued", "Running", "Done", "Failed", "Killed"];
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(super) struct ClassLabel {
@@ -97,8 +101,9 @@ impl Figures {
 
         if let Some(c) = listed {
             let reservations = Family::<ClassLabel, Gauge<u64, AtomicU64>>::default();
+            // No "total" beside its parts: `sum()` over the classes is the
+            // total, and a total among them would be counted twice.
             for (class, value) in [
-                ("total", c.total),
                 ("available", c.available),
                 ("in_use", c.in_use),
                 ("not_provisionable", c.not_provisionable),
@@ -192,6 +197,17 @@ impl Figures {
         );
 
         let jobs = Family::<QueueLabels, Gauge>::default();
+        // Every kind in every state, at zero when empty: an alert on the
+        // first killed job needs the series to exist before it.
+        for kind in [RECONCILE_QUEUE, CREATE_DEVICE_QUEUE, ASSIMILATE_QUEUE] {
+            for state in JOB_STATES {
+                jobs.get_or_create(&QueueLabels {
+                    kind: kind.to_string(),
+                    state: state.to_string(),
+                })
+                .set(0);
+            }
+        }
         let oldest = Family::<QueueLabels, Gauge<f64, AtomicU64>>::default();
         for row in &o.queue {
             let labels = QueueLabels {
