@@ -164,14 +164,7 @@ pub async fn stored(conn: &mut PgConnection) -> Result<BTreeMap<String, Value>, 
 /// (the caller's own flags) stands in, and `recorded` says so.
 pub async fn current(pool: &PgPool, fallback: &ClusterSettings) -> Result<Current, sqlx::Error> {
     let mut conn = pool.acquire().await?;
-    current_on(&mut conn, fallback).await
-}
-
-pub async fn current_on(
-    conn: &mut PgConnection,
-    fallback: &ClusterSettings,
-) -> Result<Current, sqlx::Error> {
-    let map = stored(conn).await?;
+    let map = stored(&mut conn).await?;
     let settings =
         ClusterSettings::from_map(&map, fallback).map_err(|e| sqlx::Error::Protocol(e.clone()))?;
     Ok(Current {

@@ -80,13 +80,24 @@ pub async fn lock_capacity(conn: &mut PgConnection) -> Result<Capacity, StoreErr
     sqlx::query("select pg_advisory_xact_lock(hashtextextended('shepherd/capacity', 0))")
         .execute(&mut *conn)
         .await?;
-    let limit = recorded_limit(conn).await?;
-    let (managed, in_flight): (i64, i64) = sqlx::query_as(
-        "select (select count(*) from shepherd.managed_machines),
+    // The limit and the counts in one round trip: this runs under the
+    // cluster-wide lock, on every admission.
+    let (limit, managed, in_flight): (Option<i64>, i64, i64) = sqlx::query_as(
+        "select shepherd.max_machines(),
+                (select count(*) from shepherd.managed_machines),
                 (select count(*) from shepherd.in_flight)",
     )
     .fetch_one(&mut *conn)
     .await?;
+    let limit = match limit {
+        Some(n) if n >= 0 => MachineLimit(n as u64),
+        _ => {
+            return Err(StoreError::Invalid(
+                "the cluster has no settings yet: start a worker once (its flags become the cluster's settings)"
+                    .into(),
+            ));
+        }
+    };
     let (managed, in_flight) = (managed as u64, in_flight as u64);
     Ok(Capacity {
         managed,
@@ -94,20 +105,6 @@ pub async fn lock_capacity(conn: &mut PgConnection) -> Result<Capacity, StoreErr
         limit,
         room: limit.room(managed + in_flight),
     })
-}
-
-/// The cluster's max_machines; an error before the cluster has settings.
-pub async fn recorded_limit(conn: &mut PgConnection) -> Result<MachineLimit, StoreError> {
-    let limit: Option<i64> = sqlx::query_scalar("select shepherd.max_machines()")
-        .fetch_one(&mut *conn)
-        .await?;
-    match limit {
-        Some(n) if n >= 0 => Ok(MachineLimit(n as u64)),
-        _ => Err(StoreError::Invalid(
-            "the cluster has no settings yet: start a worker once (its flags become the cluster's settings)"
-                .into(),
-        )),
-    }
 }
 
 /// Why a reservation was not admitted.
