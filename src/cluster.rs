@@ -16,7 +16,6 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::time::Duration;
 
 use serde_json::Value;
 use sqlx::{PgConnection, PgPool};
@@ -65,7 +64,7 @@ pub struct ClusterSettings {
     pub chunk_size: u64,
     pub assimilate: bool,
     pub device_creation_rate: Rate,
-    pub api_rate: Duration,
+    pub api_rate: Rate,
     pub penalty: PenaltyPolicy,
 }
 
@@ -105,10 +104,7 @@ impl ClusterSettings {
             "device_creation_rate".into(),
             Value::from(self.device_creation_rate.to_string()),
         );
-        m.insert(
-            "api_rate".into(),
-            Value::from(format_duration(self.api_rate)),
-        );
+        m.insert("api_rate".into(), Value::from(self.api_rate.to_string()));
         m.insert(
             "penalty".into(),
             Value::from(format_duration(self.penalty.initial)),
@@ -136,7 +132,7 @@ impl ClusterSettings {
                 "chunk_size" => s.chunk_size = value.as_u64().filter(|&n| n > 0).ok_or_else(bad)?,
                 "assimilate" => s.assimilate = value.as_bool().ok_or_else(bad)?,
                 "device_creation_rate" => s.device_creation_rate = text()?.parse()?,
-                "api_rate" => s.api_rate = parse_duration(text()?)?,
+                "api_rate" => s.api_rate = Rate::parse_or_interval(text()?)?,
                 "penalty" => s.penalty.initial = parse_duration(text()?)?,
                 "penalty_factor" => {
                     s.penalty.factor = value.as_f64().filter(|f| *f >= 1.0).ok_or_else(bad)?
@@ -301,6 +297,7 @@ pub async fn change(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn the_limit_knows_what_zero_means() {
@@ -318,7 +315,7 @@ mod tests {
             chunk_size: 3,
             assimilate: true,
             device_creation_rate: "250ms,2".parse().unwrap(),
-            api_rate: Duration::from_millis(100),
+            api_rate: "100ms,1".parse().unwrap(),
             penalty: PenaltyPolicy {
                 initial: Duration::from_secs(60),
                 factor: 2.5,

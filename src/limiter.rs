@@ -57,7 +57,7 @@ impl Limiter {
         let slack = spacing * f64::from(rate.burst.saturating_sub(1));
         sqlx::query_scalar(
             "insert into shepherd.limiters as l (name, next_at)
-             values ($1, clock_timestamp() + make_interval(secs => $2))
+             values ($1, clock_timestamp() - make_interval(secs => $3) + make_interval(secs => $2))
              on conflict (name) do update
                set next_at = greatest(l.next_at, clock_timestamp() - make_interval(secs => $3))
                              + make_interval(secs => $2)
@@ -93,6 +93,11 @@ impl Limiter {
             let wait = slot - unix_now();
             if wait > 0.0 {
                 tokio::time::sleep(Duration::from_secs_f64(wait)).await;
+                // A hold recorded while this caller slept (another process
+                // got a 429) moved every later slot past it; this one too.
+                if self.held().await? {
+                    continue;
+                }
             }
             if unix_now() - slot <= tolerance + credit {
                 return Ok(started.elapsed());
@@ -106,6 +111,40 @@ impl Limiter {
     }
 }
 
+impl Limiter {
+    /// Whether a hold the provider asked for is still running.
+    async fn held(&self) -> Result<bool, sqlx::Error> {
+        let held: Option<bool> = sqlx::query_scalar(
+            "select held_until > clock_timestamp() from shepherd.limiters where name = $1",
+        )
+        .bind(self.name)
+        .fetch_optional(&self.pool)
+        .await?
+        .flatten();
+        Ok(held.unwrap_or(false))
+    }
+
+    /// No slot starts before `wait` from now, for any process: the
+    /// provider asked the whole key to slow down. Counted and kept on the
+    /// limiter's row (`holds`, `held_until`) for operators.
+    pub async fn hold(&self, wait: Duration) -> Result<(), sqlx::Error> {
+        sqlx::query(
+            "insert into shepherd.limiters as l (name, next_at, held_until, holds)
+             values ($1, clock_timestamp() + make_interval(secs => $2),
+                     clock_timestamp() + make_interval(secs => $2), 1)
+             on conflict (name) do update
+               set next_at = greatest(l.next_at, excluded.next_at),
+                   held_until = greatest(l.held_until, excluded.held_until),
+                   holds = l.holds + 1",
+        )
+        .bind(self.name)
+        .bind(wait.as_secs_f64())
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+}
+
 fn unix_now() -> f64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -113,9 +152,9 @@ fn unix_now() -> f64 {
         .unwrap_or(0.0)
 }
 
-/// A limiter paces API calls: the cluster-wide minimum interval between
-/// calls (`api_rate`) and, right before every POST, device creations. One
-/// mechanism for both.
+/// A limiter paces API calls: the cluster-wide budget of calls
+/// (`api_rate`) and, before every POST, device creations. One mechanism for
+/// both.
 impl Pacer for Limiter {
     fn wait_turn(&self) -> PacerFuture<'_> {
         Box::pin(async move {
@@ -134,7 +173,15 @@ impl Pacer for Limiter {
         })
     }
 
-    fn set_interval(&self, interval: Duration) {
-        self.set_rate(Rate { interval, burst: 1 });
+    fn set_rate(&self, rate: Rate) {
+        Limiter::set_rate(self, rate);
+    }
+
+    fn hold(&self, wait: Duration) -> PacerFuture<'_> {
+        Box::pin(async move {
+            Limiter::hold(self, wait)
+                .await
+                .map_err(|e| format!("the {} limiter's database is unreachable: {e}", self.name))
+        })
     }
 }

@@ -112,7 +112,7 @@ async fn hostile() -> (Script, MetalClient) {
         PROJECT,
         ApiToken::new(common::TOKEN),
     );
-    config.api_rate = Duration::ZERO;
+    config.api_rate = shepherd::config::Rate::UNLIMITED;
     config.attempt_timeout = Duration::from_secs(2);
     config.retry = common::fast_retry();
     config.retry.max_elapsed = Duration::from_secs(3);

@@ -85,3 +85,48 @@ async fn a_burst_lets_that_many_through_at_once_and_no_more(pool: PgPool) {
         "the fourth came after {after:?}"
     );
 }
+
+/// A hold recorded by one process (it got a 429) delays every other
+/// process's next slot, also one already waiting for a slot it reserved
+/// before the hold; after the hold, calls go at the budget's pace again.
+#[sqlx::test(migrations = false)]
+async fn a_hold_from_one_process_stops_the_others_until_it_ends(pool: PgPool) {
+    common::migrated(&pool).await;
+    let rate = Rate {
+        interval: Duration::from_millis(400),
+        burst: 2,
+    };
+    let throttled = Limiter::new(pool.clone(), "api", rate);
+    let other = Limiter::new(pool.clone(), "api", rate);
+    // Spend the bucket so that the other process's next slot lies ahead.
+    for _ in 0..2 {
+        other.acquire().await.unwrap();
+    }
+    let started = Instant::now();
+    let waiting = tokio::spawn({
+        let other = other.clone();
+        async move {
+            other.acquire().await.unwrap();
+            Instant::now()
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    throttled.hold(Duration::from_millis(700)).await.unwrap();
+    let granted = waiting.await.unwrap().duration_since(started);
+    assert!(
+        granted >= Duration::from_millis(680),
+        "a slot was granted {granted:?} into a 700 ms hold"
+    );
+    let later = other.acquire().await.unwrap();
+    assert!(
+        started.elapsed() >= Duration::from_millis(680) && later < Duration::from_millis(400),
+        "after the hold the next slot waited {later:?}"
+    );
+    let (holds, held): (i64, bool) = sqlx::query_as(
+        "select holds, held_until is not null from shepherd.limiters where name = 'api'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!((holds, held), (1, true));
+}

@@ -213,7 +213,7 @@ async fn enqueue_pass(stage: &Stage, reservations: usize) -> anyhow::Result<()> 
         stage.fake.project_id(),
         ApiToken::new(TOKEN),
     );
-    config.api_rate = Duration::ZERO;
+    config.api_rate = Rate::UNLIMITED;
     let metal = MetalClient::new(config, ClientMetrics::default())?;
     let provisioner = Arc::new(ProvisionerConfig {
         max_machines: 0,
@@ -222,7 +222,7 @@ async fn enqueue_pass(stage: &Stage, reservations: usize) -> anyhow::Result<()> 
             interval: Duration::ZERO,
             burst: 1,
         },
-        api_rate: Duration::ZERO,
+        api_rate: Rate::UNLIMITED,
         ..ProvisionerConfig::default()
     });
     shepherd::cluster::establish(

@@ -164,7 +164,7 @@ async fn point(server: &Server, size: usize, per_page: u32) -> anyhow::Result<Po
         stage.fake.project_id(),
         ApiToken::new(TOKEN),
     );
-    config.api_rate = std::time::Duration::ZERO;
+    config.api_rate = shepherd::config::Rate::UNLIMITED;
     config.per_page = per_page_n;
     let client = MetalClient::new(config, ClientMetrics::default())?;
     let t = Instant::now();

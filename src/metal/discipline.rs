@@ -10,12 +10,13 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::AtomicI64;
+use std::sync::atomic::{AtomicI64, AtomicU64};
 use std::time::Duration;
 
 use backoff::ExponentialBackoff;
 use backoff::backoff::Backoff;
 use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
@@ -25,6 +26,7 @@ use tokio::time::Instant;
 
 use super::Operation;
 use super::error::MetalError;
+use crate::config::Rate;
 
 /// The seed's `equinix_parallelism` default.
 pub const PARALLELISM_DEFAULT: usize = 3;
@@ -79,40 +81,74 @@ pub trait Pacer: Send + Sync + 'static {
     /// up the wait.
     fn wait_turn(&self) -> PacerFuture<'_>;
 
-    /// Adopts a new minimum interval (the cluster's `api_rate` changed). A
-    /// pacer that cannot change keeps its own.
-    fn set_interval(&self, _interval: Duration) {}
+    /// Adopts a new budget (the cluster's `api_rate` changed). A pacer that
+    /// cannot change keeps its own.
+    fn set_rate(&self, _rate: Rate) {}
+
+    /// The provider asked for no calls for `wait` (a 429's `Retry-After`):
+    /// no turn is given before it has passed, to any caller sharing this
+    /// pacer. Best effort: a pacer that cannot record it lets the caller's
+    /// own hold stand alone.
+    fn hold(&self, _wait: Duration) -> PacerFuture<'_> {
+        Box::pin(async { Ok(()) })
+    }
 }
 
-/// Hands out start times at least `interval` apart, first come first served.
+/// A token bucket within one process: `burst` starts at once, then one per
+/// `interval / burst`, first come first served.
 #[derive(Debug)]
 pub struct LocalPacer {
-    interval: Duration,
-    next: Mutex<Instant>,
+    rate: std::sync::Mutex<Rate>,
+    /// The start the next caller is given when the bucket is empty; lags
+    /// behind the clock by up to `burst - 1` spacings when it is not. `None`:
+    /// nothing asked yet, the bucket is full.
+    next: Mutex<Option<Instant>>,
 }
 
 impl LocalPacer {
-    pub fn new(interval: Duration) -> Self {
+    pub fn new(rate: Rate) -> Self {
         LocalPacer {
-            interval,
-            next: Mutex::new(Instant::now()),
+            rate: std::sync::Mutex::new(rate),
+            next: Mutex::new(None),
         }
+    }
+
+    fn rate(&self) -> Rate {
+        *self.rate.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
 impl Pacer for LocalPacer {
     fn wait_turn(&self) -> PacerFuture<'_> {
         Box::pin(async move {
-            if self.interval.is_zero() {
-                return Ok(());
-            }
+            let rate = self.rate();
             let turn = {
                 let mut next = self.next.lock().await;
-                let turn = (*next).max(Instant::now());
-                *next = turn + self.interval;
+                let now = Instant::now();
+                if rate.is_unlimited() && next.is_none_or(|n| n <= now) {
+                    return Ok(());
+                }
+                let spacing = rate.spacing();
+                let credit = spacing * rate.burst.saturating_sub(1);
+                let full = now.checked_sub(credit).unwrap_or(now);
+                let turn = next.map_or(full, |n| n.max(full));
+                *next = Some(turn + spacing);
                 turn
             };
             tokio::time::sleep_until(turn).await;
+            Ok(())
+        })
+    }
+
+    fn set_rate(&self, rate: Rate) {
+        *self.rate.lock().unwrap_or_else(|e| e.into_inner()) = rate;
+    }
+
+    fn hold(&self, wait: Duration) -> PacerFuture<'_> {
+        Box::pin(async move {
+            let mut next = self.next.lock().await;
+            let until = Instant::now() + wait;
+            *next = Some(next.map_or(until, |n| n.max(until)));
             Ok(())
         })
     }
@@ -131,6 +167,11 @@ pub struct ClientMetrics {
     pub request_duration: Family<RequestLabels, Histogram>,
     pub in_flight: Gauge<i64, AtomicI64>,
     pub waiting: Gauge<i64, AtomicI64>,
+    /// Answers that asked the cluster to slow down (429, or a rate-limit
+    /// budget reported spent).
+    pub throttled: Counter,
+    /// When the last hold the provider asked for ends, as a Unix time.
+    pub held_until: Gauge<f64, AtomicU64>,
 }
 
 impl Default for ClientMetrics {
@@ -142,6 +183,8 @@ impl Default for ClientMetrics {
             }),
             in_flight: Gauge::default(),
             waiting: Gauge::default(),
+            throttled: Counter::default(),
+            held_until: Gauge::default(),
         }
     }
 }
@@ -163,6 +206,16 @@ impl ClientMetrics {
             "Metal API calls waiting for a slot or for their turn",
             self.waiting.clone(),
         );
+        registry.register(
+            "shepherd_metal_throttled",
+            "Answers that asked shepherd to slow down (429 or a spent rate-limit budget); each holds every call of the cluster",
+            self.throttled.clone(),
+        );
+        registry.register(
+            "shepherd_metal_hold_until_timestamp_seconds",
+            "Unix time at which the last hold the provider asked for ends (0: none yet)",
+            self.held_until.clone(),
+        );
     }
 }
 
@@ -170,6 +223,10 @@ impl ClientMetrics {
 pub(crate) struct Gate {
     slots: Arc<Semaphore>,
     pacer: Arc<dyn Pacer>,
+    /// The end of the last hold this process was asked for: checked after
+    /// every turn, so a caller that got its turn from a pacer that had not
+    /// yet heard of the hold still waits.
+    held_until: std::sync::Mutex<Option<Instant>>,
     pub(crate) metrics: ClientMetrics,
 }
 
@@ -195,14 +252,43 @@ impl Drop for WaitingGuard {
 }
 
 impl Gate {
-    pub(crate) fn set_interval(&self, interval: Duration) {
-        self.pacer.set_interval(interval);
+    pub(crate) fn set_rate(&self, rate: Rate) {
+        self.pacer.set_rate(rate);
+    }
+
+    /// The provider asked for a pause of `wait`: every caller of this
+    /// process waits it out, and the pacer tells the rest of the cluster.
+    pub(crate) async fn hold(&self, op: Operation, wait: Duration) {
+        let until = Instant::now() + wait;
+        {
+            let mut held = self.held_until.lock().unwrap_or_else(|e| e.into_inner());
+            *held = Some(held.map_or(until, |h| h.max(until)));
+        }
+        self.metrics.throttled.inc();
+        let unix_until = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| (d + wait).as_secs_f64());
+        self.metrics.held_until.set(unix_until);
+        tracing::warn!(
+            op = op.id(),
+            wait_ms = wait.as_millis() as u64,
+            "the provider asked to slow down; holding every call"
+        );
+        if let Err(e) = self.pacer.hold(wait).await {
+            tracing::warn!(error = %e, "could not share the hold with the cluster");
+        }
+    }
+
+    fn hold_remaining(&self) -> Option<Instant> {
+        let held = *self.held_until.lock().unwrap_or_else(|e| e.into_inner());
+        held.filter(|h| *h > Instant::now())
     }
 
     pub(crate) fn new(parallelism: usize, pacer: Arc<dyn Pacer>, metrics: ClientMetrics) -> Self {
         Gate {
             slots: Arc::new(Semaphore::new(parallelism.max(1))),
             pacer,
+            held_until: std::sync::Mutex::new(None),
             metrics,
         }
     }
@@ -219,10 +305,18 @@ impl Gate {
             .acquire_owned()
             .await
             .expect("the semaphore is never closed");
-        self.pacer
-            .wait_turn()
-            .await
-            .map_err(|reason| MetalError::Transient { op, reason })?;
+        loop {
+            self.pacer
+                .wait_turn()
+                .await
+                .map_err(|reason| MetalError::Transient { op, reason })?;
+            match self.hold_remaining() {
+                // The turn fell inside a hold: wait it out and take another,
+                // so the calls after a hold are spaced by the pacer again.
+                Some(until) => tokio::time::sleep_until(until).await,
+                None => break,
+            }
+        }
         drop(waiting);
         self.metrics.in_flight.inc();
         Ok(Admission {

@@ -41,7 +41,7 @@ pub async fn start_fake(config: FakeConfig) -> FakeMetal {
 
 pub fn client_config(fake: &FakeMetal, project: uuid::Uuid) -> ClientConfig {
     let mut config = ClientConfig::new(fake.base_url(), project, ApiToken::new(TOKEN));
-    config.api_rate = Duration::ZERO;
+    config.api_rate = shepherd::config::Rate::UNLIMITED;
     config.parallelism = 8;
     config.attempt_timeout = Duration::from_secs(5);
     config.retry = fast_retry();

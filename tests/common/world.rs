@@ -28,7 +28,7 @@ pub fn fast_config() -> ProvisionerConfig {
     };
     ProvisionerConfig {
         device_creation_rate: Rate::UNLIMITED,
-        api_rate: Duration::ZERO,
+        api_rate: shepherd::config::Rate::UNLIMITED,
         create_retry: quick,
         assimilate_retry: quick,
         ..ProvisionerConfig::default()

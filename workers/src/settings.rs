@@ -47,9 +47,11 @@ pub struct MetalArgs {
     #[arg(long, env = "SHEPHERD_API_PARALLELISM", default_value_t = PARALLELISM_DEFAULT as u32, value_parser = clap::value_parser!(u32).range(1..))]
     pub api_parallelism: u32,
 
-    /// Minimum time between the starts of two API calls, across the cluster
-    #[arg(long, env = "SHEPHERD_API_RATE", default_value = "2s", value_parser = parse_duration)]
-    pub api_rate: Duration,
+    /// Budget of API call starts across the cluster, INTERVAL,BURST: BURST
+    /// calls at once, then BURST per INTERVAL (a bare INTERVAL means one
+    /// call per INTERVAL); a 429 holds every process for as long as it asks
+    #[arg(long, env = "SHEPHERD_API_RATE", default_value_t = shepherd::config::API_RATE_DEFAULT, value_parser = Rate::parse_or_interval)]
+    pub api_rate: Rate,
 
     /// Budget of one API attempt
     #[arg(long, env = "SHEPHERD_API_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
@@ -114,10 +116,7 @@ impl MetalArgs {
             Some(pool) => Arc::new(Limiter::new(
                 pool.clone(),
                 limiter::METAL_API,
-                Rate {
-                    interval: config.api_rate,
-                    burst: 1,
-                },
+                config.api_rate,
             )),
             _ => Arc::new(LocalPacer::new(config.api_rate)),
         };

@@ -23,6 +23,7 @@ use super::discipline::{
 };
 use super::error::{self, MetalError};
 use super::model::*;
+use crate::config::Rate;
 use crate::secret::ApiToken;
 
 /// The real service's base URL (closed on 30 June 2026; kept as the default
@@ -46,8 +47,8 @@ pub struct ClientConfig {
     pub token: ApiToken,
     /// Calls in flight at once (the seed's `equinix_parallelism`).
     pub parallelism: usize,
-    /// Minimum time between the starts of two calls (the seed's `api_rate`).
-    pub api_rate: Duration,
+    /// The budget of call starts (the seed's `api_rate`, as a bucket).
+    pub api_rate: Rate,
     /// One attempt's budget, from send to the last byte of the answer.
     pub attempt_timeout: Duration,
     pub per_page: u32,
@@ -209,8 +210,8 @@ impl MetalClient {
     }
 
     /// Adopts the cluster's `api_rate`.
-    pub fn set_api_rate(&self, interval: Duration) {
-        self.inner.gate.set_interval(interval);
+    pub fn set_api_rate(&self, rate: Rate) {
+        self.inner.gate.set_rate(rate);
     }
 
     pub fn project_id(&self) -> Uuid {
@@ -365,7 +366,7 @@ impl MetalClient {
     /// repeated blindly: the next attempt starts with that read. In the normal
     /// case this is two calls; after an accepted-then-failed POST, three.
     pub async fn create_device(&self, req: &CreateDevice) -> Result<CreatedDevice, MetalError> {
-        self.create_device_paced(req, &LocalPacer::new(Duration::ZERO))
+        self.create_device_paced(req, &LocalPacer::new(Rate::UNLIMITED))
             .await
     }
 

@@ -33,15 +33,16 @@ impl MetalClient {
         self.attempt_paced(call, None).await
     }
 
-    /// One attempt; `pace`, when given, is awaited after the attempt has its
-    /// slot in the gate, right before the request is sent, so nothing of our
-    /// own stands between a rate limiter's slot and the wire.
+    /// One attempt; `pacer`, when given (the creation limiter), is awaited
+    /// before the attempt asks the gate for a slot and an API turn: a
+    /// creation waiting for its turn holds none of the process's API slots,
+    /// so listings and assimilations do not queue behind it. The API budget
+    /// has a burst, so the gate rarely adds a wait after the creation's turn.
     pub(super) async fn attempt_paced(
         &self,
         call: &Call<'_>,
         pacer: Option<&dyn Pacer>,
     ) -> Result<(u16, Vec<u8>), MetalError> {
-        let admission = self.inner.gate.admit(call.op).await?;
         if let Some(pacer) = pacer {
             pacer
                 .wait_turn()
@@ -51,6 +52,7 @@ impl MetalClient {
                     reason,
                 })?;
         }
+        let admission = self.inner.gate.admit(call.op).await?;
         let started = tokio::time::Instant::now();
         let url = format!("{}{}", self.inner.base_url, call.path);
         let mut request = self.inner.http.request(call.method.clone(), &url);
@@ -115,6 +117,9 @@ impl MetalClient {
             }
         };
         if status.is_success() {
+            if let Some(wait) = budget_spent(&headers) {
+                self.inner.gate.hold(call.op, wait).await;
+            }
             return Ok((status.as_u16(), body));
         }
         let messages = serde_json::from_slice::<ErrorBody>(&body)
@@ -127,7 +132,14 @@ impl MetalClient {
                 }
             });
         let retry_after = if status == StatusCode::TOO_MANY_REQUESTS {
-            retry_after(&headers)
+            let asked = retry_after(&headers);
+            // The whole cluster waits, not only this call's retry: the
+            // budget is the key's, shared by every process.
+            self.inner
+                .gate
+                .hold(call.op, asked.unwrap_or(HOLD_WITHOUT_RETRY_AFTER))
+                .await;
+            asked
         } else {
             None
         };
@@ -191,6 +203,26 @@ pub(super) async fn read_capped(mut response: reqwest::Response) -> Result<Body,
         body.extend_from_slice(&chunk);
     }
     Ok(Body::Complete(body))
+}
+
+/// A 429 that does not say how long to wait still holds the cluster this
+/// long before the next call.
+const HOLD_WITHOUT_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// A success that reports the rate-limit budget spent
+/// (`X-RateLimit-Remaining: 0`) asks for a pause until its reset.
+fn budget_spent(headers: &HeaderMap) -> Option<Duration> {
+    let remaining: u64 = headers
+        .get("x-ratelimit-remaining")?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    if remaining > 0 {
+        return None;
+    }
+    retry_after(headers).filter(|wait| !wait.is_zero())
 }
 
 /// `Retry-After` in seconds, else `X-RateLimit-Reset` (a Unix time, or a

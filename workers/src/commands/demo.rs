@@ -179,7 +179,7 @@ pub async fn run(args: DemoArgs, stop: Stop) -> anyhow::Result<DemoSummary> {
         },
         create_retry: quick,
         assimilate_retry: quick,
-        api_rate: Duration::ZERO,
+        api_rate: Rate::UNLIMITED,
         ..ProvisionerConfig::default()
     });
     config.validate()?;
@@ -193,7 +193,7 @@ pub async fn run(args: DemoArgs, stop: Stop) -> anyhow::Result<DemoSummary> {
     .await?;
     let mut client_config =
         ClientConfig::new(fake.base_url(), fake.project_id(), ApiToken::new(&token));
-    client_config.api_rate = Duration::ZERO;
+    client_config.api_rate = Rate::UNLIMITED;
     client_config.parallelism = 4;
     client_config.attempt_timeout = Duration::from_secs(5);
     client_config.retry = RetrySettings {
