@@ -166,6 +166,38 @@ async fn listings_follow_every_page_whatever_the_page_size() {
     }
 }
 
+/// After the first page the rest are fetched at once (as many as the
+/// client's parallelism allows), in the same order as a sequential listing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pages_after_the_first_overlap_their_round_trips() {
+    let config = fake_config(40);
+    let project = config.project_id;
+    let fake = start_fake(config).await;
+    let mut config = client_config(&fake, project);
+    config.per_page = 5;
+    config.parallelism = 4;
+    let client = MetalClient::new(config, ClientMetrics::default()).unwrap();
+    let sequential = client.list_reservations(&[]).await.unwrap();
+    fake.set_faults(Faults::none().with_latency(100, 0));
+    let before = fake.request_log().len();
+    let listed = client.list_reservations(&[]).await.unwrap();
+    assert_eq!(
+        listed.iter().map(|r| r.id).collect::<Vec<_>>(),
+        sequential.iter().map(|r| r.id).collect::<Vec<_>>()
+    );
+    let pages: Vec<_> = fake.request_log().split_off(before);
+    assert_eq!(pages.len(), 8);
+    let overlapping = pages[1..]
+        .iter()
+        .filter(|a| {
+            pages[1..]
+                .iter()
+                .any(|b| !std::ptr::eq(*a, b) && b.started <= a.started && a.started < b.finished)
+        })
+        .count();
+    assert!(overlapping >= 3, "only {overlapping} pages overlapped");
+}
+
 #[tokio::test]
 async fn a_transient_error_is_retried_and_the_call_succeeds() {
     let (fake, client, _) = world(3).await;

@@ -21,18 +21,23 @@ pub enum Embedded<T> {
 // An object holding nothing but `href` is a link, even when every field of
 // `T` is optional and it would decode as an empty `T`: an untagged enum
 // would pick `Full` and lose the id the link carries.
+//
+// The object is kept as raw text and read at most twice: as a bare link,
+// which fails at its first other key, then as `T`. A listing of 10,000
+// reservations embeds as many objects, so building a `Value` tree for each
+// (the obvious way) was most of the pass's decoding time.
 impl<'de, T: serde::de::DeserializeOwned> Deserialize<'de> for Embedded<T> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let value = serde_json::Value::deserialize(d)?;
-        let link_only = value
-            .as_object()
-            .is_some_and(|o| o.len() == 1 && o.get("href").is_some_and(|h| h.is_string()));
-        if link_only {
-            return serde_json::from_value(value)
-                .map(Embedded::Link)
-                .map_err(serde::de::Error::custom);
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct LinkOnly {
+            href: String,
         }
-        serde_json::from_value(value)
+        let raw = Box::<serde_json::value::RawValue>::deserialize(d)?;
+        if let Ok(LinkOnly { href }) = serde_json::from_str(raw.get()) {
+            return Ok(Embedded::Link(Href { href }));
+        }
+        serde_json::from_str(raw.get())
             .map(Embedded::Full)
             .map_err(serde::de::Error::custom)
     }

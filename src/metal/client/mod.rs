@@ -29,8 +29,9 @@ use crate::secret::ApiToken;
 /// The real service's base URL (closed on 30 June 2026; kept as the default
 /// so a drop-in replacement only needs `METAL_API_URL`).
 pub const BASE_URL_DEFAULT: &str = "https://api.equinix.com/metal/v1";
-/// The spec allows up to 1000; 100 keeps one page's answer small.
-pub const PER_PAGE_DEFAULT: u32 = 100;
+/// The largest page the spec allows: a listing of 10,000 reservations is ten
+/// pages, fetched at once after the first.
+pub const PER_PAGE_DEFAULT: u32 = 1000;
 /// Bound on one answer's size: a reservation page at 1000 per page is a few
 /// MiB; anything far larger is not an answer we can use.
 pub const MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
@@ -231,15 +232,14 @@ impl MetalClient {
         include: &[&str],
     ) -> Result<Vec<HardwareReservation>, MetalError> {
         let path = format!("/projects/{}/hardware-reservations", self.inner.project_id);
-        let pages = self
-            .list_pages::<ReservationPage>(
-                Operation::FindProjectHardwareReservations,
-                &path,
-                include,
-            )
-            .await?;
-        let items = pages.into_iter().map(|p| (p.hardware_reservations, p.meta));
-        collect_pages(Operation::FindProjectHardwareReservations, items, |r| r.id)
+        self.list_all(
+            Operation::FindProjectHardwareReservations,
+            &path,
+            include,
+            |p: ReservationPage| (p.hardware_reservations, p.meta),
+            |r| r.id,
+        )
+        .await
     }
 
     pub async fn get_reservation(
@@ -274,11 +274,14 @@ impl MetalClient {
 
     pub async fn list_devices(&self) -> Result<Vec<Device>, MetalError> {
         let path = format!("/projects/{}/devices", self.inner.project_id);
-        let pages = self
-            .list_pages::<DevicePage>(Operation::FindProjectDevices, &path, &[])
-            .await?;
-        let items = pages.into_iter().map(|p| (p.devices, p.meta));
-        collect_pages(Operation::FindProjectDevices, items, |d| d.id)
+        self.list_all(
+            Operation::FindProjectDevices,
+            &path,
+            &[],
+            |p: DevicePage| (p.devices, p.meta),
+            |d| d.id,
+        )
+        .await
     }
 
     pub async fn get_device(&self, id: Uuid) -> Result<Device, MetalError> {
