@@ -38,6 +38,10 @@ pub enum BenchCommand {
     Events(events::EventsBench),
     /// 6: API calls per machine, normally and with transient faults
     Economy(pipeline::EconomyBench),
+    /// 7: one pass at real latency with the defaults, beside the seed's listing
+    Latency(reconcile::LatencyBench),
+    /// 8: three workers against a provider answering 429 to a share of calls
+    Throttle(pipeline::ThrottleBench),
     /// A bare apalis worker with a no-op job (scenario 1's baseline)
     #[command(hide = true)]
     NoopWorker(pipeline::NoopWorker),
@@ -101,6 +105,8 @@ pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Reconcile(args) => reconcile::run(args).await,
         BenchCommand::Events(args) => events::run(args).await,
         BenchCommand::Economy(args) => pipeline::economy(args).await,
+        BenchCommand::Latency(args) => reconcile::latency(args).await,
+        BenchCommand::Throttle(args) => pipeline::throttle(args).await,
         BenchCommand::NoopWorker(args) => pipeline::noop_worker(args).await,
         BenchCommand::ReconcileOnce(args) => reconcile::once(args).await,
     }
@@ -111,16 +117,18 @@ async fn all(args: AllBench) -> anyhow::Result<()> {
     let server = args.server.clone();
     let q = args.quick;
     machine_info(&server).await;
+    // 2,000 jobs a side: the backlog where the queue's own overhead shows
+    // (at 20,000 both sides wait on the same table and the ratio flatters).
     let one_worker = pipeline::queue(pipeline::QueueBench {
         server: server.clone(),
-        reservations: if q { 1_000 } else { 10_000 },
-        repetitions: 2,
+        reservations: if q { 500 } else { 1_000 },
+        repetitions: if q { 1 } else { 3 },
         worker_args: vec![],
     })
     .await?;
     pipeline::scale_out(pipeline::ScaleOutBench {
         server: server.clone(),
-        reservations: if q { 1_000 } else { 10_000 },
+        reservations: if q { 500 } else { 1_000 },
         workers: vec![1, 2, 4],
         repetitions: 1,
         one_worker,
@@ -137,7 +145,16 @@ async fn all(args: AllBench) -> anyhow::Result<()> {
         server: server.clone(),
         sizes: vec![1_000, 5_000, 10_000],
         repetitions: if q { 1 } else { 3 },
-        per_page: 100,
+        per_page: shepherd::metal::client::PER_PAGE_DEFAULT,
+    })
+    .await?;
+    reconcile::latency(reconcile::LatencyBench {
+        server: server.clone(),
+        sizes: vec![1_000, 10_000],
+        repetitions: if q { 1 } else { 3 },
+        seed_repetitions: 1,
+        latency_ms: 140,
+        jitter_ms: 20,
     })
     .await?;
     events::run(events::EventsBench {
@@ -148,9 +165,17 @@ async fn all(args: AllBench) -> anyhow::Result<()> {
     })
     .await?;
     pipeline::economy(pipeline::EconomyBench {
-        server,
+        server: server.clone(),
         reservations: if q { 100 } else { 300 },
         repetitions: if q { 1 } else { 3 },
+    })
+    .await?;
+    pipeline::throttle(pipeline::ThrottleBench {
+        server,
+        reservations: if q { 30 } else { 100 },
+        probability: 0.2,
+        retry_after_secs: 1,
+        repetitions: 1,
     })
     .await?;
     println!("\nall scenarios in {:.0?}", started.elapsed());

@@ -13,7 +13,7 @@ use shepherd::config::{ProvisionerConfig, Rate};
 use shepherd::jobs::JobContext;
 use shepherd::metal::{ClientConfig, ClientMetrics, MetalClient, Operation};
 use shepherd::secret::ApiToken;
-use shepherd_fakes::metal::{FakeConfig, FaultKind, FaultRule, Faults};
+use shepherd_fakes::metal::{FakeConfig, FaultKind, FaultRule, Faults, RequestRecord};
 
 use super::{PUBLIC_KEY, Server, Stage, Stats, TOKEN};
 
@@ -136,6 +136,7 @@ struct Run {
     key_calls: u64,
     creates: u64,
     retried: i64,
+    requests: Vec<RequestRecord>,
 }
 
 const DONE_NOOP: &str = "select count(*) from apalis.jobs where status = 'Done'";
@@ -201,19 +202,20 @@ async fn bare_run(
         key_calls: 0,
         creates: 0,
         retried: 0,
+        requests: vec![],
     })
 }
 
 /// Enqueues one CreateDevice per reservation the way a pass does, in this
 /// process and before the clock starts, so both sides of scenario 1 begin
 /// with a full queue.
-async fn enqueue_pass(stage: &Stage, reservations: usize) -> anyhow::Result<()> {
+async fn enqueue_pass(stage: &Stage, reservations: usize, api_rate: Rate) -> anyhow::Result<()> {
     let mut config = ClientConfig::new(
         stage.fake.base_url(),
         stage.fake.project_id(),
         ApiToken::new(TOKEN),
     );
-    config.api_rate = Rate::UNLIMITED;
+    config.api_rate = api_rate;
     let metal = MetalClient::new(config, ClientMetrics::default())?;
     let provisioner = Arc::new(ProvisionerConfig {
         max_machines: 0,
@@ -222,7 +224,8 @@ async fn enqueue_pass(stage: &Stage, reservations: usize) -> anyhow::Result<()> 
             interval: Duration::ZERO,
             burst: 1,
         },
-        api_rate: Rate::UNLIMITED,
+        // The cluster's budget, which the workers adopt.
+        api_rate,
         ..ProvisionerConfig::default()
     });
     shepherd::cluster::establish(
@@ -273,9 +276,10 @@ async fn shepherd_run(
     workers: usize,
     faults: Faults,
     worker_args: &[String],
+    api_rate: Rate,
 ) -> anyhow::Result<Run> {
     let mut stage = Stage::new(server, name, fake_config(reservations, faults)).await?;
-    enqueue_pass(&stage, reservations).await?;
+    enqueue_pass(&stage, reservations, api_rate).await?;
     let total = 2 * reservations as i64;
     let args = flags(
         &[
@@ -318,6 +322,7 @@ async fn shepherd_run(
             + stage.fake.calls(Operation::CreateProjectSshKey),
         creates: stage.fake.calls(Operation::CreateDevice),
         retried,
+        requests: stage.fake.request_log(),
     };
     stage.finish().await?;
     Ok(run)
@@ -355,6 +360,7 @@ pub async fn queue(args: QueueBench) -> anyhow::Result<Vec<f64>> {
                     1,
                     Faults::none(),
                     &args.worker_args,
+                    Rate::UNLIMITED,
                 )
                 .await?;
                 println!(
@@ -400,7 +406,16 @@ pub async fn scale_out(args: ScaleOutBench) -> anyhow::Result<()> {
             if w == 1 && !args.one_worker.is_empty() {
                 continue;
             }
-            let r = shepherd_run(&args.server, "scale_out", n, w, Faults::none(), &[]).await?;
+            let r = shepherd_run(
+                &args.server,
+                "scale_out",
+                n,
+                w,
+                Faults::none(),
+                &[],
+                Rate::UNLIMITED,
+            )
+            .await?;
             let rate = r.machines as f64 / r.seconds;
             println!(
                 "  rep {rep}: {w} worker(s) {rate:>6.0} machines/s ({:.1} s)",
@@ -448,7 +463,8 @@ pub async fn economy(args: EconomyBench) -> anyhow::Result<()> {
             } else {
                 faulty.clone()
             };
-            let r = shepherd_run(&args.server, "economy", n, 3, faults, &[]).await?;
+            let r =
+                shepherd_run(&args.server, "economy", n, 3, faults, &[], Rate::UNLIMITED).await?;
             rows[side].push(r);
         }
     }
@@ -473,6 +489,95 @@ pub async fn economy(args: EconomyBench) -> anyhow::Result<()> {
     }
     println!(
         "(the seed made 3 calls per machine: list keys, create, and the reconcile's share of the lists)"
+    );
+    Ok(())
+}
+
+#[derive(Debug, Args)]
+pub struct ThrottleBench {
+    #[command(flatten)]
+    pub server: Server,
+    #[arg(long, default_value_t = 100)]
+    pub reservations: usize,
+    /// Share of calls the fake answers 429 with `Retry-After`
+    #[arg(long, default_value_t = 0.2)]
+    pub probability: f64,
+    #[arg(long, default_value_t = 1)]
+    pub retry_after_secs: u64,
+    #[arg(long, default_value_t = 1)]
+    pub repetitions: usize,
+}
+
+/// A call that reached the fake within this long after a 429 was answered
+/// was already on its way (or its process had not heard yet): the client
+/// cannot take back a request it sent before the answer arrived.
+const IN_FLIGHT_GRACE: Duration = Duration::from_millis(50);
+
+/// Scenario 8: three workers under a provider that answers 429 with
+/// `Retry-After` to a share of all calls, at shepherd's default budget.
+pub async fn throttle(args: ThrottleBench) -> anyhow::Result<()> {
+    let n = args.reservations;
+    println!(
+        "\n## Scenario 8: a provider that pushes back ({n} reservations, 3 worker processes, {:.0} % of calls answered 429 with Retry-After {} s, default api_rate {})",
+        args.probability * 100.0,
+        args.retry_after_secs,
+        shepherd::config::API_RATE_DEFAULT
+    );
+    let faults = Faults::none().with_rule(
+        FaultRule::new(FaultKind::RateLimited {
+            retry_after_secs: args.retry_after_secs,
+        })
+        .with_probability(args.probability),
+    );
+    let hold = Duration::from_secs(args.retry_after_secs);
+    println!(
+        "| rep | wall time, s | calls | 429s | calls inside a hold (after the {} ms grace) | most calls in one second | machines |",
+        IN_FLIGHT_GRACE.as_millis()
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for rep in 0..args.repetitions.max(1) {
+        let r = shepherd_run(
+            &args.server,
+            "throttle",
+            n,
+            3,
+            faults.clone(),
+            &[],
+            shepherd::config::API_RATE_DEFAULT,
+        )
+        .await?;
+        let mut log = r.requests;
+        log.sort_by_key(|c| c.started);
+        let throttled: Vec<_> = log.iter().filter(|c| c.status == 429).collect();
+        let inside = log
+            .iter()
+            .filter(|c| {
+                throttled.iter().any(|t| {
+                    c.started > t.finished + IN_FLIGHT_GRACE && c.started < t.finished + hold
+                })
+            })
+            .count();
+        let busiest = log
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                log[i..]
+                    .iter()
+                    .take_while(|d| d.started < c.started + Duration::from_secs(1))
+                    .count()
+            })
+            .max()
+            .unwrap_or(0);
+        println!(
+            "| {rep} | {:.1} | {} | {} | **{inside}** | {busiest} | {} |",
+            r.seconds,
+            log.len(),
+            throttled.len(),
+            r.machines
+        );
+    }
+    println!(
+        "(goal: no call inside a hold; the budget allows at most 30 calls in any second: a bucket of 20 and 10/s)"
     );
     Ok(())
 }

@@ -28,10 +28,29 @@ pub struct ReconcileBench {
     pub sizes: Vec<usize>,
     #[arg(long, default_value_t = 3)]
     pub repetitions: usize,
-    /// Page size of the listings (shepherd's default is 100; the spec
-    /// allows up to 1000 for devices and reservations)
-    #[arg(long, default_value_t = 100)]
+    /// Page size of the listings (shepherd's default, and the spec's
+    /// largest, is 1000)
+    #[arg(long, default_value_t = shepherd::metal::client::PER_PAGE_DEFAULT)]
     pub per_page: u32,
+}
+
+#[derive(Debug, Args)]
+pub struct LatencyBench {
+    #[command(flatten)]
+    pub server: Server,
+    /// Reservations per point (half of them managed)
+    #[arg(long, value_delimiter = ',', default_value = "1000,10000")]
+    pub sizes: Vec<usize>,
+    #[arg(long, default_value_t = 3)]
+    pub repetitions: usize,
+    /// Repetitions of the seed's model (sequential pages of 10: slow)
+    #[arg(long, default_value_t = 1)]
+    pub seed_repetitions: usize,
+    /// The fake's latency: this plus a uniform 0..=jitter
+    #[arg(long, default_value_t = 140)]
+    pub latency_ms: u64,
+    #[arg(long, default_value_t = 20)]
+    pub jitter_ms: u64,
 }
 
 #[derive(Debug, Args)]
@@ -54,7 +73,8 @@ struct Measured {
 
 pub async fn once(args: ReconcileOnce) -> anyhow::Result<()> {
     let pool = args.db.connect(4).await?;
-    let metal = args.metal.client(None, ClientMetrics::default())?;
+    // The cluster's pacer, as in a worker.
+    let metal = args.metal.client(Some(&pool), ClientMetrics::default())?;
     let config = Arc::new(ProvisionerConfig {
         max_machines: 0,
         ..ProvisionerConfig::default()
@@ -98,7 +118,10 @@ struct Point {
     list_calls: u64,
 }
 
-async fn point(server: &Server, size: usize, per_page: u32) -> anyhow::Result<Point> {
+/// A stage whose fake holds `size` reservations, half of them carrying a
+/// device shepherd manages (recorded in the log); returns it with the
+/// number managed.
+async fn prepare(server: &Server, size: usize) -> anyhow::Result<(Stage, usize)> {
     let stage = Stage::new(
         server,
         "reconcile",
@@ -129,19 +152,18 @@ async fn point(server: &Server, size: usize, per_page: u32) -> anyhow::Result<Po
     }
     tx.commit().await?;
     sqlx::query("analyze").execute(&stage.pool).await?;
+    Ok((stage, managed.len()))
+}
 
-    let calls_before = stage.fake.total_calls();
-    let lists_before = stage.list_calls();
-    let per_page_n = per_page;
-    let per_page = per_page.to_string();
-    let mut command = stage.command(&[
-        "bench",
-        "reconcile-once",
-        "--api-rate",
-        "0s",
-        "--per-page",
-        &per_page,
-    ])?;
+/// One pass in a fresh `bench reconcile-once` process, with `flags`.
+async fn pass_in_process(
+    stage: &Stage,
+    flags: &[&str],
+    managed: usize,
+) -> anyhow::Result<Measured> {
+    let mut args = vec!["bench", "reconcile-once"];
+    args.extend_from_slice(flags);
+    let mut command = stage.command(&args)?;
     let out = tokio::task::spawn_blocking(move || command.output()).await??;
     anyhow::ensure!(
         out.status.success(),
@@ -152,11 +174,25 @@ async fn point(server: &Server, size: usize, per_page: u32) -> anyhow::Result<Po
     let m: Measured = serde_json::from_str(line.lines().last().unwrap_or_default())
         .with_context(|| format!("unexpected output from the pass: {line}"))?;
     anyhow::ensure!(
-        m.managed == managed.len() as u64,
-        "the pass saw {} managed machines of {}",
+        m.managed == managed as u64,
+        "the pass saw {} managed machines of {managed}",
         m.managed,
-        managed.len()
     );
+    Ok(m)
+}
+
+async fn point(server: &Server, size: usize, per_page: u32) -> anyhow::Result<Point> {
+    let (stage, managed) = prepare(server, size).await?;
+    let calls_before = stage.fake.total_calls();
+    let lists_before = stage.list_calls();
+    let per_page_n = per_page;
+    let per_page = per_page.to_string();
+    let m = pass_in_process(
+        &stage,
+        &["--api-rate", "0s", "--per-page", &per_page],
+        managed,
+    )
+    .await?;
     let calls = stage.fake.total_calls() - calls_before;
     let list_calls = stage.list_calls() - lists_before;
     let mut config = ClientConfig::new(
@@ -234,6 +270,96 @@ pub async fn run(args: ReconcileBench) -> anyhow::Result<()> {
             "growth of the wall time from {n0} to {n1} reservations: {:.1}x for {:.0}x the size (goal at 10,000: <= 1 s, <= 100 MB)",
             t1 / t0,
             n1 / n0
+        );
+    }
+    Ok(())
+}
+
+/// The seed's listing as a model: devices, then reservations (with
+/// facility and device included), each page after the last, at the API's
+/// default page size of 10 (packngo left `per_page` unset), no pacing. The
+/// seed also decoded with its own client; this uses shepherd's, so only
+/// the shape of the traffic is the seed's.
+async fn seed_model(stage: &Stage) -> anyhow::Result<f64> {
+    let mut config = ClientConfig::new(
+        stage.fake.base_url(),
+        stage.fake.project_id(),
+        ApiToken::new(TOKEN),
+    );
+    config.api_rate = shepherd::config::Rate::UNLIMITED;
+    config.per_page = 10;
+    // One call on the wire at a time: pages strictly one after another.
+    config.parallelism = 1;
+    let client = MetalClient::new(config, ClientMetrics::default())?;
+    let t = Instant::now();
+    client.list_devices().await?;
+    client.list_reservations(&["facility", "device"]).await?;
+    Ok(t.elapsed().as_secs_f64())
+}
+
+/// Scenario 7: one pass at real latency with shepherd's default settings,
+/// beside the seed's listing in the same run.
+pub async fn latency(args: LatencyBench) -> anyhow::Result<()> {
+    println!(
+        "\n## Scenario 7: one pass at real latency ({}..={} ms per call, half managed, shepherd's defaults; {} repetitions, the seed model {})",
+        args.latency_ms,
+        args.latency_ms + args.jitter_ms,
+        args.repetitions,
+        args.seed_repetitions
+    );
+    let faults =
+        shepherd_fakes::metal::Faults::none().with_latency(args.latency_ms, args.jitter_ms);
+    let mut ours: Vec<Vec<f64>> = args.sizes.iter().map(|_| vec![]).collect();
+    let mut calls: Vec<Vec<f64>> = args.sizes.iter().map(|_| vec![]).collect();
+    let mut seed: Vec<Vec<f64>> = args.sizes.iter().map(|_| vec![]).collect();
+    for (i, &size) in args.sizes.iter().enumerate() {
+        let (stage, managed) = prepare(&args.server, size).await?;
+        stage.fake.set_faults(faults.clone());
+        for rep in 0..args.repetitions.max(args.seed_repetitions) {
+            // Alternate which side goes first.
+            for side in if rep % 2 == 0 { [0, 1] } else { [1, 0] } {
+                if side == 0 && rep < args.repetitions {
+                    let before = stage.fake.total_calls();
+                    let m = pass_in_process(&stage, &[], managed).await?;
+                    println!(
+                        "  {size:>6} reservations, rep {rep}: shepherd {:.3} s",
+                        m.seconds
+                    );
+                    ours[i].push(m.seconds);
+                    calls[i].push((stage.fake.total_calls() - before) as f64);
+                } else if side == 1 && rep < args.seed_repetitions {
+                    let s = seed_model(&stage).await?;
+                    println!("  {size:>6} reservations, rep {rep}: seed model {s:.1} s");
+                    seed[i].push(s);
+                }
+            }
+        }
+        stage.finish().await?;
+    }
+    println!(
+        "| reservations | shepherd pass, s | API calls | seed model (listing only), s | seed / shepherd |"
+    );
+    println!("|---|---|---|---|---|");
+    for (i, size) in args.sizes.iter().enumerate() {
+        let o = Stats::of(ours[i].iter().copied());
+        let s = Stats::of(seed[i].iter().copied());
+        let c = Stats::of(calls[i].iter().copied());
+        println!(
+            "| {size} | {o:.3} | {c:.0} | {s:.1} | **{:.0}x** |",
+            s.median / o.median
+        );
+    }
+    if args.sizes.len() > 1 {
+        let grow = |v: &[Vec<f64>]| {
+            Stats::of(v[v.len() - 1].iter().copied()).median
+                / Stats::of(v[0].iter().copied()).median
+        };
+        println!(
+            "growth from {} to {} reservations: shepherd {:.1}x, seed model {:.1}x (goal at 10,000: <= 2 s and >= 5x faster than the seed model)",
+            args.sizes[0],
+            args.sizes[args.sizes.len() - 1],
+            grow(&ours),
+            grow(&seed)
         );
     }
     Ok(())

@@ -4,11 +4,14 @@
 
 use std::collections::BTreeMap;
 
-use sqlx::PgConnection;
+use sqlx::{PgConnection, Row};
 use uuid::Uuid;
 
 use super::tables::*;
-use super::{Keys, PROVIDER_EQUINIX, ViewState, apply};
+use super::{
+    Keys, ManagedMachine, PROVIDER_EQUINIX, Penalty, PendingCreation, UnassimilatedDevice,
+    ViewState, apply,
+};
 use crate::events::stored::{StoreError, StoredEvent};
 
 /// Loads the touched rows, applies the events, writes back the changes.
@@ -53,58 +56,54 @@ pub(super) async fn load(
     if settings {
         state.settings = read_settings(&mut *conn).await?;
     }
-    // A machine can be keyed by its device, or found through its reservation.
-    // Two branches, not an OR: each uses its own index whatever the
+    // One round trip for the four views, each as a JSON array: an append
+    // is a handful of statements and this was four of them. A machine can
+    // be keyed by its device, or found through its reservation: two
+    // branches, not an OR, so each uses its own index whatever the
     // statistics say (an OR was planned as a scan of every machine).
-    for row in sqlx::query(
-        "select machine_id, provider, provider_id, reservation_id, hostname, assimilated_at
-         from shepherd.managed_machines
-         where provider = $1 and provider_id = any($2)
-         union
-         select machine_id, provider, provider_id, reservation_id, hostname, assimilated_at
-         from shepherd.managed_machines
-         where reservation_id = any($3) and provider = $1",
+    let row = sqlx::query(
+        "select
+           (select coalesce(json_agg(m), '[]') from (
+              select machine_id, provider, provider_id, reservation_id, hostname, assimilated_at
+              from shepherd.managed_machines
+              where provider = $1 and provider_id = any($2)
+              union
+              select machine_id, provider, provider_id, reservation_id, hostname, assimilated_at
+              from shepherd.managed_machines
+              where reservation_id = any($3) and provider = $1) m) as machines,
+           (select coalesce(json_agg(s), '[]') from (
+              select reservation_id, until, cause, failures from shepherd.sinbin
+              where reservation_id = any($3)) s) as sinbin,
+           (select coalesce(json_agg(p), '[]') from (
+              select reservation_id, request, enqueued_at, unresolved_since, last_error
+              from shepherd.pending_creations where reservation_id = any($3)) p) as pending,
+           (select coalesce(json_agg(u), '[]') from (
+              select device_id, reservation_id, hostname, created_at
+              from shepherd.unassimilated_devices where device_id = any($4)) u) as unassimilated",
     )
     .bind(PROVIDER_EQUINIX)
     .bind(device_ids)
     .bind(reservations)
-    .fetch_all(&mut *conn)
-    .await?
-    {
-        let m = machine_from_row(&row);
+    .bind(devices)
+    .fetch_one(&mut *conn)
+    .await?;
+    fn rows<T: serde::de::DeserializeOwned>(
+        row: &sqlx::postgres::PgRow,
+        column: &str,
+    ) -> Result<Vec<T>, sqlx::Error> {
+        let value: serde_json::Value = row.try_get(column)?;
+        serde_json::from_value(value).map_err(|e| sqlx::Error::Decode(Box::new(e)))
+    }
+    for m in rows::<ManagedMachine>(&row, "machines")? {
         state.machines.insert(m.provider_id.clone(), m);
     }
-    for row in sqlx::query(
-        "select reservation_id, until, cause, failures from shepherd.sinbin
-         where reservation_id = any($1)",
-    )
-    .bind(reservations)
-    .fetch_all(&mut *conn)
-    .await?
-    {
-        let p = penalty_from_row(&row);
+    for p in rows::<Penalty>(&row, "sinbin")? {
         state.sinbin.insert(p.reservation_id, p);
     }
-    for row in sqlx::query(
-        "select reservation_id, request, enqueued_at, unresolved_since, last_error
-         from shepherd.pending_creations where reservation_id = any($1)",
-    )
-    .bind(reservations)
-    .fetch_all(&mut *conn)
-    .await?
-    {
-        let p = pending_from_row(&row);
+    for p in rows::<PendingCreation>(&row, "pending")? {
         state.pending_creations.insert(p.reservation_id, p);
     }
-    for row in sqlx::query(
-        "select device_id, reservation_id, hostname, created_at from shepherd.unassimilated_devices
-         where device_id = any($1)",
-    )
-    .bind(devices)
-    .fetch_all(&mut *conn)
-    .await?
-    {
-        let d = unassimilated_from_row(&row);
+    for d in rows::<UnassimilatedDevice>(&row, "unassimilated")? {
         state.unassimilated.insert(d.device_id, d);
     }
     Ok(state)

@@ -17,7 +17,7 @@ pub use crate::config::PenaltyPolicy;
 
 pub const PROVIDER_EQUINIX: &str = "equinix";
 
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ManagedMachine {
     pub machine_id: Uuid,
     pub provider: String,
@@ -27,7 +27,7 @@ pub struct ManagedMachine {
     pub assimilated_at: DateTime<Utc>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Penalty {
     pub reservation_id: Uuid,
     pub until: DateTime<Utc>,
@@ -42,7 +42,7 @@ impl Penalty {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PendingCreation {
     pub reservation_id: Uuid,
     /// The request that owns it (the witness is derived from it).
@@ -60,7 +60,7 @@ pub struct Setting {
     pub updated_at: DateTime<Utc>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct UnassimilatedDevice {
     pub device_id: Uuid,
     pub reservation_id: Option<Uuid>,
