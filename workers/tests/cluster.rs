@@ -116,8 +116,10 @@ async fn sigterm_on_a_busy_worker_exits_zero_and_leaves_nothing_running(pool: Pg
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // Claimed jobs stay `Queued` while they run (the workers do not take
+    // apalis's separate lock that marks them `Running`).
     let running: i64 =
-        sqlx::query_scalar("select count(*) from apalis.jobs where status = 'Running'")
+        sqlx::query_scalar("select count(*) from apalis.jobs where status = 'Queued'")
             .fetch_one(&c.pool)
             .await
             .unwrap();
@@ -333,7 +335,7 @@ async fn a_busy_worker_keeps_heartbeating(pool: PgPool) {
     let mut samples = 0;
     let mut worst = 0.0f64;
     while started.elapsed() < Duration::from_secs(30) && samples < 40 {
-        let busy = c.count("select count(*) from apalis.jobs where job_type = 'create_device' and status = 'Running'").await;
+        let busy = c.count("select count(*) from apalis.jobs where job_type = 'create_device' and status = 'Queued'").await;
         let age: Option<f64> = sqlx::query_scalar(
             "select extract(epoch from now() - last_seen)::float8 from apalis.workers
              where worker_type = 'create_device' order by last_seen desc limit 1",

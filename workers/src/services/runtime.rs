@@ -192,6 +192,7 @@ fn config(queue: &str, opts: &RuntimeOptions) -> Config {
     Config::default()
         .queue(queue)
         .batch_size(1)
+        .lock_tasks(false)
         .heartbeat_interval(opts.heartbeat)
         .missed_heartbeats(opts.missed_heartbeats as usize)
 }
