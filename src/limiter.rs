@@ -79,10 +79,14 @@ impl Limiter {
     /// Dropping the future gives up the wait.
     pub async fn acquire(&self) -> Result<Duration, sqlx::Error> {
         let rate = self.rate();
-        if rate.is_unlimited() {
-            return Ok(Duration::ZERO);
-        }
         let started = std::time::Instant::now();
+        if rate.is_unlimited() {
+            // No budget, but a hold the provider asked for still applies.
+            while let Some(left) = self.hold_left().await? {
+                tokio::time::sleep(left).await;
+            }
+            return Ok(started.elapsed());
+        }
         let spacing = rate.spacing().as_secs_f64();
         let tolerance = (spacing / 4.0).max(0.002);
         // A slot may lie in the past by up to the burst allowance: that is
@@ -114,14 +118,20 @@ impl Limiter {
 impl Limiter {
     /// Whether a hold the provider asked for is still running.
     async fn held(&self) -> Result<bool, sqlx::Error> {
-        let held: Option<bool> = sqlx::query_scalar(
-            "select held_until > clock_timestamp() from shepherd.limiters where name = $1",
+        Ok(self.hold_left().await?.is_some())
+    }
+
+    /// What is left of a running hold.
+    async fn hold_left(&self) -> Result<Option<Duration>, sqlx::Error> {
+        let left: Option<f64> = sqlx::query_scalar(
+            "select extract(epoch from held_until - clock_timestamp())::float8
+             from shepherd.limiters where name = $1 and held_until > clock_timestamp()",
         )
         .bind(self.name)
         .fetch_optional(&self.pool)
         .await?
         .flatten();
-        Ok(held.unwrap_or(false))
+        Ok(left.filter(|s| *s > 0.0).map(Duration::from_secs_f64))
     }
 
     /// No slot starts before `wait` from now, for any process: the

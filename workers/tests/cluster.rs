@@ -472,3 +472,50 @@ async fn the_least_privilege_role_runs_a_worker(pool: PgPool) {
     worker.close().await;
     c.stop_all();
 }
+
+/// A provider's 429 seen by one worker holds the calls of every worker for
+/// as long as its `Retry-After` asks, and the work still completes.
+#[sqlx::test(migrations = false)]
+async fn a_429_seen_by_one_worker_holds_every_worker(pool: PgPool) {
+    use shepherd_fakes::metal::{FaultKind, FaultRule};
+    let _timed = TIMED.write().await;
+    let faults = Faults::none().with_rule(
+        FaultRule::new(FaultKind::RateLimited {
+            retry_after_secs: 1,
+        })
+        .with_probability(0.2),
+    );
+    let mut c = Cluster::new(pool, 20, faults).await;
+    migrate(&c).await;
+    for _ in 0..3 {
+        c.spawn_worker(&["--max-machines", "20", "--device-creation-rate", "0s,1"]);
+    }
+    c.wait_for(20, 20, Duration::from_secs(180)).await;
+    let log = c.fake.request_log();
+    let throttled: Vec<_> = log.iter().filter(|r| r.status == 429).collect();
+    assert!(
+        throttled.len() >= 3,
+        "only {} of {} calls were answered 429",
+        throttled.len(),
+        log.len()
+    );
+    // A call already sent, or sent by a process that had not yet read the
+    // hold from Postgres, may land just after a 429: a generous grace, far
+    // shorter than the hold.
+    let grace = Duration::from_millis(250);
+    let inside: Vec<_> = log
+        .iter()
+        .filter(|r| {
+            throttled.iter().any(|t| {
+                r.started > t.finished + grace && r.started < t.finished + Duration::from_secs(1)
+            })
+        })
+        .map(|r| format!("{} {}", r.op, r.status))
+        .collect();
+    assert!(
+        inside.is_empty(),
+        "{} calls inside a hold: {inside:?}",
+        inside.len()
+    );
+    c.stop_all();
+}
