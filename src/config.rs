@@ -92,6 +92,18 @@ impl Rate {
     pub fn spacing(&self) -> Duration {
         self.interval / self.burst.max(1)
     }
+
+    /// How late a caller may start after its turn: a quarter spacing of
+    /// scheduling jitter, plus the credit of a burst (a turn may lie in the
+    /// past by up to `burst - 1` spacings). Later than that, the caller was
+    /// held up, and starting anyway would bunch it with the next one.
+    pub fn lateness(&self) -> Duration {
+        if self.is_unlimited() {
+            return Duration::MAX;
+        }
+        let spacing = self.spacing();
+        (spacing / 4).max(Duration::from_millis(2)) + spacing * self.burst.saturating_sub(1)
+    }
 }
 
 impl Rate {

@@ -87,11 +87,7 @@ impl Limiter {
             }
             return Ok(started.elapsed());
         }
-        let spacing = rate.spacing().as_secs_f64();
-        let tolerance = (spacing / 4.0).max(0.002);
-        // A slot may lie in the past by up to the burst allowance: that is
-        // credit. Later than that, the answer or this process was slow.
-        let credit = spacing * f64::from(rate.burst.saturating_sub(1));
+        let lateness = rate.lateness().as_secs_f64();
         loop {
             let slot = self.reserve().await?;
             let wait = slot - unix_now();
@@ -103,7 +99,7 @@ impl Limiter {
                     continue;
                 }
             }
-            if unix_now() - slot <= tolerance + credit {
+            if unix_now() - slot <= lateness {
                 return Ok(started.elapsed());
             }
             tracing::debug!(
@@ -185,6 +181,10 @@ impl Pacer for Limiter {
 
     fn set_rate(&self, rate: Rate) {
         Limiter::set_rate(self, rate);
+    }
+
+    fn slack(&self) -> Duration {
+        self.rate().lateness()
     }
 
     fn hold(&self, wait: Duration) -> PacerFuture<'_> {

@@ -618,6 +618,62 @@ async fn a_budget_lets_its_burst_through_at_once_then_spaces_the_rest() {
     );
 }
 
+/// A creation waits for its turn without holding an API slot, and a turn
+/// that went stale while every slot was busy is given up for a fresh one:
+/// creations never reach the provider bunched together, even when slow
+/// calls hold every slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn creations_keep_their_spacing_when_every_api_slot_is_busy() {
+    let config = fake_config(6);
+    let project = config.project_id;
+    let fake = start_fake(config).await;
+    let mut config = client_config(&fake, project);
+    config.parallelism = 2;
+    let client = MetalClient::new(config, ClientMetrics::default()).unwrap();
+    let key = client
+        .ensure_ssh_key("k", "ssh-ed25519 AAAA k")
+        .await
+        .unwrap();
+    fake.set_faults(Faults::none().with_latency(250, 0));
+    let pacer = shepherd::metal::LocalPacer::new("100ms,1".parse().unwrap());
+    let reservations: Vec<_> = fake.reservations().into_iter().map(|r| r.id).collect();
+    let busy = (0..4).map(|_| {
+        let client = client.clone();
+        let r = reservations[0];
+        async move {
+            client.get_reservation(r, &[]).await.unwrap();
+        }
+    });
+    let creations = reservations[1..5].iter().map(|r| {
+        let client = client.clone();
+        let pacer = &pacer;
+        let req = create_request(*r, key, &r.to_string());
+        async move {
+            client.create_device_paced(&req, pacer).await.unwrap();
+        }
+    });
+    futures::future::join(
+        futures::future::join_all(busy),
+        futures::future::join_all(creations),
+    )
+    .await;
+    let mut posts: Vec<_> = fake
+        .request_log()
+        .into_iter()
+        .filter(|c| c.op == Operation::CreateDevice)
+        .map(|c| c.started)
+        .collect();
+    posts.sort();
+    assert_eq!(posts.len(), 4);
+    for pair in posts.windows(2) {
+        let gap = pair[1].duration_since(pair[0]);
+        assert!(
+            gap >= Duration::from_millis(70),
+            "two creations {gap:?} apart"
+        );
+    }
+}
+
 /// A 429 with `Retry-After` stops every caller of the client, not only the
 /// one that got it, and the calls resume after the hold.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -85,6 +85,14 @@ pub trait Pacer: Send + Sync + 'static {
     /// cannot change keeps its own.
     fn set_rate(&self, _rate: Rate) {}
 
+    /// How long after its turn a caller may still start its call. A caller
+    /// held up longer (by something of its own after the turn) takes another
+    /// turn: starts bunched behind a hold-up are how a limit lets a burst
+    /// through.
+    fn slack(&self) -> Duration {
+        Duration::MAX
+    }
+
     /// The provider asked for no calls for `wait` (a 429's `Retry-After`):
     /// no turn is given before it has passed, to any caller sharing this
     /// pacer. Best effort: a pacer that cannot record it lets the caller's
@@ -142,6 +150,10 @@ impl Pacer for LocalPacer {
 
     fn set_rate(&self, rate: Rate) {
         *self.rate.lock().unwrap_or_else(|e| e.into_inner()) = rate;
+    }
+
+    fn slack(&self) -> Duration {
+        self.rate().lateness()
     }
 
     fn hold(&self, wait: Duration) -> PacerFuture<'_> {

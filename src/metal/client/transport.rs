@@ -36,23 +36,36 @@ impl MetalClient {
     /// One attempt; `pacer`, when given (the creation limiter), is awaited
     /// before the attempt asks the gate for a slot and an API turn: a
     /// creation waiting for its turn holds none of the process's API slots,
-    /// so listings and assimilations do not queue behind it. The API budget
-    /// has a burst, so the gate rarely adds a wait after the creation's turn.
+    /// so listings and assimilations do not queue behind it. A turn that
+    /// went stale while the gate held the call up (every slot busy) is given
+    /// up and another taken, so starts on the wire keep the pacer's spacing.
     pub(super) async fn attempt_paced(
         &self,
         call: &Call<'_>,
         pacer: Option<&dyn Pacer>,
     ) -> Result<(u16, Vec<u8>), MetalError> {
-        if let Some(pacer) = pacer {
-            pacer
-                .wait_turn()
-                .await
-                .map_err(|reason| MetalError::Transient {
-                    op: call.op,
-                    reason,
-                })?;
-        }
-        let admission = self.inner.gate.admit(call.op).await?;
+        let admission = match pacer {
+            None => self.inner.gate.admit(call.op).await?,
+            Some(pacer) => loop {
+                pacer
+                    .wait_turn()
+                    .await
+                    .map_err(|reason| MetalError::Transient {
+                        op: call.op,
+                        reason,
+                    })?;
+                let turn = tokio::time::Instant::now();
+                let admission = self.inner.gate.admit(call.op).await?;
+                if turn.elapsed() <= pacer.slack() {
+                    break admission;
+                }
+                tracing::debug!(
+                    op = call.op.id(),
+                    late_ms = turn.elapsed().as_millis() as u64,
+                    "turn went stale waiting for an API slot; taking another"
+                );
+            },
+        };
         let started = tokio::time::Instant::now();
         let url = format!("{}{}", self.inner.base_url, call.path);
         let mut request = self.inner.http.request(call.method.clone(), &url);
