@@ -4,4 +4,5 @@
 //! the demo; they live apart from the domain library so that nothing in
 //! production links them but the `shepherd fake-*` commands.
 
+pub mod faults;
 pub mod metal;
