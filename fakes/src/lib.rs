@@ -5,4 +5,5 @@
 //! production links them but the `shepherd fake-*` commands.
 
 pub mod faults;
+pub mod latitude;
 pub mod metal;

@@ -1,5 +1,5 @@
-//! A validator for the subset of OpenAPI 3.0 schema objects the Metal spec
-//! uses: `$ref`, `type`, `nullable`, `properties`, `required`, `items`,
+//! A validator for the subset of OpenAPI 3.0 schema objects the vendored
+//! specs use: `$ref`, `type`, `nullable`, `properties`, `required`, `items`,
 //! `enum`, `allOf`/`oneOf`/`anyOf` and the `uuid`/`date-time` formats.
 //! It exists so that the fake server's answers are checked against the
 //! official document rather than against our own idea of it.
@@ -8,16 +8,33 @@ use serde_json::Value;
 
 pub struct Spec {
     doc: Value,
+    /// The media type answers are described under.
+    media: &'static str,
 }
 
 impl Spec {
+    /// The Metal document (`spec/metal/`).
     pub fn load() -> Spec {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/spec/metal/openapi.json");
-        let text = std::fs::read_to_string(path).unwrap_or_else(|e| {
-            panic!("cannot read the vendored Metal spec at {path} (see spec/metal/README.md): {e}")
+        Spec::vendored("metal", "application/json")
+    }
+
+    /// Latitude.sh's document (`spec/latitude/`).
+    #[allow(dead_code)]
+    pub fn latitude() -> Spec {
+        Spec::vendored("latitude", "application/vnd.api+json")
+    }
+
+    fn vendored(provider: &str, media: &'static str) -> Spec {
+        let path = format!(
+            "{}/spec/{provider}/openapi.json",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+            panic!("cannot read the vendored spec at {path} (see spec/{provider}/README.md): {e}")
         });
         Spec {
-            doc: serde_json::from_str(&text).expect("the Metal spec is JSON"),
+            doc: serde_json::from_str(&text).expect("a vendored spec is JSON"),
+            media,
         }
     }
 
@@ -31,8 +48,17 @@ impl Spec {
             response.is_object(),
             "the spec gives no {status} answer for {method} {path}"
         );
-        let schema = &response["content"]["application/json"]["schema"];
+        let schema = &response["content"][self.media]["schema"];
         schema.is_object().then_some(schema)
+    }
+
+    /// Whether `method path`'s answer with `status` has a body of this
+    /// spec's media type at all (some list the type without a schema).
+    #[allow(dead_code)]
+    pub fn has_body(&self, method: &str, path: &str, status: &str) -> bool {
+        self.doc["paths"][path][method]["responses"][status]["content"]
+            .get(self.media)
+            .is_some()
     }
 
     pub fn component(&self, name: &str) -> &Value {

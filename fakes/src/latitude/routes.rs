@@ -1,0 +1,624 @@
+//! HTTP: the routes, the gate every call passes (auth, latency, the key's
+//! rate limits, faults), the handlers, and the admin API.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Bytes;
+use axum::extract::{Path, Query, Request, State};
+use axum::handler::Handler;
+use axum::http::header::{AUTHORIZATION, CONTENT_TYPE};
+use axum::http::{HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Extension, Json, Router};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::world::{NewServer, Refusal};
+use super::{Call, FaultKind, Faults, RequestRecord, Shared};
+
+/// What every JSON answer is labelled; the official SDK refuses
+/// `application/json`.
+const JSON_API: &str = "application/vnd.api+json; charset=utf-8";
+const DEFAULT_PAGE_SIZE: usize = 20;
+
+pub(super) fn router(shared: Arc<Shared>) -> Router {
+    let gate = |call: Call| {
+        middleware::from_fn_with_state(
+            Gate {
+                shared: Arc::clone(&shared),
+                call,
+            },
+            gate,
+        )
+    };
+    Router::new()
+        .route(
+            "/servers",
+            get(list_servers.layer(gate(Call::GetServers)))
+                .post(create_server.layer(gate(Call::CreateServer))),
+        )
+        .route(
+            "/servers/{id}",
+            get(get_server.layer(gate(Call::GetServer)))
+                .patch(update_server.layer(gate(Call::UpdateServer)))
+                .delete(destroy_server.layer(gate(Call::DestroyServer))),
+        )
+        .route("/plans", get(list_plans.layer(gate(Call::GetPlans))))
+        .route(
+            "/ssh_keys",
+            get(list_keys.layer(gate(Call::GetSshKeys)))
+                .post(create_key.layer(gate(Call::PostSshKey))),
+        )
+        .route(
+            "/ssh_keys/{id}",
+            axum::routing::delete(delete_key.layer(gate(Call::DeleteSshKey))),
+        )
+        .route(
+            "/tags",
+            get(list_tags.layer(gate(Call::GetTags))).post(create_tag.layer(gate(Call::CreateTag))),
+        )
+        .route("/_fake/faults", get(admin_faults).put(admin_set_faults))
+        .route("/_fake/calls", get(admin_calls))
+        .route("/_fake/state", get(admin_state))
+        .route("/_fake/stock", axum::routing::put(admin_set_stock))
+        .fallback(|| async { error(404, "not_found", "Error", "Specified Record Not Found") })
+        .with_state(shared)
+}
+
+// ----- answers -----
+
+fn answer(status: u16, body: &Value) -> Response {
+    let mut response = (
+        StatusCode::from_u16(status).unwrap_or(StatusCode::OK),
+        body.to_string(),
+    )
+        .into_response();
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(JSON_API));
+    response
+}
+
+/// `{"errors": [..]}`, the document's `error_object`.
+fn error(status: u16, code: &str, title: &str, detail: &str) -> Response {
+    error_with(status, code, title, detail, None, json!({}))
+}
+
+fn error_with(
+    status: u16,
+    code: &str,
+    title: &str,
+    detail: &str,
+    pointer: Option<&str>,
+    meta: Value,
+) -> Response {
+    let mut e = json!({
+        "code": code, "status": status.to_string(), "title": title, "detail": detail, "meta": meta,
+    });
+    if let Some(p) = pointer {
+        e["source"] = json!({ "pointer": p });
+    }
+    answer(status, &json!({ "errors": [e] }))
+}
+
+fn refused(r: Refusal) -> Response {
+    error_with(r.status, r.code, r.title, &r.detail, r.pointer, json!({}))
+}
+
+fn not_found() -> Response {
+    error(404, "not_found", "Error", "Specified Record Not Found")
+}
+
+fn rate_limited(retry_after: u64) -> Response {
+    error_with(
+        429,
+        "RATE_LIMIT_EXCEEDED",
+        "Too Many Requests",
+        "Rate limit exceeded",
+        None,
+        json!({ "retry_after": retry_after }),
+    )
+}
+
+// ----- the gate -----
+
+#[derive(Clone)]
+struct Gate {
+    shared: Arc<Shared>,
+    call: Call,
+}
+
+/// The fault drawn for a request the gate let through.
+#[derive(Clone)]
+struct ActiveFault(Option<FaultKind>);
+
+async fn gate(State(gate): State<Gate>, mut request: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let Gate { shared, call } = gate;
+    let method = request.method().to_string();
+    let path = request.uri().path().to_owned();
+    let latency = shared.latency();
+    if !latency.is_zero() {
+        tokio::time::sleep(latency).await;
+    }
+    let key = request
+        .headers()
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    let response = if !shared.authorized(key) {
+        error(
+            401,
+            "UNAUTHORIZED",
+            "Unauthorized",
+            "Invalid or missing API key",
+        )
+    } else if let Err(wait) = shared
+        .budget
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .take(call.is_read(), Instant::now())
+    {
+        rate_limited(wait)
+    } else {
+        match shared.pick_fault(call) {
+            Some(FaultKind::Status { status }) => {
+                error(status, "INTERNAL_ERROR", "Error", "Something went wrong")
+            }
+            Some(FaultKind::RateLimited { retry_after_secs }) => rate_limited(retry_after_secs),
+            fault => {
+                request.extensions_mut().insert(ActiveFault(fault));
+                next.run(request).await
+            }
+        }
+    };
+    shared.record(RequestRecord {
+        call,
+        method,
+        path,
+        status: response.status().as_u16(),
+        started,
+        finished: Instant::now(),
+    });
+    response
+}
+
+// ----- parameters -----
+
+/// The query, bracketed names as they are (`filter[hostname]`).
+type Params = Query<HashMap<String, String>>;
+
+fn page(params: &HashMap<String, String>) -> Result<(usize, usize), Response> {
+    let number = |key: &str, default: usize| match params.get(key) {
+        None => Ok(default),
+        Some(v) => v.parse::<usize>().ok().filter(|n| *n >= 1).ok_or_else(|| {
+            error_with(
+                400,
+                "VALIDATION_ERROR",
+                "Validation Error",
+                &format!("{key} must be a whole number of 1 or more"),
+                None,
+                json!({}),
+            )
+        }),
+    };
+    Ok((
+        number("page[number]", 1)?,
+        number("page[size]", DEFAULT_PAGE_SIZE)?,
+    ))
+}
+
+/// One page of `items`, with `meta` as the API sends it: empty unless the
+/// total was asked for.
+fn paged(items: Vec<Value>, params: &HashMap<String, String>) -> Response {
+    let (number, size) = match page(params) {
+        Ok(p) => p,
+        Err(e) => return e,
+    };
+    let total = items.len();
+    let data: Vec<Value> = items
+        .into_iter()
+        .skip((number - 1).saturating_mul(size))
+        .take(size)
+        .collect();
+    let meta = if params.get("stats[total]").map(String::as_str) == Some("count") {
+        json!({ "stats": { "total": { "count": total } } })
+    } else {
+        json!({})
+    };
+    answer(200, &json!({ "data": data, "meta": meta }))
+}
+
+/// `{"data": {"type": .., "attributes": {..}}}`, or a 422 naming what is
+/// wrong with it.
+fn envelope<T: for<'de> Deserialize<'de>>(body: &Bytes, kind: &str) -> Result<T, Response> {
+    #[derive(Deserialize)]
+    struct Data<A> {
+        data: Inner<A>,
+    }
+    #[derive(Deserialize)]
+    struct Inner<A> {
+        #[serde(rename = "type")]
+        kind: String,
+        attributes: A,
+    }
+    let bad = |detail: String| {
+        error_with(
+            422,
+            "VALIDATION_ERROR",
+            "Validation Error",
+            &detail,
+            Some("/data"),
+            json!({}),
+        )
+    };
+    let parsed: Data<T> =
+        serde_json::from_slice(body).map_err(|e| bad(format!("Invalid request body: {e}")))?;
+    if parsed.data.kind != kind {
+        return Err(bad(format!(
+            "data.type must be {kind}, not {}",
+            parsed.data.kind
+        )));
+    }
+    Ok(parsed.data.attributes)
+}
+
+// ----- servers -----
+
+async fn list_servers(State(shared): State<Arc<Shared>>, Query(params): Params) -> Response {
+    let now = Instant::now();
+    let world = shared.world();
+    if let Some(p) = params.get("filter[project]")
+        && !world.is_project(p)
+    {
+        return paged(vec![], &params);
+    }
+    let wanted = |key: &str, value: &str| params.get(key).is_none_or(|w| w == value);
+    let items = world
+        .servers
+        .iter()
+        .filter(|s| {
+            wanted("filter[hostname]", &s.hostname)
+                && wanted("filter[plan]", &s.plan)
+                && wanted("filter[region]", &s.site)
+                && wanted("filter[status]", world.status(s, now))
+                && params
+                    .get("filter[tags]")
+                    .is_none_or(|tags| tags.split(',').all(|t| s.tags.iter().any(|have| have == t)))
+        })
+        .map(|s| world.server_json(s, now, true))
+        .collect();
+    paged(items, &params)
+}
+
+async fn get_server(State(shared): State<Arc<Shared>>, Path(id): Path<String>) -> Response {
+    let world = shared.world();
+    match world.find(&id) {
+        Some(i) => answer(
+            200,
+            &json!({ "data": world.server_json(&world.servers[i], Instant::now(), true), "meta": {} }),
+        ),
+        None => not_found(),
+    }
+}
+
+#[derive(Deserialize)]
+struct CreateAttributes {
+    project: Option<String>,
+    plan: Option<String>,
+    site: Option<String>,
+    operating_system: Option<String>,
+    hostname: Option<String>,
+    #[serde(default)]
+    ssh_keys: Option<Vec<String>>,
+}
+
+async fn create_server(
+    State(shared): State<Arc<Shared>>,
+    Extension(fault): Extension<ActiveFault>,
+    body: Bytes,
+) -> Response {
+    let a: CreateAttributes = match envelope(&body, "servers") {
+        Ok(a) => a,
+        Err(e) => return e,
+    };
+    let required = [
+        ("project", &a.project),
+        ("plan", &a.plan),
+        ("site", &a.site),
+        ("operating_system", &a.operating_system),
+        ("hostname", &a.hostname),
+    ];
+    for (name, value) in required {
+        if value.as_deref().is_none_or(str::is_empty) {
+            return error_with(
+                422,
+                "VALIDATION_ERROR",
+                "Validation Error",
+                &format!("{name} can't be blank"),
+                Some(match name {
+                    "project" => "/data/attributes/project",
+                    "plan" => "/data/attributes/plan",
+                    "site" => "/data/attributes/site",
+                    "operating_system" => "/data/attributes/operating_system",
+                    _ => "/data/attributes/hostname",
+                }),
+                json!({}),
+            );
+        }
+    }
+    let new = NewServer {
+        project: a.project.unwrap_or_default(),
+        plan: a.plan.unwrap_or_default(),
+        site: a.site.unwrap_or_default().to_uppercase(),
+        os: a.operating_system.unwrap_or_default(),
+        hostname: a.hostname.unwrap_or_default(),
+        ssh_keys: a.ssh_keys.unwrap_or_default(),
+    };
+    let now = Instant::now();
+    let mut world = shared.world();
+    match fault.0 {
+        Some(FaultKind::OtherPartyCreates) => world.other_party_creates(&new.plan, &new.site, now),
+        Some(FaultKind::StockRunsOut) => {
+            world.set_stock(&new.plan, &new.site, 0);
+        }
+        _ => {}
+    }
+    let index = match world.create(new, now) {
+        Ok(i) => i,
+        Err(r) => return refused(r),
+    };
+    if fault.0 == Some(FaultKind::FailDeployment) {
+        world.servers[index].failed = true;
+    }
+    if let Some(FaultKind::AcceptThenFail { status }) = fault.0 {
+        return error(status, "INTERNAL_ERROR", "Error", "Something went wrong");
+    }
+    let data = world.server_json(&world.servers[index], now, false);
+    answer(201, &json!({ "data": data, "meta": {} }))
+}
+
+#[derive(Deserialize)]
+struct UpdateAttributes {
+    hostname: Option<String>,
+    tags: Option<Vec<String>>,
+}
+
+async fn update_server(
+    State(shared): State<Arc<Shared>>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Response {
+    let mut world = shared.world();
+    let Some(index) = world.find(&id) else {
+        return not_found();
+    };
+    let a: UpdateAttributes = match envelope(&body, "servers") {
+        Ok(a) => a,
+        Err(e) => return e,
+    };
+    if let Some(tags) = &a.tags {
+        if let Some(unknown) = tags
+            .iter()
+            .find(|t| !world.tags.iter().any(|have| &have.id == *t))
+        {
+            return error_with(
+                422,
+                "VALIDATION_ERROR",
+                "Validation Error",
+                &format!("Tag {unknown} not found"),
+                Some("/data/attributes/tags"),
+                json!({}),
+            );
+        }
+        world.servers[index].tags = tags.clone();
+    }
+    if let Some(hostname) = a.hostname {
+        world.servers[index].hostname = hostname;
+    }
+    let data = world.server_json(&world.servers[index], Instant::now(), true);
+    answer(200, &json!({ "data": data, "meta": {} }))
+}
+
+async fn destroy_server(State(shared): State<Arc<Shared>>, Path(id): Path<String>) -> Response {
+    let mut world = shared.world();
+    match world.find(&id) {
+        Some(i) => {
+            world.delete(i);
+            StatusCode::NO_CONTENT.into_response()
+        }
+        None => not_found(),
+    }
+}
+
+// ----- plans -----
+
+async fn list_plans(State(shared): State<Arc<Shared>>, Query(params): Params) -> Response {
+    let world = shared.world();
+    let in_stock = params.get("filter[in_stock]").map(|v| v == "true");
+    let data: Vec<Value> = world
+        .plans
+        .iter()
+        .filter(|p| params.get("filter[slug]").is_none_or(|s| *s == p.slug))
+        .filter(|p| {
+            params
+                .get("filter[location]")
+                .is_none_or(|site| p.sites.contains_key(site))
+        })
+        .filter(|p| in_stock.is_none_or(|want| want == p.sites.values().any(|n| *n > 0)))
+        .map(|p| world.plan_json(p))
+        .collect();
+    answer(200, &json!({ "data": data }))
+}
+
+// ----- SSH keys and tags -----
+
+async fn list_keys(State(shared): State<Arc<Shared>>, Query(params): Params) -> Response {
+    let world = shared.world();
+    if let Some(p) = params.get("filter[project]")
+        && !world.is_project(p)
+    {
+        return paged(vec![], &params);
+    }
+    let items = world.keys.iter().map(|k| world.key_json(k)).collect();
+    paged(items, &params)
+}
+
+#[derive(Deserialize)]
+struct KeyAttributes {
+    name: Option<String>,
+    public_key: Option<String>,
+}
+
+async fn create_key(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
+    let a: KeyAttributes = match envelope(&body, "ssh_keys") {
+        Ok(a) => a,
+        Err(e) => return e,
+    };
+    let (Some(name), Some(public_key)) = (a.name, a.public_key) else {
+        return error_with(
+            422,
+            "VALIDATION_ERROR",
+            "Validation Error",
+            "name and public_key are required",
+            Some("/data/attributes"),
+            json!({}),
+        );
+    };
+    let mut world = shared.world();
+    let i = world.add_key(name, public_key);
+    answer(201, &json!({ "data": world.key_json(&world.keys[i]) }))
+}
+
+async fn delete_key(State(shared): State<Arc<Shared>>, Path(id): Path<String>) -> Response {
+    let mut world = shared.world();
+    match world.keys.iter().position(|k| k.id == id) {
+        Some(i) => {
+            world.keys.remove(i);
+            answer(200, &json!({ "meta": {} }))
+        }
+        None => not_found(),
+    }
+}
+
+async fn list_tags(State(shared): State<Arc<Shared>>) -> Response {
+    let world = shared.world();
+    let data: Vec<Value> = world.tags.iter().map(|t| world.tag_data_json(t)).collect();
+    answer(200, &json!({ "data": data }))
+}
+
+#[derive(Deserialize)]
+struct TagAttributes {
+    name: Option<String>,
+    description: Option<String>,
+    color: Option<String>,
+}
+
+async fn create_tag(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
+    let a: TagAttributes = match envelope(&body, "tags") {
+        Ok(a) => a,
+        Err(e) => return e,
+    };
+    let Some(name) = a.name.filter(|n| !n.is_empty()) else {
+        return error_with(
+            422,
+            "VALIDATION_ERROR",
+            "Validation Error",
+            "name can't be blank",
+            Some("/data/attributes/name"),
+            json!({}),
+        );
+    };
+    let mut world = shared.world();
+    if world.tags.iter().any(|t| t.name == name) {
+        return error_with(
+            422,
+            "NAME_ALREADY_TAKEN",
+            "Validation Error",
+            "name is already taken",
+            Some("/data/attributes/name"),
+            json!({}),
+        );
+    }
+    let color = a.color.unwrap_or_else(|| "#ffffff".into());
+    let i = world.add_tag(name, a.description, color);
+    answer(201, &json!({ "data": world.tag_data_json(&world.tags[i]) }))
+}
+
+// ----- admin -----
+
+async fn admin_faults(State(shared): State<Arc<Shared>>) -> Json<Faults> {
+    Json(
+        shared
+            .faults
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .0
+            .clone(),
+    )
+}
+
+async fn admin_set_faults(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
+    let faults: Faults = if body.iter().all(u8::is_ascii_whitespace) {
+        Faults::default()
+    } else {
+        match serde_json::from_slice(&body) {
+            Ok(f) => f,
+            Err(e) => return (StatusCode::UNPROCESSABLE_ENTITY, e.to_string()).into_response(),
+        }
+    };
+    shared
+        .faults
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .0 = faults.clone();
+    Json(faults).into_response()
+}
+
+async fn admin_calls(State(shared): State<Arc<Shared>>) -> Json<Value> {
+    let calls = shared
+        .calls
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
+    let operations: serde_json::Map<String, Value> = Call::ALL
+        .iter()
+        .map(|c| {
+            (
+                c.id().to_string(),
+                json!(calls.get(c).copied().unwrap_or(0)),
+            )
+        })
+        .collect();
+    Json(json!({ "total": calls.values().sum::<u64>(), "operations": operations }))
+}
+
+async fn admin_state(State(shared): State<Arc<Shared>>) -> Json<Value> {
+    let world = shared.world();
+    Json(json!({
+        "servers": world.snapshot(Instant::now()),
+        "stock": world.plans,
+    }))
+}
+
+#[derive(Deserialize)]
+struct SetStock {
+    plan: String,
+    site: String,
+    count: u32,
+}
+
+async fn admin_set_stock(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
+    let s: SetStock = match serde_json::from_slice(&body) {
+        Ok(s) => s,
+        Err(e) => return (StatusCode::UNPROCESSABLE_ENTITY, e.to_string()).into_response(),
+    };
+    if shared.world().set_stock(&s.plan, &s.site, s.count) {
+        StatusCode::NO_CONTENT.into_response()
+    } else {
+        (StatusCode::NOT_FOUND, format!("no plan {}", s.plan)).into_response()
+    }
+}

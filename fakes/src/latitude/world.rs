@@ -1,0 +1,461 @@
+//! The fake's state (servers, stock, keys, tags) and the JSON it answers
+//! with, written from its own representation, never from a client's types.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use rand::Rng;
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use serde_json::{Value, json};
+
+use super::{FakeConfig, PlanStock, ServerSnapshot};
+
+pub(super) struct Server {
+    pub id: String,
+    pub hostname: String,
+    pub plan: String,
+    pub site: String,
+    pub os: String,
+    pub label: String,
+    pub tags: Vec<String>,
+    pub created: Instant,
+    pub created_at: DateTime<Utc>,
+    pub failed: bool,
+    pub by_other: bool,
+}
+
+pub(super) struct SshKey {
+    pub id: String,
+    pub name: String,
+    pub public_key: String,
+    pub created_at: DateTime<Utc>,
+}
+
+pub(super) struct Tag {
+    pub id: String,
+    pub name: String,
+    pub description: Option<String>,
+    pub color: String,
+}
+
+pub(super) struct World {
+    pub project: String,
+    pub project_slug: String,
+    pub plans: Vec<PlanStock>,
+    /// In creation order: listings page through it in that order.
+    pub servers: Vec<Server>,
+    pub keys: Vec<SshKey>,
+    pub tags: Vec<Tag>,
+    deploy_delay: Duration,
+    rng: StdRng,
+}
+
+const ALPHABET: &[u8] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+
+/// A failed create, as the API would name it.
+pub(super) struct Refusal {
+    pub status: u16,
+    pub code: &'static str,
+    pub title: &'static str,
+    pub detail: String,
+    pub pointer: Option<&'static str>,
+}
+
+impl Refusal {
+    fn validation(detail: impl Into<String>, pointer: &'static str) -> Self {
+        Refusal {
+            status: 422,
+            code: "VALIDATION_ERROR",
+            title: "Validation Error",
+            detail: detail.into(),
+            pointer: Some(pointer),
+        }
+    }
+}
+
+/// What `create-server` asks for.
+pub(super) struct NewServer {
+    pub project: String,
+    pub plan: String,
+    pub site: String,
+    pub os: String,
+    pub hostname: String,
+    pub ssh_keys: Vec<String>,
+}
+
+impl World {
+    pub fn new(config: &FakeConfig) -> World {
+        World {
+            project: config.project.clone(),
+            project_slug: config.project_slug.clone(),
+            plans: config.plans.clone(),
+            servers: vec![],
+            keys: vec![],
+            tags: vec![],
+            deploy_delay: config.deploy_delay,
+            rng: StdRng::seed_from_u64(config.seed),
+        }
+    }
+
+    /// `prefix` and 13 characters, like `sv_ZWr75Zbjr5A91`.
+    fn new_id(&mut self, prefix: &str) -> String {
+        let tail: String = (0..13)
+            .map(|_| ALPHABET[self.rng.random_range(0..ALPHABET.len())] as char)
+            .collect();
+        format!("{prefix}{tail}")
+    }
+
+    pub fn is_project(&self, name: &str) -> bool {
+        name == self.project || name == self.project_slug
+    }
+
+    pub fn stock(&self, plan: &str, site: &str) -> Option<u32> {
+        self.plans
+            .iter()
+            .find(|p| p.slug == plan)?
+            .sites
+            .get(site)
+            .copied()
+    }
+
+    pub fn set_stock(&mut self, plan: &str, site: &str, count: u32) -> bool {
+        match self.plans.iter_mut().find(|p| p.slug == plan) {
+            Some(p) => {
+                p.sites.insert(site.to_string(), count);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn stock_mut(&mut self, plan: &str, site: &str) -> Option<&mut u32> {
+        self.plans
+            .iter_mut()
+            .find(|p| p.slug == plan)?
+            .sites
+            .get_mut(site)
+    }
+
+    pub fn status(&self, s: &Server, now: Instant) -> &'static str {
+        if s.failed {
+            "failed_deployment"
+        } else if now.duration_since(s.created) < self.deploy_delay {
+            "deploying"
+        } else {
+            "on"
+        }
+    }
+
+    /// Creates a server, taking a unit of stock, or says why not in the
+    /// API's terms. Checks in the order the API is seen to: the body, the
+    /// project, the plan and site, the keys, then stock.
+    pub fn create(&mut self, new: NewServer, now: Instant) -> Result<usize, Refusal> {
+        if !self.is_project(&new.project) {
+            return Err(Refusal::validation(
+                format!("Project {} not found", new.project),
+                "/data/attributes/project",
+            ));
+        }
+        if self.stock(&new.plan, &new.site).is_none() {
+            return Err(Refusal::validation(
+                format!("Plan {} is not available in site {}", new.plan, new.site),
+                "/data/attributes/plan",
+            ));
+        }
+        let missing: Vec<&String> = new
+            .ssh_keys
+            .iter()
+            .filter(|k| !self.keys.iter().any(|key| &key.id == *k))
+            .collect();
+        if !missing.is_empty() {
+            return Err(Refusal::validation(
+                format!(
+                    "The following SSH Keys were not found in project '{}': {missing:?}",
+                    self.project
+                ),
+                "/data/attributes/ssh_keys",
+            ));
+        }
+        let stock = self.stock_mut(&new.plan, &new.site).expect("checked above");
+        if *stock == 0 {
+            return Err(Refusal {
+                status: 422,
+                code: "SERVERS_OUT_OF_STOCK",
+                title: "Out of stock",
+                detail: "No stock availability for the selected plan and site".into(),
+                pointer: None,
+            });
+        }
+        *stock -= 1;
+        Ok(self.add(new, now, false))
+    }
+
+    fn add(&mut self, new: NewServer, now: Instant, by_other: bool) -> usize {
+        let id = self.new_id("sv_");
+        let label = format!("{:02}BS{:06}", self.servers.len() % 100, self.servers.len());
+        self.servers.push(Server {
+            id,
+            hostname: new.hostname,
+            plan: new.plan,
+            site: new.site,
+            os: new.os,
+            label,
+            tags: vec![],
+            created: now,
+            created_at: Utc::now(),
+            failed: false,
+            by_other,
+        });
+        self.servers.len() - 1
+    }
+
+    /// Another party creates a server of `plan` in `site`, if stock allows.
+    pub fn other_party_creates(&mut self, plan: &str, site: &str, now: Instant) {
+        let Some(stock) = self.stock_mut(plan, site) else {
+            return;
+        };
+        if *stock == 0 {
+            return;
+        }
+        *stock -= 1;
+        let n = self.servers.len();
+        self.add(
+            NewServer {
+                project: self.project.clone(),
+                plan: plan.into(),
+                site: site.into(),
+                os: "ubuntu_24_04_x64_lts".into(),
+                hostname: format!("someone-else-{n}"),
+                ssh_keys: vec![],
+            },
+            now,
+            true,
+        );
+    }
+
+    pub fn find(&self, id: &str) -> Option<usize> {
+        self.servers.iter().position(|s| s.id == id)
+    }
+
+    /// Deletes a server; its unit goes back to the site's stock.
+    pub fn delete(&mut self, index: usize) {
+        let s = self.servers.remove(index);
+        if let Some(stock) = self.stock_mut(&s.plan, &s.site) {
+            *stock += 1;
+        }
+    }
+
+    pub fn add_key(&mut self, name: String, public_key: String) -> usize {
+        let id = self.new_id("ssh_");
+        self.keys.push(SshKey {
+            id,
+            name,
+            public_key,
+            created_at: Utc::now(),
+        });
+        self.keys.len() - 1
+    }
+
+    pub fn add_tag(&mut self, name: String, description: Option<String>, color: String) -> usize {
+        let id = self.new_id("tag_");
+        self.tags.push(Tag {
+            id,
+            name,
+            description,
+            color,
+        });
+        self.tags.len() - 1
+    }
+
+    pub fn snapshot(&self, now: Instant) -> Vec<ServerSnapshot> {
+        self.servers
+            .iter()
+            .map(|s| ServerSnapshot {
+                id: s.id.clone(),
+                hostname: s.hostname.clone(),
+                plan: s.plan.clone(),
+                site: s.site.clone(),
+                status: self.status(s, now).into(),
+                tags: s.tags.clone(),
+                created_by_other: s.by_other,
+            })
+            .collect()
+    }
+
+    // ----- JSON -----
+
+    fn project_json(&self) -> Value {
+        json!({
+            "id": self.project,
+            "name": self.project_slug,
+            "slug": self.project_slug,
+            "provisioning_type": "on_demand",
+            "billing_type": "Normal",
+            "billing_method": "Normal",
+            "environment": "Production",
+        })
+    }
+
+    fn tag_json(&self, id: &str) -> Option<Value> {
+        let t = self.tags.iter().find(|t| t.id == id)?;
+        Some(json!({
+            "id": t.id, "name": t.name, "description": t.description, "color": t.color,
+        }))
+    }
+
+    /// `server_data`. `full` is a GET's answer; a create answers with the
+    /// subset the real API was recorded sending.
+    pub fn server_json(&self, s: &Server, now: Instant, full: bool) -> Value {
+        let plan = json!({
+            "id": format!("plan_{}", s.plan.replace('-', "")),
+            "name": s.plan.replace('-', "."),
+            "slug": s.plan,
+            "billing": "hourly",
+        });
+        let specs = json!({
+            "cpu": "Intel Xeon E-2186G CPU @ 3.80GHz (6 cores)",
+            "disk": "500 GB SSD",
+            "ram": "32 GB",
+            "nic": "2 X 10 Gbit/s",
+        });
+        let mut attributes = json!({
+            "hostname": s.hostname,
+            "label": s.label,
+            "role": "Bare Metal",
+            "status": self.status(s, now),
+            "primary_ipv4": format!("10.0.{}.{}", (self.servers.len() / 250) % 250, self.servers.len() % 250 + 1),
+            "specs": specs,
+            "plan": plan,
+        });
+        if full {
+            let tags: Vec<Value> = s.tags.iter().filter_map(|t| self.tag_json(t)).collect();
+            let country = self
+                .plans
+                .iter()
+                .find(|p| p.slug == s.plan)
+                .map_or("Unknown", |p| p.country.as_str());
+            let extra = json!({
+                "site": s.site,
+                "created_at": s.created_at.to_rfc3339_opts(SecondsFormat::Secs, false),
+                "scheduled_deletion_at": null,
+                "locked": false,
+                "rescue_allowed": true,
+                "ipmi_status": "Normal",
+                "primary_ipv6": null,
+                "price": null,
+                "tags": tags,
+                "operating_system": {
+                    "name": "Ubuntu", "slug": s.os, "version": "24.04",
+                    "features": {"raid": true, "ssh_keys": true, "user_data": true},
+                    "distro": {"name": "ubuntu", "slug": "ubuntu", "series": "noble"},
+                },
+                "region": {
+                    "city": s.site, "country": country,
+                    "site": {"id": format!("loc_{}", s.site), "name": s.site, "slug": s.site,
+                             "facility": s.site, "rack_id": format!("{}-R01", s.site)},
+                },
+                "project": self.project_json(),
+                "interfaces": [{"role": "external", "name": "eno1", "mac_address": null, "description": "public"}],
+            });
+            if let (Some(a), Some(e)) = (attributes.as_object_mut(), extra.as_object()) {
+                a.extend(e.clone());
+            }
+        }
+        json!({ "id": s.id, "type": "servers", "attributes": attributes })
+    }
+
+    pub fn plan_json(&self, p: &PlanStock) -> Value {
+        let in_stock: Vec<&String> = p
+            .sites
+            .iter()
+            .filter(|(_, n)| **n > 0)
+            .map(|(s, _)| s)
+            .collect();
+        let counts: BTreeMap<&String, u32> = p
+            .sites
+            .iter()
+            .filter(|(_, n)| **n > 0)
+            .map(|(s, n)| (s, *n))
+            .collect();
+        let total: u32 = p.sites.values().sum();
+        let level = match total {
+            0 => "unavailable",
+            1..=4 => "low",
+            5..=19 => "medium",
+            _ => "high",
+        };
+        json!({
+            "id": format!("plan_{}", p.slug.replace('-', "")),
+            "type": "plans",
+            "attributes": {
+                "slug": p.slug,
+                "name": p.slug.replace('-', "."),
+                "features": ["ssh", "raid", "user_data"],
+                "specs": {
+                    "cpu": {"type": "Intel Xeon E-2186G", "clock": 3.8, "cores": 6, "count": 1},
+                    "memory": {"total": 32},
+                    "drives": [{"count": 2, "size": "500 GB", "type": "SSD"}],
+                    "nics": [{"count": 2, "type": "10 Gbps"}],
+                },
+                "regions": [{
+                    "name": p.country,
+                    "deploys_instantly": ["ubuntu_24_04_x64_lts"],
+                    "locations": {
+                        "available": p.sites.keys().collect::<Vec<_>>(),
+                        "in_stock": in_stock,
+                        "in_stock_count": counts,
+                    },
+                    "stock_level": level,
+                    "pricing": {"USD": {"hour": 0.33, "month": 199.0, "year": 2149.0}},
+                }],
+            }
+        })
+    }
+
+    pub fn key_json(&self, k: &SshKey) -> Value {
+        let at = k.created_at.to_rfc3339_opts(SecondsFormat::Secs, false);
+        json!({
+            "id": k.id,
+            "type": "ssh_keys",
+            "attributes": {
+                "name": k.name,
+                "public_key": k.public_key,
+                "fingerprint": fingerprint(&k.public_key),
+                "tags": [],
+                "project": self.project_json(),
+                "created_at": at,
+                "updated_at": at,
+            }
+        })
+    }
+
+    pub fn tag_data_json(&self, t: &Tag) -> Value {
+        json!({
+            "id": t.id,
+            "type": "tags",
+            "attributes": {
+                "name": t.name,
+                "slug": t.name.to_lowercase().replace(' ', "-"),
+                "description": t.description,
+                "color": t.color,
+            }
+        })
+    }
+}
+
+/// A stand-in for the MD5 fingerprint the API computes: sixteen
+/// colon-separated bytes derived from the key (not a real MD5, which a fake
+/// has no need for).
+fn fingerprint(key: &str) -> String {
+    let mut bytes = [0u8; 16];
+    for (i, b) in key.bytes().enumerate() {
+        bytes[i % 16] = bytes[i % 16].wrapping_mul(31).wrapping_add(b);
+    }
+    bytes
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
