@@ -191,19 +191,20 @@ async fn gate(State(gate): State<Gate>, mut request: Request, next: Next) -> Res
 /// The query, bracketed names as they are (`filter[hostname]`).
 type Params = Query<HashMap<String, String>>;
 
-fn page(params: &HashMap<String, String>) -> Result<(usize, usize), Response> {
+fn page(params: &HashMap<String, String>) -> Result<(usize, usize), Refusal> {
     let number = |key: &str, default: usize| match params.get(key) {
         None => Ok(default),
-        Some(v) => v.parse::<usize>().ok().filter(|n| *n >= 1).ok_or_else(|| {
-            error_with(
-                400,
-                "VALIDATION_ERROR",
-                "Validation Error",
-                &format!("{key} must be a whole number of 1 or more"),
-                None,
-                json!({}),
-            )
-        }),
+        Some(v) => v
+            .parse::<usize>()
+            .ok()
+            .filter(|n| *n >= 1)
+            .ok_or_else(|| Refusal {
+                status: 400,
+                code: "VALIDATION_ERROR",
+                title: "Validation Error",
+                detail: format!("{key} must be a whole number of 1 or more"),
+                pointer: None,
+            }),
     };
     Ok((
         number("page[number]", 1)?,
@@ -216,7 +217,7 @@ fn page(params: &HashMap<String, String>) -> Result<(usize, usize), Response> {
 fn paged(items: Vec<Value>, params: &HashMap<String, String>) -> Response {
     let (number, size) = match page(params) {
         Ok(p) => p,
-        Err(e) => return e,
+        Err(e) => return refused(e),
     };
     let total = items.len();
     let data: Vec<Value> = items
@@ -234,7 +235,7 @@ fn paged(items: Vec<Value>, params: &HashMap<String, String>) -> Response {
 
 /// `{"data": {"type": .., "attributes": {..}}}`, or a 422 naming what is
 /// wrong with it.
-fn envelope<T: for<'de> Deserialize<'de>>(body: &Bytes, kind: &str) -> Result<T, Response> {
+fn envelope<T: for<'de> Deserialize<'de>>(body: &Bytes, kind: &str) -> Result<T, Refusal> {
     #[derive(Deserialize)]
     struct Data<A> {
         data: Inner<A>,
@@ -245,15 +246,12 @@ fn envelope<T: for<'de> Deserialize<'de>>(body: &Bytes, kind: &str) -> Result<T,
         kind: String,
         attributes: A,
     }
-    let bad = |detail: String| {
-        error_with(
-            422,
-            "VALIDATION_ERROR",
-            "Validation Error",
-            &detail,
-            Some("/data"),
-            json!({}),
-        )
+    let bad = |detail: String| Refusal {
+        status: 422,
+        code: "VALIDATION_ERROR",
+        title: "Validation Error",
+        detail,
+        pointer: Some("/data"),
     };
     let parsed: Data<T> =
         serde_json::from_slice(body).map_err(|e| bad(format!("Invalid request body: {e}")))?;
@@ -323,7 +321,7 @@ async fn create_server(
 ) -> Response {
     let a: CreateAttributes = match envelope(&body, "servers") {
         Ok(a) => a,
-        Err(e) => return e,
+        Err(e) => return refused(e),
     };
     let required = [
         ("project", &a.project),
@@ -398,7 +396,7 @@ async fn update_server(
     };
     let a: UpdateAttributes = match envelope(&body, "servers") {
         Ok(a) => a,
-        Err(e) => return e,
+        Err(e) => return refused(e),
     };
     if let Some(tags) = &a.tags {
         if let Some(unknown) = tags
@@ -476,7 +474,7 @@ struct KeyAttributes {
 async fn create_key(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
     let a: KeyAttributes = match envelope(&body, "ssh_keys") {
         Ok(a) => a,
-        Err(e) => return e,
+        Err(e) => return refused(e),
     };
     let (Some(name), Some(public_key)) = (a.name, a.public_key) else {
         return error_with(
@@ -520,7 +518,7 @@ struct TagAttributes {
 async fn create_tag(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
     let a: TagAttributes = match envelope(&body, "tags") {
         Ok(a) => a,
-        Err(e) => return e,
+        Err(e) => return refused(e),
     };
     let Some(name) = a.name.filter(|n| !n.is_empty()) else {
         return error_with(
