@@ -2,7 +2,9 @@
 //! module; this file only parses flags, sets up logging and maps failures to
 //! a one-line message and a non-zero exit.
 
-use shepherd_workers::commands::{database, demo, enqueue, fake_metal, inspect, operate, worker};
+use shepherd_workers::commands::{
+    database, demo, enqueue, fake_latitude, fake_metal, inspect, operate, worker,
+};
 use shepherd_workers::{logging, settings};
 
 use std::process::ExitCode;
@@ -62,6 +64,9 @@ enum Command {
     Views(inspect::ViewsCommand),
     /// Serve a fake Equinix Metal API from memory, with fault injection
     FakeMetal(fake_metal::FakeMetalArgs),
+    /// Serve a fake Latitude.sh API from memory (stock, rate limits), with
+    /// fault injection
+    FakeLatitude(fake_latitude::FakeLatitudeArgs),
 }
 
 /// A reader that goes away (`shepherd status | head -1`) ends the command
@@ -131,6 +136,7 @@ fn main() -> ExitCode {
             Command::Events(args) => inspect::events(args).await,
             Command::Views(command) => inspect::views(command).await,
             Command::FakeMetal(args) => fake_metal::run(args).await,
+            Command::FakeLatitude(args) => fake_latitude::run(args).await,
         }
     });
     match result {

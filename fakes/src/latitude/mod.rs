@@ -363,8 +363,8 @@ pub struct FakeLatitude {
     shared: Arc<Shared>,
     addr: SocketAddr,
     project: String,
-    _stop: oneshot::Sender<()>,
-    _server: JoinHandle<io::Result<()>>,
+    stop: oneshot::Sender<()>,
+    server: JoinHandle<io::Result<()>>,
 }
 
 impl fmt::Debug for FakeLatitude {
@@ -410,9 +410,17 @@ impl FakeLatitude {
             shared,
             addr,
             project,
-            _stop: stop,
-            _server: server,
+            stop,
+            server,
         })
+    }
+
+    /// Stops accepting, lets requests in progress finish, and waits.
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(());
+        if let Err(e) = self.server.await {
+            tracing::warn!(error = %e, "the fake Latitude API's server task failed");
+        }
     }
 
     /// e.g. `http://127.0.0.1:PORT`; Latitude's API has no path prefix.

@@ -19,6 +19,7 @@ pub(super) struct Server {
     pub site: String,
     pub os: String,
     pub label: String,
+    pub ipv4: String,
     pub tags: Vec<String>,
     pub created: Instant,
     pub created_at: DateTime<Utc>,
@@ -194,7 +195,14 @@ impl World {
 
     fn add(&mut self, new: NewServer, now: Instant, by_other: bool) -> usize {
         let id = self.new_id("sv_");
-        let label = format!("{:02}BS{:06}", self.servers.len() % 100, self.servers.len());
+        let n = self.servers.len();
+        let label = format!("{:02}BS{n:06}", n % 100);
+        let ipv4 = format!(
+            "10.{}.{}.{}",
+            (n >> 16) & 255,
+            (n >> 8) & 255,
+            (n & 255).max(1)
+        );
         self.servers.push(Server {
             id,
             hostname: new.hostname,
@@ -202,6 +210,7 @@ impl World {
             site: new.site,
             os: new.os,
             label,
+            ipv4,
             tags: vec![],
             created: now,
             created_at: Utc::now(),
@@ -325,7 +334,7 @@ impl World {
             "label": s.label,
             "role": "Bare Metal",
             "status": self.status(s, now),
-            "primary_ipv4": format!("10.0.{}.{}", (self.servers.len() / 250) % 250, self.servers.len() % 250 + 1),
+            "primary_ipv4": s.ipv4,
             "specs": specs,
             "plan": plan,
         });

@@ -91,7 +91,7 @@ pub struct FakeMetalArgs {
     faults_json: Option<String>,
 }
 
-fn probability(s: &str) -> Result<f64, String> {
+pub(crate) fn probability(s: &str) -> Result<f64, String> {
     let p: f64 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
     if (0.0..=1.0).contains(&p) {
         Ok(p)

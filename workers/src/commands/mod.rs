@@ -3,6 +3,7 @@
 pub mod database;
 pub mod demo;
 pub mod enqueue;
+pub mod fake_latitude;
 pub mod fake_metal;
 pub mod inspect;
 pub mod operate;
