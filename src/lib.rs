@@ -1,5 +1,6 @@
-//! shepherd's domain: the Metal API client and its fake, the event log and
-//! its views, and the job handlers. Process concerns (flags, signals,
+//! shepherd's domain: the providers' API clients (Metal, and Latitude.sh
+//! not yet wired to the jobs), the event log and its views, and the job
+//! handlers. Process concerns (flags, signals,
 //! listeners) live in the `workers` package.
 
 pub mod cluster;
@@ -8,6 +9,7 @@ pub mod db;
 pub mod events;
 pub mod fleet;
 pub mod jobs;
+pub mod latitude;
 pub mod limiter;
 pub mod metal;
 pub mod secret;

@@ -1,0 +1,638 @@
+//! The Latitude.sh client: typed calls, each attempt through a slot, the
+//! pacer of its budget (reads or writes), and a per-attempt timeout.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use reqwest::Method;
+use reqwest::header::{HeaderMap, HeaderValue};
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+use tokio::sync::Semaphore;
+
+use super::model::*;
+use crate::metal::discipline::{LocalPacer, Pacer, RetrySettings};
+use crate::metal::error::ErrorClass;
+use crate::secret::ApiToken;
+
+pub const BASE_URL_DEFAULT: &str = "https://api.latitude.sh";
+/// The size the official tools use; the API documents no maximum.
+pub const PAGE_SIZE_DEFAULT: u32 = 100;
+const MAX_PAGES: u32 = 10_000;
+const MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LatitudeError {
+    #[error("{call}: not found (404)")]
+    NotFound { call: &'static str },
+    #[error("{call}: not authorised ({status}): check the API key and project")]
+    Unauthorized { call: &'static str, status: u16 },
+    #[error("{call}: no stock of the plan in the site (422 SERVERS_OUT_OF_STOCK): {detail}")]
+    OutOfStock { call: &'static str, detail: String },
+    #[error("{call}: refused ({status}{}): {detail}", code.as_deref().map(|c| format!(" {c}")).unwrap_or_default())]
+    Refused {
+        call: &'static str,
+        status: u16,
+        code: Option<String>,
+        detail: String,
+    },
+    #[error("{call}: rate limited (429){}", retry_after.map(|d| format!(", retry after {d:?}")).unwrap_or_default())]
+    RateLimited {
+        call: &'static str,
+        retry_after: Option<Duration>,
+    },
+    #[error("{call}: transient failure: {reason}")]
+    Transient { call: &'static str, reason: String },
+    /// A create whose answer was not seen: the server may exist.
+    #[error("{call}: outcome unknown: {reason}")]
+    Ambiguous { call: &'static str, reason: String },
+    #[error("{call}: undecodable answer (status {status}): {detail}")]
+    Undecodable {
+        call: &'static str,
+        status: u16,
+        detail: String,
+    },
+}
+
+impl LatitudeError {
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            LatitudeError::Transient { .. } => ErrorClass::Transient,
+            LatitudeError::RateLimited { .. } => ErrorClass::RateLimited,
+            LatitudeError::Ambiguous { .. } => ErrorClass::Ambiguous,
+            LatitudeError::Undecodable { status, .. } if *status >= 500 => ErrorClass::Transient,
+            _ => ErrorClass::Permanent,
+        }
+    }
+
+    fn is_retryable(&self) -> bool {
+        matches!(
+            self.class(),
+            ErrorClass::Transient | ErrorClass::RateLimited
+        )
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct LatitudeConfig {
+    pub base_url: String,
+    /// The project's id or slug.
+    pub project: String,
+    pub token: ApiToken,
+    pub parallelism: usize,
+    pub attempt_timeout: Duration,
+    pub page_size: u32,
+    pub retry: RetrySettings,
+}
+
+impl LatitudeConfig {
+    pub fn new(base_url: impl Into<String>, project: impl Into<String>, token: ApiToken) -> Self {
+        LatitudeConfig {
+            base_url: base_url.into(),
+            project: project.into(),
+            token,
+            parallelism: 3,
+            attempt_timeout: Duration::from_secs(30),
+            page_size: PAGE_SIZE_DEFAULT,
+            retry: RetrySettings::default(),
+        }
+    }
+}
+
+/// What a create asks for. The hostname is the witness: unique per
+/// creation, so that a lookup by it finds this creation's server and no
+/// other.
+#[derive(Debug, Clone)]
+pub struct CreateServer {
+    pub plan: String,
+    pub site: String,
+    pub operating_system: String,
+    pub hostname: String,
+    pub ssh_keys: Vec<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Created {
+    pub server: Server,
+    /// Found by its hostname after an attempt whose outcome was not seen,
+    /// not returned by the create.
+    pub recovered: bool,
+    pub attempts: u32,
+}
+
+#[derive(Clone)]
+pub struct LatitudeClient {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    http: reqwest::Client,
+    base_url: String,
+    project: String,
+    page_size: u32,
+    attempt_timeout: Duration,
+    retry: RetrySettings,
+    slots: Semaphore,
+    reads: Arc<dyn Pacer>,
+    writes: Arc<dyn Pacer>,
+}
+
+impl std::fmt::Debug for LatitudeClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LatitudeClient")
+            .field("base_url", &self.inner.base_url)
+            .field("project", &self.inner.project)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One exchange's answer: status and body.
+struct Answer {
+    status: u16,
+    body: Vec<u8>,
+}
+
+impl LatitudeClient {
+    /// A client with Latitude's budgets within this process: 60 reads and
+    /// 20 writes per minute, each a bucket that starts full.
+    pub fn new(config: LatitudeConfig) -> Result<Self, LatitudeError> {
+        let minute = Duration::from_secs(60);
+        let reads = Arc::new(LocalPacer::new(crate::config::Rate {
+            interval: minute,
+            burst: 60,
+        }));
+        let writes = Arc::new(LocalPacer::new(crate::config::Rate {
+            interval: minute,
+            burst: 20,
+        }));
+        Self::with_pacers(config, reads, writes)
+    }
+
+    /// A client whose reads and writes are paced by the given pacers (e.g.
+    /// ones shared by every process of a cluster).
+    pub fn with_pacers(
+        config: LatitudeConfig,
+        reads: Arc<dyn Pacer>,
+        writes: Arc<dyn Pacer>,
+    ) -> Result<Self, LatitudeError> {
+        let refused = |detail: &str| LatitudeError::Refused {
+            call: "client",
+            status: 0,
+            code: None,
+            detail: detail.into(),
+        };
+        if config.token.is_empty() {
+            return Err(refused("the API key is empty"));
+        }
+        let mut key = HeaderValue::from_str(config.token.expose())
+            .map_err(|_| refused("the API key is not a valid header value"))?;
+        key.set_sensitive(true);
+        let mut headers = HeaderMap::new();
+        headers.insert(reqwest::header::AUTHORIZATION, key);
+        headers.insert(
+            reqwest::header::ACCEPT,
+            HeaderValue::from_static("application/vnd.api+json"),
+        );
+        let http = reqwest::Client::builder()
+            .user_agent(concat!("shepherd/", env!("CARGO_PKG_VERSION")))
+            .default_headers(headers)
+            .build()
+            .map_err(|e| refused(&format!("cannot build the HTTP client: {e}")))?;
+        let base_url = config.base_url.trim_end_matches('/').to_string();
+        if !(base_url.starts_with("http://") || base_url.starts_with("https://")) {
+            return Err(refused(&format!(
+                "the API URL {base_url:?} is not an http(s) URL"
+            )));
+        }
+        Ok(LatitudeClient {
+            inner: Arc::new(Inner {
+                http,
+                base_url,
+                project: config.project,
+                page_size: config.page_size.max(1),
+                attempt_timeout: config.attempt_timeout,
+                retry: config.retry,
+                slots: Semaphore::new(config.parallelism.max(1)),
+                reads,
+                writes,
+            }),
+        })
+    }
+
+    pub fn project(&self) -> &str {
+        &self.inner.project
+    }
+
+    // ----- one attempt -----
+
+    async fn attempt(
+        &self,
+        call: &'static str,
+        method: Method,
+        path: &str,
+        query: &[(&str, String)],
+        body: Option<&Value>,
+    ) -> Result<Answer, LatitudeError> {
+        let read = method == Method::GET;
+        let pacer = if read {
+            &self.inner.reads
+        } else {
+            &self.inner.writes
+        };
+        pacer
+            .wait_turn()
+            .await
+            .map_err(|reason| LatitudeError::Transient { call, reason })?;
+        let _slot = self
+            .inner
+            .slots
+            .acquire()
+            .await
+            .expect("the semaphore is never closed");
+        let mut request = self
+            .inner
+            .http
+            .request(method, format!("{}{path}", self.inner.base_url));
+        if !query.is_empty() {
+            request = request.query(query);
+        }
+        if let Some(b) = body {
+            request = request
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .body(b.to_string());
+        }
+        let exchange = async {
+            let response = request.send().await?;
+            let status = response.status().as_u16();
+            let headers = response.headers().clone();
+            if response
+                .content_length()
+                .is_some_and(|n| n > MAX_BODY_BYTES as u64)
+            {
+                return Ok::<_, reqwest::Error>((status, headers, None));
+            }
+            let body = response.bytes().await?;
+            Ok((status, headers, Some(body.to_vec())))
+        };
+        let (status, headers, body) =
+            match tokio::time::timeout(self.inner.attempt_timeout, exchange).await {
+                Err(_) => {
+                    return Err(LatitudeError::Transient {
+                        call,
+                        reason: format!(
+                            "no complete answer within {:?}",
+                            self.inner.attempt_timeout
+                        ),
+                    });
+                }
+                Ok(Err(e)) => {
+                    return Err(LatitudeError::Transient {
+                        call,
+                        reason: describe(&e),
+                    });
+                }
+                Ok(Ok(v)) => v,
+            };
+        let Some(body) = body.filter(|b| b.len() <= MAX_BODY_BYTES) else {
+            return Err(LatitudeError::Undecodable {
+                call,
+                status,
+                detail: format!("answer larger than {MAX_BODY_BYTES} bytes"),
+            });
+        };
+        if (200..300).contains(&status) {
+            return Ok(Answer { status, body });
+        }
+        let error = serde_json::from_slice::<ErrorBody>(&body)
+            .ok()
+            .and_then(|b| b.errors.into_iter().next())
+            .unwrap_or_default();
+        let detail = error
+            .text()
+            .map(str::to_string)
+            .unwrap_or_else(|| format!("HTTP {status}"));
+        Err(match (status, error.code().as_deref()) {
+            (429, _) => {
+                let asked = header_seconds(&headers)
+                    .or(error.meta.and_then(|m| m.retry_after))
+                    .filter(|s| s.is_finite() && *s >= 0.0)
+                    .map(Duration::from_secs_f64);
+                // Every caller of this budget waits, not only this one.
+                let wait = asked.unwrap_or(Duration::from_secs(1));
+                if let Err(e) = pacer.hold(wait).await {
+                    tracing::warn!(error = %e, "could not share the hold");
+                }
+                tracing::warn!(
+                    call,
+                    wait_ms = wait.as_millis() as u64,
+                    "Latitude asked to slow down"
+                );
+                LatitudeError::RateLimited {
+                    call,
+                    retry_after: asked,
+                }
+            }
+            (404, _) => LatitudeError::NotFound { call },
+            (401 | 403, _) => LatitudeError::Unauthorized { call, status },
+            (422, Some("SERVERS_OUT_OF_STOCK")) => LatitudeError::OutOfStock { call, detail },
+            (s, _) if s >= 500 => LatitudeError::Transient {
+                call,
+                reason: format!("{s}: {detail}"),
+            },
+            (s, code) => LatitudeError::Refused {
+                call,
+                status: s,
+                code: code.map(str::to_string),
+                detail,
+            },
+        })
+    }
+
+    /// A call that converges when repeated, with retries.
+    async fn read<T: DeserializeOwned>(
+        &self,
+        call: &'static str,
+        path: &str,
+        query: &[(&str, String)],
+    ) -> Result<T, LatitudeError> {
+        self.retried(call, || async {
+            let a = self.attempt(call, Method::GET, path, query, None).await?;
+            decode(call, &a)
+        })
+        .await
+    }
+
+    async fn retried<T, F, Fut>(&self, call: &'static str, mut f: F) -> Result<T, LatitudeError>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, LatitudeError>>,
+    {
+        use backoff::backoff::Backoff;
+        let mut backoff = self.inner.retry.backoff();
+        loop {
+            let err = match f().await {
+                Ok(v) => return Ok(v),
+                Err(e) if e.is_retryable() => e,
+                Err(e) => return Err(e),
+            };
+            let Some(mut wait) = backoff.next_backoff() else {
+                return Err(err);
+            };
+            if let LatitudeError::RateLimited {
+                retry_after: Some(asked),
+                ..
+            } = &err
+            {
+                wait = wait.max(*asked);
+            }
+            tracing::info!(call, wait_ms = wait.as_millis() as u64, error = %err, "retrying");
+            tokio::time::sleep(wait).await;
+        }
+    }
+
+    // ----- stock, keys, deletes -----
+
+    /// How much of `plan` `site` has now, from `GET /plans`.
+    pub async fn stock(&self, plan: &str, site: &str) -> Result<Stock, LatitudeError> {
+        let plans: Envelope<Vec<Plan>> = self
+            .read("get-plans", "/plans", &[("filter[slug]", plan.to_string())])
+            .await?;
+        Ok(plans
+            .data
+            .iter()
+            .find(|p| p.attributes.slug.as_deref() == Some(plan))
+            .map_or(Stock::Unavailable, |p| p.stock(site)))
+    }
+
+    /// The id of the project's key with this public key, created under
+    /// `name` if there is none.
+    pub async fn ensure_ssh_key(
+        &self,
+        name: &str,
+        public_key: &str,
+    ) -> Result<String, LatitudeError> {
+        let call = "get-ssh-keys";
+        let keys: Envelope<Vec<SshKey>> = self
+            .read(
+                call,
+                "/ssh_keys",
+                &[
+                    ("filter[project]", self.inner.project.clone()),
+                    ("page[size]", "100".into()),
+                ],
+            )
+            .await?;
+        let wanted = public_key.trim();
+        if let Some(k) = keys
+            .data
+            .iter()
+            .find(|k| k.attributes.public_key.as_deref().map(str::trim) == Some(wanted))
+        {
+            return Ok(k.id.clone());
+        }
+        let call = "post-ssh-key";
+        let body = json!({"data": {"type": "ssh_keys", "attributes": {
+            "name": name, "public_key": wanted, "project": self.inner.project}}});
+        // A key created twice is harmless (two entries, either works), so a
+        // lost answer is retried like a read.
+        let created: Envelope<SshKey> = self
+            .retried(call, || async {
+                let a = self
+                    .attempt(call, Method::POST, "/ssh_keys", &[], Some(&body))
+                    .await?;
+                decode(call, &a)
+            })
+            .await?;
+        Ok(created.data.id)
+    }
+
+    /// Deletes a server; a 404 after an attempt that looked failed means
+    /// that attempt did the work.
+    pub async fn delete_server(&self, id: &str) -> Result<(), LatitudeError> {
+        let call = "destroy-server";
+        let mut tried = false;
+        self.retried(call, || {
+            let first = !tried;
+            tried = true;
+            async move {
+                match self
+                    .attempt(call, Method::DELETE, &format!("/servers/{id}"), &[], None)
+                    .await
+                {
+                    Ok(_) => Ok(()),
+                    Err(LatitudeError::NotFound { .. }) if !first => Ok(()),
+                    Err(e) => Err(e),
+                }
+            }
+        })
+        .await
+    }
+
+    // ----- servers -----
+
+    /// The project's servers, page by page until a short page (the API
+    /// gives no total), optionally only those with this exact hostname.
+    pub async fn list_servers(&self, hostname: Option<&str>) -> Result<Vec<Server>, LatitudeError> {
+        let call = "get-servers";
+        let mut seen = HashSet::new();
+        let mut out = vec![];
+        for number in 1..=MAX_PAGES {
+            let mut query = vec![
+                ("filter[project]", self.inner.project.clone()),
+                ("page[size]", self.inner.page_size.to_string()),
+                ("page[number]", number.to_string()),
+            ];
+            if let Some(h) = hostname {
+                query.push(("filter[hostname]", h.to_string()));
+            }
+            let page: Envelope<Vec<Server>> = self.read(call, "/servers", &query).await?;
+            let short = page.data.len() < self.inner.page_size as usize;
+            for s in page.data {
+                // The filter's match is not documented as exact: check it.
+                if hostname.is_some_and(|h| s.hostname() != Some(h)) {
+                    continue;
+                }
+                if seen.insert(s.id.clone()) {
+                    out.push(s);
+                }
+            }
+            if short {
+                return Ok(out);
+            }
+        }
+        Err(LatitudeError::Undecodable {
+            call,
+            status: 200,
+            detail: format!("more than {MAX_PAGES} pages"),
+        })
+    }
+
+    /// The server carrying this hostname, if one exists.
+    pub async fn find_by_hostname(&self, hostname: &str) -> Result<Option<Server>, LatitudeError> {
+        let mut found = self.list_servers(Some(hostname)).await?;
+        Ok(if found.is_empty() {
+            None
+        } else {
+            Some(found.remove(0))
+        })
+    }
+
+    pub async fn get_server(&self, id: &str) -> Result<Server, LatitudeError> {
+        let e: Envelope<Server> = self
+            .read("get-server", &format!("/servers/{id}"), &[])
+            .await?;
+        Ok(e.data)
+    }
+
+    /// Creates a server, never twice for one hostname: an attempt whose
+    /// answer was not seen (a timeout, a broken connection, a 5xx, an
+    /// unreadable 201) is followed by a look for the hostname, and only if
+    /// nothing carries it by another create. A 429 was not counted, so it is
+    /// sent again after the wait. Out of stock and refusals end it; a
+    /// retry budget spent on unseen answers ends as `Ambiguous`: the
+    /// caller must look again later.
+    pub async fn create_server(&self, req: &CreateServer) -> Result<Created, LatitudeError> {
+        use backoff::backoff::Backoff;
+        let call = "create-server";
+        let body = json!({"data": {"type": "servers", "attributes": {
+            "project": self.inner.project,
+            "plan": req.plan,
+            "site": req.site,
+            "operating_system": req.operating_system,
+            "hostname": req.hostname,
+            "ssh_keys": req.ssh_keys,
+        }}});
+        let mut backoff = self.inner.retry.backoff();
+        let mut attempts = 0u32;
+        let mut unseen = false;
+        loop {
+            attempts += 1;
+            if unseen && let Some(server) = self.find_by_hostname(&req.hostname).await? {
+                return Ok(Created {
+                    server,
+                    recovered: true,
+                    attempts,
+                });
+            }
+            let ambiguous = |reason: String| LatitudeError::Ambiguous { call, reason };
+            let err = match self
+                .attempt(call, Method::POST, "/servers", &[], Some(&body))
+                .await
+            {
+                Ok(a) if a.status == 201 => match decode::<Envelope<Server>>(call, &a) {
+                    Ok(e) => {
+                        return Ok(Created {
+                            server: e.data,
+                            recovered: false,
+                            attempts,
+                        });
+                    }
+                    Err(e) => {
+                        unseen = true;
+                        ambiguous(e.to_string())
+                    }
+                },
+                Ok(a) => {
+                    unseen = true;
+                    ambiguous(format!("unexpected status {}", a.status))
+                }
+                Err(e @ LatitudeError::RateLimited { .. }) => e,
+                Err(LatitudeError::Transient { reason, .. }) => {
+                    unseen = true;
+                    ambiguous(reason)
+                }
+                Err(e) => return Err(e),
+            };
+            let Some(mut wait) = backoff.next_backoff() else {
+                return Err(err);
+            };
+            if let LatitudeError::RateLimited {
+                retry_after: Some(asked),
+                ..
+            } = &err
+            {
+                wait = wait.max(*asked);
+            }
+            tracing::info!(call, attempt = attempts, wait_ms = wait.as_millis() as u64, error = %err, "create not done; looking again after a wait");
+            tokio::time::sleep(wait).await;
+        }
+    }
+}
+
+fn decode<T: DeserializeOwned>(call: &'static str, a: &Answer) -> Result<T, LatitudeError> {
+    serde_json::from_slice(&a.body).map_err(|e| LatitudeError::Undecodable {
+        call,
+        status: a.status,
+        detail: e.to_string(),
+    })
+}
+
+/// A `Retry-After` header in seconds, should the API ever send one.
+fn header_seconds(headers: &HeaderMap) -> Option<f64> {
+    headers
+        .get(reqwest::header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// A transport error without its URL or headers.
+fn describe(e: &reqwest::Error) -> String {
+    let kind = if e.is_connect() {
+        "connection failed"
+    } else if e.is_timeout() {
+        "timed out"
+    } else if e.is_body() || e.is_decode() {
+        "connection broke while reading the answer"
+    } else {
+        "transport error"
+    };
+    let mut source: &dyn std::error::Error = e;
+    while let Some(inner) = source.source() {
+        source = inner;
+    }
+    format!("{kind}: {source}")
+}

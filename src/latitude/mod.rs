@@ -1,0 +1,19 @@
+//! Everything that speaks the Latitude.sh API: typed answers and a client
+//! with the provider's discipline. Not yet behind the provider seam: the
+//! jobs still speak Metal only (docs/providers.md).
+//!
+//! What differs from Metal and shapes the client:
+//!
+//! - no tags and no idempotency key on create: a create's witness is its
+//!   hostname, and an outcome that was not seen is settled by looking the
+//!   hostname up, never by sending the create again;
+//! - reads and writes have separate budgets (60 and 20 per minute per key),
+//!   so the client paces them with two pacers, and a 429's
+//!   `errors[0].meta.retry_after` holds the budget it was counted against;
+//! - pages without a total: the listing stops at a short page.
+
+pub mod client;
+pub mod model;
+
+pub use client::{CreateServer, Created, LatitudeClient, LatitudeConfig, LatitudeError};
+pub use model::{Phase, Server, Stock};

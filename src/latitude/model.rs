@@ -1,0 +1,324 @@
+//! Typed reading of the parts of Latitude.sh's answers shepherd uses.
+//!
+//! Every attribute is optional and unknown ones are ignored: the document
+//! requires none of them, and the real API omits many (a create's answer
+//! carries a handful). Statuses are kept as the open string they are.
+
+use serde::{Deserialize, Deserializer, Serialize};
+
+/// `{"data": ..}`, the envelope of every answer.
+#[derive(Debug, Deserialize)]
+pub struct Envelope<T> {
+    pub data: T,
+}
+
+/// A JSON:API resource: id, type, attributes.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(bound(deserialize = "A: Deserialize<'de> + Default"))]
+pub struct Resource<A> {
+    pub id: String,
+    #[serde(default, rename = "type")]
+    pub kind: Option<String>,
+    #[serde(default = "missing", deserialize_with = "null_as_default")]
+    pub attributes: A,
+}
+
+fn missing<A: Default>() -> A {
+    A::default()
+}
+
+fn null_as_default<'de, D: Deserializer<'de>, T: Default + Deserialize<'de>>(
+    d: D,
+) -> Result<T, D::Error> {
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct Slugged {
+    #[serde(default)]
+    pub id: Option<String>,
+    #[serde(default)]
+    pub slug: Option<String>,
+    #[serde(default)]
+    pub name: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct Region {
+    #[serde(default)]
+    pub site: Option<Slugged>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct ServerAttributes {
+    #[serde(default)]
+    pub hostname: Option<String>,
+    #[serde(default)]
+    pub status: Option<String>,
+    #[serde(default)]
+    pub site: Option<String>,
+    #[serde(default)]
+    pub plan: Option<Slugged>,
+    #[serde(default)]
+    pub region: Option<Region>,
+    #[serde(default)]
+    pub project: Option<Slugged>,
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub tags: Vec<Slugged>,
+    #[serde(default)]
+    pub created_at: Option<String>,
+}
+
+pub type Server = Resource<ServerAttributes>;
+
+/// Where a server is on its way, read from the open status string.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// `on`: deployed and running.
+    Ready,
+    /// `failed_deployment`, `failed_disk_erasing`, or another `failed_*`.
+    Failed,
+    /// Anything else (`deploying`, `queued`, `starting_deploy`, ...): wait.
+    Underway,
+}
+
+impl Server {
+    pub fn hostname(&self) -> Option<&str> {
+        self.attributes.hostname.as_deref()
+    }
+
+    pub fn phase(&self) -> Phase {
+        match self.attributes.status.as_deref() {
+            Some("on") => Phase::Ready,
+            Some(s) if s.starts_with("failed") => Phase::Failed,
+            _ => Phase::Underway,
+        }
+    }
+
+    pub fn plan_slug(&self) -> Option<&str> {
+        self.attributes.plan.as_ref()?.slug.as_deref()
+    }
+
+    /// The site slug, from `site` or, in answers that only embed the
+    /// region, from `region.site.slug`.
+    pub fn site(&self) -> Option<&str> {
+        self.attributes.site.as_deref().or_else(|| {
+            self.attributes
+                .region
+                .as_ref()?
+                .site
+                .as_ref()?
+                .slug
+                .as_deref()
+        })
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct Locations {
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub available: Vec<String>,
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub in_stock: Vec<String>,
+    /// Newer answers only: units per site, sites with stock only.
+    #[serde(default)]
+    pub in_stock_count: Option<std::collections::BTreeMap<String, u32>>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct PlanRegion {
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub locations: Option<Locations>,
+    #[serde(default)]
+    pub stock_level: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct PlanAttributes {
+    #[serde(default)]
+    pub slug: Option<String>,
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub regions: Vec<PlanRegion>,
+}
+
+pub type Plan = Resource<PlanAttributes>;
+
+/// How much of a plan a site has, as far as the answer says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Stock {
+    /// The plan does not exist in the site.
+    Unavailable,
+    /// None in stock now.
+    Empty,
+    /// In stock; the count when the answer gives one.
+    Some(Option<u32>),
+}
+
+impl Plan {
+    pub fn stock(&self, site: &str) -> Stock {
+        let Some(locations) = self
+            .attributes
+            .regions
+            .iter()
+            .filter_map(|r| r.locations.as_ref())
+            .find(|l| l.available.iter().any(|s| s.eq_ignore_ascii_case(site)))
+        else {
+            return Stock::Unavailable;
+        };
+        let count = locations.in_stock_count.as_ref().and_then(|c| {
+            c.iter()
+                .find(|(s, _)| s.eq_ignore_ascii_case(site))
+                .map(|(_, n)| *n)
+        });
+        match count {
+            Some(0) => Stock::Empty,
+            Some(n) => Stock::Some(Some(n)),
+            None if locations
+                .in_stock
+                .iter()
+                .any(|s| s.eq_ignore_ascii_case(site)) =>
+            {
+                Stock::Some(None)
+            }
+            None => Stock::Empty,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct KeyAttributes {
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub public_key: Option<String>,
+}
+
+pub type SshKey = Resource<KeyAttributes>;
+
+/// One error of `{"errors": [..]}`. Both shapes the API sends read here:
+/// the full JSON:API object (`code`, `status`, `title`, `detail`, `meta`)
+/// and the short one (`code`, `message`). `status` comes as a string, a
+/// symbolic one (`"locked"`) or a number.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct ApiError {
+    #[serde(default)]
+    pub code: Option<String>,
+    #[serde(default)]
+    pub status: Option<serde_json::Value>,
+    #[serde(default)]
+    pub title: Option<String>,
+    #[serde(default)]
+    pub detail: Option<String>,
+    #[serde(default)]
+    pub message: Option<String>,
+    #[serde(default)]
+    pub meta: Option<ErrorMeta>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct ErrorMeta {
+    /// Seconds, on a 429.
+    #[serde(default)]
+    pub retry_after: Option<f64>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct ErrorBody {
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub errors: Vec<ApiError>,
+}
+
+impl ApiError {
+    /// The code, upper-cased (`not_found` and `NOT_FOUND` both occur).
+    pub fn code(&self) -> Option<String> {
+        self.code.as_deref().map(str::to_ascii_uppercase)
+    }
+
+    /// What a person should read: detail, else message, else title.
+    pub fn text(&self) -> Option<&str> {
+        self.detail
+            .as_deref()
+            .or(self.message.as_deref())
+            .or(self.title.as_deref())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn both_error_shapes_read() {
+        let full: ErrorBody = serde_json::from_str(
+            r#"{"errors":[{"code":"not_found","status":"404","title":"Error","detail":"Specified Record Not Found","meta":{}}]}"#,
+        )
+        .unwrap();
+        assert_eq!(full.errors[0].code().as_deref(), Some("NOT_FOUND"));
+        assert_eq!(full.errors[0].text(), Some("Specified Record Not Found"));
+        let short: ErrorBody = serde_json::from_str(
+            r#"{"errors":[{"code":"VALIDATION_ERROR","message":"Project ID is required"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(short.errors[0].text(), Some("Project ID is required"));
+        let limited: ErrorBody = serde_json::from_str(
+            r#"{"errors":[{"code":"RATE_LIMIT_EXCEEDED","status":429,"meta":{"retry_after":60}}]}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            limited.errors[0].meta.as_ref().unwrap().retry_after,
+            Some(60.0)
+        );
+        let locked: ErrorBody = serde_json::from_str(
+            r#"{"errors":[{"code":"SERVER_LOCKED_ERROR","status":"locked"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            locked.errors[0].code().as_deref(),
+            Some("SERVER_LOCKED_ERROR")
+        );
+    }
+
+    #[test]
+    fn servers_tolerate_missing_null_and_unknown_fields() {
+        let s: Server = serde_json::from_str(
+            r#"{"id":"sv_1","type":"servers","attributes":{"hostname":"h","status":"starting_deploy",
+                "tags":null,"region":{"site":{"slug":"SAO"}},"brand_new_field":{"x":1}}}"#,
+        )
+        .unwrap();
+        assert_eq!(s.site(), Some("SAO"));
+        assert_eq!(s.phase(), Phase::Underway);
+        let bare: Server = serde_json::from_str(r#"{"id":"sv_2","attributes":null}"#).unwrap();
+        assert_eq!(bare.hostname(), None);
+        for (status, phase) in [
+            ("on", Phase::Ready),
+            ("failed_deployment", Phase::Failed),
+            ("failed_disk_erasing", Phase::Failed),
+            ("deploying", Phase::Underway),
+            ("commissioning", Phase::Underway),
+        ] {
+            let s: Server = serde_json::from_value(
+                serde_json::json!({"id": "sv", "attributes": {"status": status}}),
+            )
+            .unwrap();
+            assert_eq!(s.phase(), phase, "{status}");
+        }
+    }
+
+    #[test]
+    fn stock_reads_counts_or_lists() {
+        let plan: Plan = serde_json::from_str(
+            r#"{"id":"plan_1","type":"plans","attributes":{"slug":"c2","regions":[
+                {"name":"United States","locations":{"available":["DAL","ASH","CHI"],"in_stock":["DAL","ASH"],"in_stock_count":{"DAL":3}}},
+                {"name":"Brazil","locations":{"available":["SAO"],"in_stock":["SAO"]}}]}}"#,
+        )
+        .unwrap();
+        assert_eq!(plan.stock("DAL"), Stock::Some(Some(3)));
+        assert_eq!(plan.stock("ASH"), Stock::Some(None));
+        assert_eq!(plan.stock("CHI"), Stock::Empty);
+        assert_eq!(plan.stock("SAO"), Stock::Some(None));
+        assert_eq!(plan.stock("FRA"), Stock::Unavailable);
+    }
+}

@@ -1,0 +1,242 @@
+//! The Latitude.sh client against the fake Latitude API over real HTTP:
+//! every call, a create that is never sent twice for one hostname, stock,
+//! pages without totals, and the key's budgets.
+
+use std::time::Duration;
+
+use shepherd::latitude::{
+    CreateServer, LatitudeClient, LatitudeConfig, LatitudeError, Phase, Stock,
+};
+use shepherd::metal::{ErrorClass, RetrySettings};
+use shepherd::secret::ApiToken;
+use shepherd_fakes::latitude::{Call, FakeConfig, FakeLatitude, FaultKind, FaultRule, Faults};
+
+const KEY: &str = "latitude-test-key";
+
+async fn fake(config: FakeConfig) -> FakeLatitude {
+    FakeLatitude::start(
+        FakeConfig {
+            token: KEY.into(),
+            ..config
+        },
+        "127.0.0.1:0".parse().unwrap(),
+    )
+    .await
+    .unwrap()
+}
+
+fn client(fake: &FakeLatitude, page_size: u32) -> LatitudeClient {
+    let mut config = LatitudeConfig::new(fake.base_url(), fake.project(), ApiToken::new(KEY));
+    config.page_size = page_size;
+    config.attempt_timeout = Duration::from_secs(2);
+    config.retry = RetrySettings {
+        initial_interval: Duration::from_millis(20),
+        max_interval: Duration::from_millis(200),
+        max_elapsed: Duration::from_secs(10),
+        ..RetrySettings::default()
+    };
+    LatitudeClient::new(config).unwrap()
+}
+
+fn roomy() -> FakeConfig {
+    FakeConfig {
+        reads_per_window: 10_000,
+        writes_per_window: 10_000,
+        ..FakeConfig::default()
+    }
+}
+
+fn request(hostname: &str, site: &str) -> CreateServer {
+    CreateServer {
+        plan: "c2-small-x86".into(),
+        site: site.into(),
+        operating_system: "ubuntu_24_04_x64_lts".into(),
+        hostname: hostname.into(),
+        ssh_keys: vec![],
+    }
+}
+
+#[tokio::test]
+async fn every_call_works_against_the_fake() {
+    let fake = fake(roomy()).await;
+    let c = client(&fake, 2);
+    let key = c
+        .ensure_ssh_key("shepherd", "ssh-ed25519 AAAA k")
+        .await
+        .unwrap();
+    assert_eq!(
+        c.ensure_ssh_key("shepherd", "ssh-ed25519 AAAA k ")
+            .await
+            .unwrap(),
+        key
+    );
+    assert_eq!(
+        c.stock("c2-small-x86", "DAL").await.unwrap(),
+        Stock::Some(Some(50))
+    );
+    assert_eq!(c.stock("c2-small-x86", "CHI").await.unwrap(), Stock::Empty);
+    assert_eq!(
+        c.stock("c2-small-x86", "FRA").await.unwrap(),
+        Stock::Unavailable
+    );
+    assert_eq!(
+        c.stock("no-such-plan", "DAL").await.unwrap(),
+        Stock::Unavailable
+    );
+
+    let mut req = request("shepherd-a", "DAL");
+    req.ssh_keys = vec![key];
+    let created = c.create_server(&req).await.unwrap();
+    assert!(!created.recovered);
+    assert_eq!(created.attempts, 1);
+    for n in 0..4 {
+        c.create_server(&request(&format!("shepherd-b{n}"), "ASH"))
+            .await
+            .unwrap();
+    }
+    // Five servers on pages of two: the third page is short and ends it.
+    let before = fake.calls(Call::GetServers);
+    let all = c.list_servers(None).await.unwrap();
+    assert_eq!(all.len(), 5);
+    assert_eq!(fake.calls(Call::GetServers) - before, 3);
+    let found = c.find_by_hostname("shepherd-a").await.unwrap().unwrap();
+    assert_eq!(found.id, created.server.id);
+    assert_eq!(found.site(), Some("DAL"));
+    assert_eq!(found.plan_slug(), Some("c2-small-x86"));
+    assert!(c.find_by_hostname("shepherd-zz").await.unwrap().is_none());
+    let got = c.get_server(&created.server.id).await.unwrap();
+    assert_eq!(got.phase(), Phase::Ready);
+
+    c.delete_server(&created.server.id).await.unwrap();
+    assert_eq!(fake.stock("c2-small-x86", "DAL"), Some(50));
+    assert!(matches!(
+        c.get_server(&created.server.id).await,
+        Err(LatitudeError::NotFound { .. })
+    ));
+}
+
+#[tokio::test]
+async fn an_unseen_create_is_looked_up_by_hostname_not_sent_again() {
+    let fake = fake(roomy()).await;
+    let c = client(&fake, 100);
+    fake.set_faults(
+        Faults::none().with_rule(
+            FaultRule::on(
+                Call::CreateServer,
+                FaultKind::AcceptThenFail { status: 502 },
+            )
+            .times(1),
+        ),
+    );
+    let created = c
+        .create_server(&request("shepherd-x", "DAL"))
+        .await
+        .unwrap();
+    assert!(created.recovered, "{created:?}");
+    assert_eq!(
+        fake.calls(Call::CreateServer),
+        1,
+        "the create was sent again"
+    );
+    assert_eq!(fake.servers().len(), 1);
+}
+
+#[tokio::test]
+async fn a_429_on_create_was_not_counted_so_it_is_sent_again() {
+    let fake = fake(roomy()).await;
+    let c = client(&fake, 100);
+    fake.set_faults(
+        Faults::none().with_rule(
+            FaultRule::on(
+                Call::CreateServer,
+                FaultKind::RateLimited {
+                    retry_after_secs: 1,
+                },
+            )
+            .times(1),
+        ),
+    );
+    let created = c
+        .create_server(&request("shepherd-y", "DAL"))
+        .await
+        .unwrap();
+    assert!(!created.recovered);
+    assert_eq!(created.attempts, 2);
+    assert_eq!(fake.servers().len(), 1);
+}
+
+#[tokio::test]
+async fn out_of_stock_ends_the_create_and_another_partys_server_is_not_ours() {
+    let fake = fake(roomy()).await;
+    let c = client(&fake, 100);
+    let err = c
+        .create_server(&request("shepherd-c", "CHI"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LatitudeError::OutOfStock { .. }), "{err}");
+    assert_eq!(err.class(), ErrorClass::Permanent);
+    fake.set_faults(
+        Faults::none()
+            .with_rule(FaultRule::on(Call::CreateServer, FaultKind::StockRunsOut).times(1)),
+    );
+    let err = c
+        .create_server(&request("shepherd-d", "ASH"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LatitudeError::OutOfStock { .. }), "{err}");
+    fake.set_stock("c2-small-x86", "ASH", 5);
+    fake.set_faults(
+        Faults::none()
+            .with_rule(FaultRule::on(Call::CreateServer, FaultKind::OtherPartyCreates).times(1)),
+    );
+    let ours = c
+        .create_server(&request("shepherd-e", "ASH"))
+        .await
+        .unwrap();
+    assert_eq!(ours.server.hostname(), Some("shepherd-e"));
+    assert_eq!(fake.servers().len(), 2);
+    assert_eq!(fake.stock("c2-small-x86", "ASH"), Some(3));
+}
+
+/// The fake's own budget (2 reads a window) answers 429 with
+/// `meta.retry_after`; the client holds every read for that long, also
+/// reads that were not refused themselves, and the reads then go through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spent_read_budget_holds_every_read_for_as_long_as_it_asks() {
+    let fake = fake(FakeConfig {
+        reads_per_window: 2,
+        writes_per_window: 100,
+        rate_window: Duration::from_secs(1),
+        ..FakeConfig::default()
+    })
+    .await;
+    let c = client(&fake, 100);
+    // Three reads at once (the third spends the budget), then two more
+    // while the hold runs: those never got a 429 themselves, and still wait.
+    let reads = (0..5u64).map(|n| {
+        let c = c.clone();
+        async move {
+            if n >= 3 {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+            c.stock("c2-small-x86", "DAL").await.unwrap()
+        }
+    });
+    futures::future::join_all(reads).await;
+    let log = fake.request_log();
+    let throttled: Vec<_> = log.iter().filter(|r| r.status == 429).collect();
+    assert!(!throttled.is_empty(), "the budget was never spent");
+    let ok = log.iter().filter(|r| r.status == 200).count();
+    assert_eq!(ok, 5);
+    // After the first 429 asked for a second, no read started within it but
+    // the ones already on the wire.
+    let first = throttled[0];
+    let inside = log
+        .iter()
+        .filter(|r| {
+            r.started > first.finished + Duration::from_millis(100)
+                && r.started < first.finished + Duration::from_millis(900)
+        })
+        .count();
+    assert_eq!(inside, 0, "reads sent inside the hold");
+}
