@@ -38,7 +38,19 @@ impl Server {
     }
 
     async fn get(&self, path: &str) -> (StatusCode, String, String) {
-        let response = reqwest::get(format!("{}{path}", self.base)).await.unwrap();
+        self.get_accepting(path, None).await
+    }
+
+    async fn get_accepting(
+        &self,
+        path: &str,
+        accept: Option<&str>,
+    ) -> (StatusCode, String, String) {
+        let mut request = reqwest::Client::new().get(format!("{}{path}", self.base));
+        if let Some(a) = accept {
+            request = request.header(reqwest::header::ACCEPT, a);
+        }
+        let response = request.send().await.unwrap();
         let status = response.status();
         let content_type = response
             .headers()
@@ -193,8 +205,9 @@ async fn seed(pool: &PgPool) -> Fleet {
 }
 
 /// Every sample of an OpenMetrics text exposition, by series.
+/// The samples of a scrape, either format (the OpenMetrics answer's
+/// `# EOF` is checked where that format is asked for).
 fn samples(text: &str) -> HashMap<String, f64> {
-    assert!(text.ends_with("# EOF\n"), "no EOF marker:\n{text}");
     let mut out = HashMap::new();
     for line in text.lines().filter(|l| !l.starts_with('#')) {
         let (series, value) = line
@@ -298,13 +311,36 @@ async fn metrics_read_the_database_at_each_scrape(pool: PgPool) {
     seed(&pool).await;
     let server = Server::start(pool.clone()).await;
 
-    let (status, content_type, text) = server.get("/metrics").await;
+    // Without an Accept header: the classic text format, which curl and
+    // promtool read; asked for OpenMetrics (as Prometheus asks): that. The
+    // samples are the same.
+    let (status, content_type, classic) = server.get("/metrics").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(content_type, "text/plain; version=0.0.4; charset=utf-8");
+    assert!(!classic.contains("# EOF"));
+    assert!(classic.contains("# TYPE shepherd_creations_total counter"));
+    let (status, content_type, text) = server
+        .get_accepting(
+            "/metrics",
+            Some("application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"),
+        )
+        .await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(
         content_type,
         "application/openmetrics-text; version=1.0.0; charset=utf-8"
     );
+    assert!(text.ends_with("# EOF\n"));
     let m = samples(&text);
+    let mc = samples(&classic);
+    let mut series: Vec<_> = m.keys().collect();
+    let mut classic_series: Vec<_> = mc.keys().collect();
+    series.sort();
+    classic_series.sort();
+    assert_eq!(
+        series, classic_series,
+        "the two formats carry different series"
+    );
     for (series, value) in [
         ("shepherd_machines_managed", 1.0),
         ("shepherd_machines_in_flight", 1.0),
@@ -424,4 +460,72 @@ async fn probes_follow_the_database(pool: PgPool) {
     }
 
     server.stop().await;
+}
+
+/// The path of promtool (scripts/test fetches it from Debian's prometheus
+/// package when the machine has none).
+fn promtool() -> std::path::PathBuf {
+    if let Some(p) = std::env::var_os("SHEPHERD_PROMTOOL") {
+        return p.into();
+    }
+    let found = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join("promtool"))
+            .find(|p| p.is_file())
+    });
+    found.unwrap_or_else(|| {
+        panic!("promtool not found: run the suite with scripts/test (it fetches promtool), or set SHEPHERD_PROMTOOL")
+    })
+}
+
+/// Prometheus's own checker accepts what a scrape answers, with help and
+/// type on every family (it exits non-zero on a lint problem), and the
+/// documented alert rules load and pass their unit tests.
+#[sqlx::test(migrations = false)]
+async fn promtool_accepts_the_metrics_and_the_alert_rules(pool: PgPool) {
+    seed(&pool).await;
+    let server = Server::start(pool.clone()).await;
+    let (_, _, classic) = server.get("/metrics").await;
+    server.stop().await;
+    let mut check = std::process::Command::new(promtool())
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        check
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(classic.as_bytes())
+            .unwrap();
+    }
+    let out = check.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics: {}{}\n{classic}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let deploy = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy");
+    for args in [
+        vec!["check", "rules", "alerts.yml"],
+        vec!["test", "rules", "alerts.test.yml"],
+    ] {
+        let out = std::process::Command::new(promtool())
+            .args(&args)
+            .current_dir(deploy)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "promtool {}: {}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }

@@ -1,5 +1,8 @@
 //! `/metrics`: figures read from the database at each scrape, and the
-//! API client's own counters, in the OpenMetrics text format.
+//! API client's own counters, in the OpenMetrics text format when the
+//! scraper asks for it (Prometheus does) and in the classic text format
+//! (0.0.4) otherwise, which is what `curl`, `promtool check metrics` and
+//! older scrapers read.
 
 use super::*;
 use shepherd::jobs::{ASSIMILATE_QUEUE, CREATE_DEVICE_QUEUE, RECONCILE_QUEUE};
@@ -246,7 +249,78 @@ pub(super) fn seconds_between(from: DateTime<Utc>, to: DateTime<Utc>) -> f64 {
     (to - from).num_milliseconds() as f64 / 1000.0
 }
 
-pub(super) async fn metrics(State(state): State<HttpState>) -> Result<Response, Failure> {
+/// The classic text format's media type.
+pub(super) const CLASSIC: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Whether the scraper prefers OpenMetrics: it names it, at a weight no
+/// lower than any `text/plain` it also names. Without an `Accept` header
+/// the answer is the classic format.
+pub(super) fn wants_openmetrics(accept: Option<&str>) -> bool {
+    let Some(accept) = accept else { return false };
+    let weight = |wanted: &str| {
+        accept
+            .split(',')
+            .filter(|part| part.trim().starts_with(wanted))
+            .map(|part| {
+                part.split(';')
+                    .filter_map(|p| p.trim().strip_prefix("q="))
+                    .find_map(|q| q.trim().parse::<f64>().ok())
+                    .unwrap_or(1.0)
+            })
+            .fold(None, |best: Option<f64>, q| {
+                Some(best.map_or(q, |b| b.max(q)))
+            })
+    };
+    match (weight("application/openmetrics-text"), weight("text/plain")) {
+        (Some(om), Some(text)) => om > 0.0 && om >= text,
+        (Some(om), None) => om > 0.0,
+        _ => false,
+    }
+}
+
+/// OpenMetrics text as the classic format: a counter's family takes the
+/// `_total` its samples carry (the classic parser matches HELP and TYPE to
+/// sample names), `unknown` becomes `untyped`, and the `# UNIT` and `# EOF`
+/// lines, which it does not know, go.
+pub(super) fn to_classic(openmetrics: &str) -> String {
+    let counters: std::collections::HashSet<&str> = openmetrics
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|rest| rest.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::with_capacity(openmetrics.len());
+    for line in openmetrics.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        let renamed = ["# HELP ", "# TYPE "].iter().find_map(|prefix| {
+            let rest = line.strip_prefix(prefix)?;
+            let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+            let name = if counters.contains(name) {
+                format!("{name}_total")
+            } else {
+                name.to_string()
+            };
+            let tail = if *prefix == "# TYPE " && tail == "unknown" {
+                "untyped"
+            } else {
+                tail
+            };
+            Some(format!("{prefix}{name} {tail}"))
+        });
+        match renamed {
+            Some(l) => out.push_str(&l),
+            None => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    out
+}
+
+pub(super) async fn metrics(
+    State(state): State<HttpState>,
+    headers: axum::http::HeaderMap,
+) -> Result<Response, Failure> {
     let figures = Figures::read(&state.pool)
         .await
         .map_err(|e| database_failure("metrics", e))?;
@@ -258,5 +332,40 @@ pub(super) async fn metrics(State(state): State<HttpState>) -> Result<Response, 
     let mut body = String::new();
     prometheus_client::encoding::text::encode(&mut body, &registry)
         .map_err(|e| Failure::Internal(format!("cannot encode the metrics: {e}")))?;
-    Ok(([(CONTENT_TYPE, OPENMETRICS)], body).into_response())
+    let accept = headers
+        .get(axum::http::header::ACCEPT)
+        .and_then(|v| v.to_str().ok());
+    if wants_openmetrics(accept) {
+        Ok(([(CONTENT_TYPE, OPENMETRICS)], body).into_response())
+    } else {
+        Ok(([(CONTENT_TYPE, CLASSIC)], to_classic(&body)).into_response())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_scrapers_preference_decides_the_format() {
+        let prometheus = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
+        assert!(wants_openmetrics(Some(prometheus)));
+        assert!(wants_openmetrics(Some("application/openmetrics-text")));
+        assert!(!wants_openmetrics(None));
+        assert!(!wants_openmetrics(Some("*/*")));
+        assert!(!wants_openmetrics(Some("text/plain; version=0.0.4")));
+        assert!(!wants_openmetrics(Some(
+            "text/plain;q=0.9, application/openmetrics-text;q=0.5"
+        )));
+        assert!(!wants_openmetrics(Some("application/openmetrics-text;q=0")));
+    }
+
+    #[test]
+    fn counters_take_their_total_and_openmetrics_only_lines_go() {
+        let om = "# HELP a_b Things.\n# TYPE a_b counter\na_b_total{x=\"1\"} 2\n# HELP g A gauge.\n# TYPE g gauge\n# UNIT g seconds\ng 1.5\n# TYPE u unknown\nu 1\n# EOF\n";
+        assert_eq!(
+            to_classic(om),
+            "# HELP a_b_total Things.\n# TYPE a_b_total counter\na_b_total{x=\"1\"} 2\n# HELP g A gauge.\n# TYPE g gauge\ng 1.5\n# TYPE u untyped\nu 1\n"
+        );
+    }
 }
