@@ -25,6 +25,7 @@ fn one_of_each() -> Vec<Event> {
             run,
             max_machines: 50,
             chunk_size: 20,
+            requested_by: None,
         }
         .into(),
         ReservationsListed {
@@ -134,6 +135,16 @@ fn one_of_each() -> Vec<Event> {
         SshKeyEnsured {
             label: "shepherd".into(),
             key_id: Uuid::new_v4(),
+        }
+        .into(),
+        AssimilationRequested {
+            device: d,
+            requested_by: "cli:alice".into(),
+        }
+        .into(),
+        ViewsReplaced {
+            by: "cli:alice".into(),
+            differences: 2,
         }
         .into(),
         CreationRefused {
@@ -692,9 +703,19 @@ async fn rebuilt_views_equal_live_views_on_random_histories(pool: PgPool) {
         .execute(&pool)
         .await
         .unwrap();
-    let report = views::rebuild(&pool, true).await.unwrap();
+    let report = views::rebuild_by(&pool, Some("cli:tester")).await.unwrap();
     assert!(report.differences.len() >= 2, "{report:?}");
     assert!(report.replaced);
     let report = views::rebuild(&pool, false).await.unwrap();
     assert_eq!(report.differences, Vec::<String>::new());
+    // The replacement is an operator action: recorded, with who.
+    let (by, differences): (String, i64) = sqlx::query_as(
+        "select body->>'by', (body->>'differences')::bigint from shepherd.events
+         where event_type = 'views_replaced' and stream = 'operator/views'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(by, "cli:tester");
+    assert!(differences >= 2);
 }

@@ -446,6 +446,16 @@ async fn manual_jobs_for_unknown_ids_are_refused_and_recorded(pool: PgPool) {
     assert_eq!(ran.len(), 2);
     assert_eq!(w.events("creation_refused").await, 1);
     assert_eq!(w.events("assimilation_rejected").await, 1);
+    // Who asked is on the device's stream before the outcome.
+    let by: String = sqlx::query_scalar(
+        "select body->>'requested_by' from shepherd.events
+         where event_type = 'assimilation_requested' and stream = $1",
+    )
+    .bind(format!("device/{unknown}"))
+    .fetch_one(&w.pool)
+    .await
+    .unwrap();
+    assert!(by.starts_with("sql:"), "{by}");
     assert_eq!(w.fake.calls(Operation::CreateDevice), 0);
     assert_eq!(w.managed().await + w.in_flight().await, 0);
     // A malformed id never gets that far.
@@ -681,4 +691,21 @@ async fn passes_queued_behind_a_newer_one_coalesce(pool: PgPool) {
         .await
         .unwrap();
     assert!(!out.coalesced, "{out:?}");
+}
+
+/// A pass records who asked for it (the job's `requested_by`), so a manual
+/// pass can be told from a scheduled one in the log.
+#[sqlx::test(migrations = false)]
+async fn a_pass_records_who_asked_for_it(pool: PgPool) {
+    let w = World::with(pool, 3, config(5, 5)).await;
+    shepherd::jobs::reconcile::reconcile_requested(&w.ctx, "manual-pass", Some("cli:alice"))
+        .await
+        .unwrap();
+    let by: Option<String> = sqlx::query_scalar(
+        "select body->>'requested_by' from shepherd.events where event_type = 'reconcile_started'",
+    )
+    .fetch_one(&w.pool)
+    .await
+    .unwrap();
+    assert_eq!(by.as_deref(), Some("cli:alice"));
 }

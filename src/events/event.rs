@@ -22,6 +22,8 @@ pub enum Stream {
     SshKey(String),
     Operator,
     Settings,
+    /// Operations on the views themselves.
+    Views,
 }
 
 impl Stream {
@@ -33,6 +35,7 @@ impl Stream {
             Stream::SshKey(label) => format!("ssh_key/{label}"),
             Stream::Operator => "operator/controls".to_string(),
             Stream::Settings => "operator/settings".to_string(),
+            Stream::Views => "operator/views".to_string(),
         }
     }
 }
@@ -107,7 +110,15 @@ macro_rules! events {
 
 events! {
     /// A reconcile pass began.
-    ReconcileStarted = "reconcile_started", 1 { run: Uuid, max_machines: u64, chunk_size: u64 }
+    ReconcileStarted = "reconcile_started", 1 {
+        run: Uuid,
+        max_machines: u64,
+        chunk_size: u64,
+        /// Who asked for the pass: `scheduler`, `cli:<user>`, `sql:<role>`
+        /// (absent before 2026-12).
+        #[serde(default)]
+        requested_by: Option<String>,
+    }
     /// What the pass listed, by class.
     ReservationsListed = "reservations_listed", 1 { run: Uuid, counts: ReservationCounts }
     /// Provider and shepherd disagree about which machines exist.
@@ -214,6 +225,12 @@ events! {
     AssimilationRejected = "assimilation_rejected", 1 { device: Uuid, reason: String }
     /// The managed SSH key exists with the configured public key.
     SshKeyEnsured = "ssh_key_ensured", 1 { label: String, key_id: Uuid }
+    /// An operator asked for a device to be assimilated (`cli:<user>` or
+    /// `sql:<role>`); the outcome follows on the device's stream.
+    AssimilationRequested = "assimilation_requested", 1 { device: Uuid, requested_by: String }
+    /// An operator replaced the live views with the ones rebuilt from the
+    /// log (`shepherd views rebuild --replace`).
+    ViewsReplaced = "views_replaced", 1 { by: String, differences: u64 }
 }
 
 /// Brings an older body to the current version's shape.
@@ -262,6 +279,8 @@ impl Event {
             Event::AssimilationSkipped(e) => Stream::Device(e.device),
             Event::AssimilationRejected(e) => Stream::Device(e.device),
             Event::SshKeyEnsured(e) => Stream::SshKey(e.label.clone()),
+            Event::AssimilationRequested(e) => Stream::Device(e.device),
+            Event::ViewsReplaced(_) => Stream::Views,
             Event::CreationsPaused(_) | Event::CreationsResumed(_) => Stream::Operator,
             Event::Unknown { .. } => Stream::Operator,
         }

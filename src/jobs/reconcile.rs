@@ -50,6 +50,16 @@ async fn note(ctx: &JobContext, job_id: &str, events: Vec<Event>) -> Result<(), 
 }
 
 pub async fn reconcile(ctx: &JobContext, job_id: &str) -> Result<ReconcileOutcome, JobError> {
+    reconcile_requested(ctx, job_id, None).await
+}
+
+/// A pass, recording who asked for it (the job's `requested_by`) on its
+/// `reconcile_started` event.
+pub async fn reconcile_requested(
+    ctx: &JobContext,
+    job_id: &str,
+    requested_by: Option<&str>,
+) -> Result<ReconcileOutcome, JobError> {
     // The lock lives as long as this transaction, which does nothing else:
     // a crashed pass releases it with its connection.
     let mut guard = ctx.pool.begin().await?;
@@ -65,7 +75,7 @@ pub async fn reconcile(ctx: &JobContext, job_id: &str) -> Result<ReconcileOutcom
             ..Default::default()
         });
     }
-    let outcome = run_pass(ctx, job_id).await;
+    let outcome = run_pass(ctx, job_id, requested_by).await;
     // Released before the outcome is returned, so the next pass finds the
     // lock free (a dropped transaction rolls back only later, on its
     // connection's next use).
@@ -74,7 +84,11 @@ pub async fn reconcile(ctx: &JobContext, job_id: &str) -> Result<ReconcileOutcom
 }
 
 /// The pass proper, run while the caller holds the reconcile lock.
-async fn run_pass(ctx: &JobContext, job_id: &str) -> Result<ReconcileOutcome, JobError> {
+async fn run_pass(
+    ctx: &JobContext,
+    job_id: &str,
+    requested_by: Option<&str>,
+) -> Result<ReconcileOutcome, JobError> {
     let run = Uuid::new_v4();
     let mut out = ReconcileOutcome {
         run: Some(run),
@@ -124,6 +138,7 @@ async fn run_pass(ctx: &JobContext, job_id: &str) -> Result<ReconcileOutcome, Jo
                 run,
                 max_machines: limit.0,
                 chunk_size: settings.chunk_size,
+                requested_by: requested_by.filter(|by| !by.is_empty()).map(str::to_string),
             }
             .into(),
         ],

@@ -151,6 +151,7 @@ async fn seed(pool: &PgPool) -> Fleet {
                 run,
                 max_machines: 10,
                 chunk_size: 5,
+                requested_by: None,
             }
             .into(),
             ReservationsListed {
@@ -404,6 +405,7 @@ async fn metrics_read_the_database_at_each_scrape(pool: PgPool) {
                 run,
                 max_machines: 10,
                 chunk_size: 5,
+                requested_by: None,
             }
             .into(),
             ReconcileFinished {

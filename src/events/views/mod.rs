@@ -223,6 +223,8 @@ pub fn apply(state: &mut ViewState, event: &Event, at: DateTime<Utc>) {
         | Event::CreationAttemptFailed(_)
         | Event::CreationRefused(_)
         | Event::SshKeyEnsured(_)
+        | Event::AssimilationRequested(_)
+        | Event::ViewsReplaced(_)
         | Event::Unknown { .. } => {}
     }
 }
@@ -325,7 +327,7 @@ mod rebuild;
 mod tables;
 
 pub(crate) use live::apply_live;
-pub use rebuild::{RebuildReport, differences, fold_log, rebuild};
+pub use rebuild::{RebuildReport, differences, fold_log, rebuild, rebuild_by};
 pub use tables::{is_penalised, penalty, read_live, read_pause};
 
 #[cfg(test)]

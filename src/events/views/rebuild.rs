@@ -113,6 +113,16 @@ pub fn differences(live: &ViewState, rebuilt: &ViewState) -> Vec<String> {
 /// With `replace`, the live views are then overwritten with the rebuilt ones
 /// under an exclusive lock, so no writer applies an event in between.
 pub async fn rebuild(pool: &PgPool, replace: bool) -> Result<RebuildReport, StoreError> {
+    rebuild_by(pool, replace.then_some("library call")).await
+}
+
+/// [`rebuild`]; with `replace_by`, the live views are replaced and the
+/// replacement is recorded (`views_replaced`, with who) in the same
+/// transaction.
+pub async fn rebuild_by(
+    pool: &PgPool,
+    replace_by: Option<&str>,
+) -> Result<RebuildReport, StoreError> {
     let mut tx = pool.begin().await?;
     sqlx::query("set transaction isolation level repeatable read read only")
         .execute(&mut *tx)
@@ -129,7 +139,7 @@ pub async fn rebuild(pool: &PgPool, replace: bool) -> Result<RebuildReport, Stor
         differences: differences(&live, &rebuilt),
         replaced: false,
     };
-    if replace {
+    if let Some(by) = replace_by {
         let mut tx = pool.begin().await?;
         sqlx::query(
             "lock table shepherd.managed_machines, shepherd.sinbin, shepherd.pending_creations,
@@ -153,6 +163,16 @@ pub async fn rebuild(pool: &PgPool, replace: bool) -> Result<RebuildReport, Stor
         insert_penalties(&mut tx, rebuilt.sinbin.values()).await?;
         insert_pending(&mut tx, rebuilt.pending_creations.values()).await?;
         insert_unassimilated(&mut tx, rebuilt.unassimilated.values()).await?;
+        crate::events::store::append(
+            &mut tx,
+            vec![crate::events::NewEvent::new(
+                crate::events::event::ViewsReplaced {
+                    by: by.to_string(),
+                    differences: report.differences.len() as u64,
+                },
+            )],
+        )
+        .await?;
         tx.commit().await?;
         report.replaced = true;
     }

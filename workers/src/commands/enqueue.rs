@@ -51,7 +51,7 @@ pub struct EnqueueAssimilate {
     device: Uuid,
 }
 
-fn who() -> String {
+pub(crate) fn who() -> String {
     std::env::var("USER").unwrap_or_else(|_| "unknown".into())
 }
 
@@ -137,6 +137,16 @@ pub async fn enqueue(command: EnqueueCommand) -> anyhow::Result<()> {
                 );
             }
             let mut tx = pool.begin().await?;
+            shepherd::events::record(
+                &mut tx,
+                vec![shepherd::events::NewEvent::new(
+                    shepherd::events::event::AssimilationRequested {
+                        device: args.device,
+                        requested_by: format!("cli:{}", who()),
+                    },
+                )],
+            )
+            .await?;
             queue::push_assimilate(
                 &mut tx,
                 &AssimilateArgs {

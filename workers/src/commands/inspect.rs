@@ -225,7 +225,8 @@ pub async fn views(command: ViewsCommand) -> anyhow::Result<()> {
     let ViewsCommand::Rebuild(args) = command;
     let pool = args.list.db.connect(2).await?;
     let started = std::time::Instant::now();
-    let report = views::rebuild(&pool, args.replace).await?;
+    let by = format!("cli:{}", crate::commands::enqueue::who());
+    let report = views::rebuild_by(&pool, args.replace.then_some(by.as_str())).await?;
     if args.list.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {

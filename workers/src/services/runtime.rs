@@ -145,9 +145,8 @@ async fn reconcile_job(
     let job_id = task_id.to_string();
     let args = decode(args)?;
     let span = tracing::info_span!("job", kind = "reconcile", job_id = %job_id, requested_by = %args.requested_by);
-    let outcome = guarded(&shared, jobs::reconcile::reconcile(&shared.ctx, &job_id))
-        .instrument(span)
-        .await?;
+    let pass = jobs::reconcile::reconcile_requested(&shared.ctx, &job_id, Some(&args.requested_by));
+    let outcome = guarded(&shared, pass).instrument(span).await?;
     Ok(format!("{outcome:?}"))
 }
 
