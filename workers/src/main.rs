@@ -34,6 +34,9 @@ enum Command {
     Worker(Box<worker::WorkerArgs>),
     /// Enqueue one Reconcile per period, cluster-wide
     Scheduler(worker::SchedulerArgs),
+    /// Exit 0 if this host's worker or scheduler is ready (for container
+    /// healthchecks), else 1
+    Healthcheck(worker::HealthcheckArgs),
     /// Enqueue a manual job
     #[command(subcommand)]
     Enqueue(enqueue::EnqueueCommand),
@@ -123,6 +126,7 @@ fn main() -> ExitCode {
             }
             Command::Worker(args) => worker::worker(*args).await,
             Command::Scheduler(args) => worker::scheduler(args).await,
+            Command::Healthcheck(args) => worker::healthcheck(args).await,
             Command::Enqueue(command) => enqueue::enqueue(command).await,
             Command::Status(args) => operate::status(args).await,
             Command::Plan(args) => operate::plan(*args).await,

@@ -519,3 +519,76 @@ async fn a_429_seen_by_one_worker_holds_every_worker(pool: PgPool) {
     );
     c.stop_all();
 }
+
+/// The scheduler serves the same probes and metrics as a worker, and
+/// `shepherd healthcheck` (what the containers' healthchecks run) reads its
+/// readiness: 0 when ready, 1 with the reason when nothing answers.
+#[sqlx::test(migrations = false)]
+async fn the_scheduler_serves_probes_and_healthcheck_reads_them(pool: PgPool) {
+    let _quiet = TIMED.read().await;
+    let c = Cluster::new(pool, 2, Faults::default()).await;
+    migrate(&c).await;
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut scheduler = c
+        .command(&[
+            "scheduler",
+            "--reconcile-rate",
+            "1h,1",
+            "--metrics-listen",
+            &listen,
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let ready = format!("http://{listen}/readyz");
+    let started = Instant::now();
+    loop {
+        let out = c
+            .command(&["healthcheck", "--url", &ready])
+            .output()
+            .unwrap();
+        if out.status.success() {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the scheduler never became ready: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let metrics = reqwest::get(format!("http://{listen}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(metrics.contains("shepherd_jobs{"), "{metrics}");
+    // The default URL follows SHEPHERD_METRICS_LISTEN, as in a container.
+    let out = c
+        .command(&["healthcheck"])
+        .env("SHEPHERD_METRICS_LISTEN", format!("0.0.0.0:{port}"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    signal(&scheduler, "TERM");
+    let status = scheduler.wait().unwrap();
+    assert!(status.success(), "the scheduler exited {status:?}");
+    let out = c
+        .command(&["healthcheck", "--url", &ready, "--timeout", "1s"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let message = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        message.contains(&ready) && message.contains("no answer"),
+        "{message}"
+    );
+}
