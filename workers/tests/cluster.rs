@@ -24,19 +24,40 @@ async fn three_workers_provision_exactly_the_limit(pool: PgPool) {
     let _timed = TIMED.write().await;
     let mut c = Cluster::new(pool, 200, Faults::default()).await;
     migrate(&c).await;
+    let mut ports = vec![];
     for _ in 0..3 {
-        c.spawn_worker(&[
+        ports.push(c.spawn_worker(&[
             "--max-machines",
             "150",
             "--chunk-size",
             "40",
             "--device-creation-rate",
             "40ms,1",
-        ]);
+        ]));
     }
     let started = Instant::now();
     c.wait_for(150, 150, Duration::from_secs(120)).await;
     eprintln!("150 machines by three workers in {:?}", started.elapsed());
+    // Each process counts the run times of the jobs it ran.
+    let mut created = 0.0;
+    for port in &ports {
+        let text = reqwest::get(format!("http://{port}/metrics"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        created += text
+            .lines()
+            .find(|l| {
+                l.starts_with(
+                    "shepherd_job_run_time_seconds_count{kind=\"create_device\",outcome=\"ok\"}",
+                )
+            })
+            .and_then(|l| l.rsplit_once(' '))
+            .map_or(0.0, |(_, v)| v.parse::<f64>().unwrap());
+    }
+    assert!(created >= 150.0, "{created} create_device runs counted");
     for w in &c.workers {
         signal(w, "TERM");
     }

@@ -29,9 +29,19 @@ impl Server {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         let (stop, handle) = Stop::new();
+        // One job run, as the runtime records it, to see it served.
+        let job_metrics = shepherd_workers::services::runtime::JobMetrics::default();
+        job_metrics
+            .run_time
+            .get_or_create(&shepherd_workers::services::runtime::JobRunLabels {
+                kind: "assimilate",
+                outcome: "ok",
+            })
+            .observe(0.25);
         let state = HttpState {
             pool,
             client_metrics: ClientMetrics::default(),
+            job_metrics,
         };
         let task = tokio::spawn(serve(listener, state, handle));
         Server { base, stop, task }
@@ -205,7 +215,6 @@ async fn seed(pool: &PgPool) -> Fleet {
     fleet
 }
 
-/// Every sample of an OpenMetrics text exposition, by series.
 /// The samples of a scrape, either format (the OpenMetrics answer's
 /// `# EOF` is checked where that format is asked for).
 fn samples(text: &str) -> HashMap<String, f64> {
@@ -216,7 +225,7 @@ fn samples(text: &str) -> HashMap<String, f64> {
             .unwrap_or_else(|| panic!("not a sample: {line}"));
         let name = series.split('{').next().unwrap();
         assert!(
-            name.starts_with("shepherd_")
+            (name.starts_with("shepherd_") || name.starts_with("process_"))
                 && name
                     .chars()
                     .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'),
@@ -348,6 +357,14 @@ async fn metrics_read_the_database_at_each_scrape(pool: PgPool) {
         ("shepherd_machines_limit", 10.0),
         ("shepherd_sinbin_reservations", 1.0),
         ("shepherd_creations_paused", 0.0),
+        (
+            concat!(
+                "shepherd_build_info{version=\"",
+                env!("CARGO_PKG_VERSION"),
+                "\"}"
+            ),
+            1.0,
+        ),
         ("shepherd_reservations{class=\"available\"}", 5.0),
         ("shepherd_creations_total{outcome=\"created\"}", 1.0),
         ("shepherd_creations_total{outcome=\"recovered\"}", 0.0),
@@ -369,6 +386,27 @@ async fn metrics_read_the_database_at_each_scrape(pool: PgPool) {
     }
     let age = m["shepherd_job_oldest_age_seconds{kind=\"reconcile\",state=\"Pending\"}"];
     assert!((0.0..60.0).contains(&age), "{age}");
+    // The listing's figures say how old they are.
+    let listed = m["shepherd_reservations_listed_age_seconds"];
+    assert!((0.0..60.0).contains(&listed), "{listed}");
+    // This process's own figures.
+    assert!(m["process_resident_memory_bytes"] > 1_000_000.0);
+    assert!(m["process_open_fds"] >= 3.0);
+    assert!(m["process_cpu_seconds_total"] > 0.0);
+    let started = m["process_start_time_seconds"];
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    assert!(
+        started > now - 3600.0 && started <= now + 1.0,
+        "{started} vs {now}"
+    );
+    assert!(text.contains("# TYPE shepherd_job_run_time_seconds histogram"));
+    assert_eq!(
+        m["shepherd_job_run_time_seconds_count{kind=\"assimilate\",outcome=\"ok\"}"],
+        1.0
+    );
     assert!(text.contains("# TYPE shepherd_creations counter"));
     assert!(
         !text.contains("class=\"total\""),

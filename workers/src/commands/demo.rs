@@ -226,6 +226,7 @@ pub async fn run(args: DemoArgs, stop: Stop) -> anyhow::Result<DemoSummary> {
             missed_heartbeats: 5,
             poll_interval: Duration::from_millis(250),
             drain_timeout: Duration::from_secs(5),
+            job_metrics: Default::default(),
         };
         tasks.push(tokio::spawn(runtime::run(
             pool.clone(),

@@ -199,11 +199,13 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
     let stop = stop_on_signal();
     // The status page stays up while jobs drain, and stops after them.
     let (http_stop_tx, http_stop) = Stop::new();
+    let job_metrics = runtime::JobMetrics::default();
     let http = tokio::spawn(crate::services::http::serve(
         listener,
         crate::services::http::HttpState {
             pool: pool.clone(),
             client_metrics,
+            job_metrics: job_metrics.clone(),
         },
         http_stop,
     ));
@@ -216,6 +218,7 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
         missed_heartbeats: args.missed_heartbeats,
         poll_interval: args.poll_interval,
         drain_timeout: args.drain_timeout,
+        job_metrics,
     };
     tracing::info!(process = %opts.process_name, scheduler = args.scheduler, "worker starting");
     let sweeper = tokio::spawn(crate::services::sweeper::run(
@@ -276,8 +279,10 @@ pub async fn scheduler(args: SchedulerArgs) -> anyhow::Result<()> {
         listener,
         crate::services::http::HttpState {
             pool: pool.clone(),
-            // The scheduler makes no API calls: its client figures stay at 0.
+            // The scheduler makes no API calls and runs no jobs: its client
+            // and job figures stay at 0.
             client_metrics: ClientMetrics::default(),
+            job_metrics: Default::default(),
         },
         http_stop,
     ));

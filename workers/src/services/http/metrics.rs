@@ -44,24 +44,25 @@ pub(super) struct Outcomes {
 /// The provisioner's figures at one scrape.
 pub(super) struct Figures {
     pub(super) overview: Overview,
-    pub(super) listed: Option<ReservationCounts>,
+    /// The last listing's counts and when it was recorded.
+    pub(super) listed: Option<(ReservationCounts, DateTime<Utc>)>,
     pub(super) outcomes: Outcomes,
 }
 
 impl Figures {
     pub(super) async fn read(pool: &PgPool) -> Result<Figures, sqlx::Error> {
         let overview = fleet::overview(pool).await?;
-        let listed: Option<(i32, Value)> = sqlx::query_as(
-            "select schema_version, body from shepherd.events
+        let listed: Option<(i32, Value, DateTime<Utc>)> = sqlx::query_as(
+            "select schema_version, body, recorded_at from shepherd.events
              where event_type = 'reservations_listed' order by position desc limit 1",
         )
         .fetch_optional(pool)
         .await?;
         // Decoded like any reader would, so an older body is upcast and a
         // newer one this build cannot read is left out rather than misread.
-        let listed = listed.and_then(|(version, body)| {
+        let listed = listed.and_then(|(version, body, at)| {
             match Event::decode("reservations_listed", version, body) {
-                Ok(Event::ReservationsListed(e)) => Some(e.counts),
+                Ok(Event::ReservationsListed(e)) => Some((e.counts, at)),
                 _ => None,
             }
         });
@@ -102,7 +103,15 @@ impl Figures {
             outcomes: n,
         } = self;
 
-        if let Some(c) = listed {
+        if let Some((c, at)) = listed {
+            // Passes at the limit skip the listing: the classes below are
+            // as old as this says.
+            registry.register_with_unit(
+                "shepherd_reservations_listed_age",
+                "Time since the reservations were last listed (the age of shepherd_reservations)",
+                Unit::Seconds,
+                ConstGauge::new(seconds_between(at, o.now)),
+            );
             let reservations = Family::<ClassLabel, Gauge<u64, AtomicU64>>::default();
             // No "total" beside its parts: `sum()` over the classes is the
             // total, and a total among them would be counted twice.
@@ -240,6 +249,99 @@ impl Figures {
     }
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    version: &'static str,
+}
+
+/// The conventional `process_*` figures of this process (from `/proc`, on
+/// Linux; absent elsewhere) and the build it runs.
+fn process_metrics(registry: &mut Registry) {
+    let build = Family::<BuildLabels, Gauge>::default();
+    build
+        .get_or_create(&BuildLabels {
+            version: env!("CARGO_PKG_VERSION"),
+        })
+        .set(1);
+    registry.register(
+        "shepherd_build_info",
+        "The shepherd build serving, as a label",
+        build,
+    );
+    let Some(p) = ProcessFigures::read() else {
+        return;
+    };
+    registry.register_with_unit(
+        "process_cpu",
+        "Total user and system CPU time spent",
+        Unit::Seconds,
+        ConstCounter::new(p.cpu_seconds),
+    );
+    registry.register_with_unit(
+        "process_resident_memory",
+        "Resident memory size",
+        Unit::Bytes,
+        ConstGauge::new(p.resident_bytes as i64),
+    );
+    registry.register_with_unit(
+        "process_virtual_memory",
+        "Virtual memory size",
+        Unit::Bytes,
+        ConstGauge::new(p.virtual_bytes as i64),
+    );
+    registry.register_with_unit(
+        "process_start_time",
+        "Start time of the process since the Unix epoch",
+        Unit::Seconds,
+        ConstGauge::new(p.start_time_seconds),
+    );
+    registry.register(
+        "process_open_fds",
+        "Open file descriptors",
+        ConstGauge::new(p.open_fds as i64),
+    );
+}
+
+struct ProcessFigures {
+    cpu_seconds: f64,
+    resident_bytes: u64,
+    virtual_bytes: u64,
+    start_time_seconds: f64,
+    open_fds: u64,
+}
+
+impl ProcessFigures {
+    /// `/proc/self/stat` fields 14, 15 (utime, stime), 22 (starttime), 23
+    /// (vsize), 24 (rss in pages); the boot time from `/proc/stat`. Clock
+    /// ticks and the page size are the Linux defaults on the platforms the
+    /// images are built for (100 Hz, 4 KiB).
+    fn read() -> Option<ProcessFigures> {
+        const TICKS: f64 = 100.0;
+        const PAGE: u64 = 4096;
+        let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+        // The command name may hold spaces: fields start after its ')'.
+        let rest = stat.rsplit_once(')')?.1;
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        // `rest` starts at field 3 (state).
+        let field = |n: usize| fields.get(n - 3)?.parse::<u64>().ok();
+        let boot: u64 = std::fs::read_to_string("/proc/stat")
+            .ok()?
+            .lines()
+            .find_map(|l| l.strip_prefix("btime "))?
+            .trim()
+            .parse()
+            .ok()?;
+        let open_fds = std::fs::read_dir("/proc/self/fd").ok()?.count() as u64;
+        Some(ProcessFigures {
+            cpu_seconds: (field(14)? + field(15)?) as f64 / TICKS,
+            start_time_seconds: boot as f64 + field(22)? as f64 / TICKS,
+            virtual_bytes: field(23)?,
+            resident_bytes: field(24)? * PAGE,
+            open_fds,
+        })
+    }
+}
+
 /// SQL's `count(*)` is a bigint, but never a negative one.
 pub(super) fn count(n: i64) -> u64 {
     u64::try_from(n).unwrap_or_default()
@@ -328,7 +430,9 @@ pub(super) async fn metrics(
     // accumulated, and a family left from an earlier scrape would go stale.
     let mut registry = Registry::default();
     state.client_metrics.register(&mut registry);
+    state.job_metrics.register(&mut registry);
     figures.register(&mut registry);
+    process_metrics(&mut registry);
     let mut body = String::new();
     prometheus_client::encoding::text::encode(&mut body, &registry)
         .map_err(|e| Failure::Internal(format!("cannot encode the metrics: {e}")))?;

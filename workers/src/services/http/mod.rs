@@ -48,6 +48,8 @@ pub(super) const RECENT_EVENTS: i64 = 20;
 pub struct HttpState {
     pub pool: PgPool,
     pub client_metrics: ClientMetrics,
+    /// This process's job run times (empty where no jobs run).
+    pub job_metrics: crate::services::runtime::JobMetrics,
 }
 
 /// Serves until `stop` resolves. Binds nothing itself: the caller passes the
