@@ -23,6 +23,27 @@ pub enum AssimilateOutcome {
     Retrying { next_attempt: u32 },
 }
 
+impl AssimilateOutcome {
+    /// Logs the outcome with one field per fact, as `CreateOutcome::log`.
+    pub fn log(&self) {
+        const DONE: &str = "assimilate finished";
+        match self {
+            AssimilateOutcome::Assimilated { machine_id } => {
+                tracing::info!(outcome = "assimilated", machine = %machine_id, "{DONE}")
+            }
+            AssimilateOutcome::AlreadyManaged { machine_id } => {
+                tracing::info!(outcome = "already_managed", machine = %machine_id, "{DONE}")
+            }
+            AssimilateOutcome::Rejected { reason } => {
+                tracing::info!(outcome = "rejected", %reason, "{DONE}")
+            }
+            AssimilateOutcome::Retrying { next_attempt } => {
+                tracing::info!(outcome = "retrying", next_attempt, "{DONE}")
+            }
+        }
+    }
+}
+
 pub async fn assimilate(
     ctx: &JobContext,
     args: &AssimilateArgs,

@@ -53,6 +53,49 @@ pub enum CreateOutcome {
     },
 }
 
+impl CreateOutcome {
+    /// Logs the outcome with one field per fact (`outcome`, `device`,
+    /// `recovered`, ...), so a JSON log has fields, not Rust debug text.
+    pub fn log(&self) {
+        const DONE: &str = "create_device finished";
+        match self {
+            CreateOutcome::Created { device, recovered } => {
+                tracing::info!(outcome = "created", %device, recovered, "{DONE}")
+            }
+            CreateOutcome::Retrying {
+                next_attempt,
+                after,
+            } => tracing::info!(
+                outcome = "retrying",
+                next_attempt,
+                after_ms = after.as_millis() as u64,
+                "{DONE}"
+            ),
+            CreateOutcome::GivenUp { class, cause } => {
+                tracing::info!(outcome = "given_up", class = class.as_str(), %cause, "{DONE}")
+            }
+            CreateOutcome::RaceLost { other_device } => match other_device {
+                Some(d) => tracing::info!(outcome = "race_lost", other_device = %d, "{DONE}"),
+                None => tracing::info!(outcome = "race_lost", "{DONE}"),
+            },
+            CreateOutcome::Unresolved {
+                next_attempt,
+                after,
+            } => tracing::info!(
+                outcome = "unresolved",
+                next_attempt,
+                after_ms = after.as_millis() as u64,
+                "{DONE}"
+            ),
+            CreateOutcome::Refused { reason } => {
+                tracing::info!(outcome = "refused", %reason, "{DONE}")
+            }
+            CreateOutcome::Skipped { reason } => {
+                tracing::info!(outcome = "skipped", %reason, "{DONE}")
+            }
+        }
+    }
+}
 pub async fn create_device(
     ctx: &JobContext,
     args: &CreateDeviceArgs,

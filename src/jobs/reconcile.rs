@@ -217,7 +217,15 @@ async fn run_pass(
         }
         tx.commit().await?;
         out.adopted = comparison.adopt.iter().map(|a| a.device).collect();
-        tracing::warn!(devices = ?out.adopted, "adopting prefixed devices that shepherd does not manage");
+        // One line per device, so each id is a field of its own (a log
+        // pipeline finds a device's line by its id, not inside a list).
+        tracing::warn!(
+            count = out.adopted.len(),
+            "adopting prefixed devices that shepherd does not manage"
+        );
+        for device in &out.adopted {
+            tracing::warn!(%device, "adopting a prefixed device that shepherd does not manage");
+        }
         out.in_flight += out.adopted.len() as u64;
     }
     if !comparison.unknown.is_empty() || !comparison.missing.is_empty() {
@@ -228,7 +236,17 @@ async fn run_pass(
                  `shepherd machines release <device> --reason ...`)",
             );
         }
-        tracing::error!(unknown = ?comparison.unknown, missing = ?comparison.missing, "{reason}");
+        tracing::error!(
+            unknown = comparison.unknown.len(),
+            missing = comparison.missing.len(),
+            "{reason}"
+        );
+        for device in &comparison.unknown {
+            tracing::error!(%device, kind = "unknown", "a prefixed device nobody manages and nothing witnessed");
+        }
+        for device in &comparison.missing {
+            tracing::error!(%device, kind = "missing", "a managed machine whose device is gone");
+        }
         note(
             ctx,
             job_id,

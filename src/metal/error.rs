@@ -28,6 +28,20 @@ pub enum ErrorClass {
     Cancelled,
 }
 
+impl ErrorClass {
+    /// The name as stored in events (`transient`, `race_lost`, ...).
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            ErrorClass::Transient => "transient",
+            ErrorClass::RateLimited => "rate_limited",
+            ErrorClass::Permanent => "permanent",
+            ErrorClass::RaceLost => "race_lost",
+            ErrorClass::Ambiguous => "ambiguous",
+            ErrorClass::Cancelled => "cancelled",
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum MetalError {
     #[error("{op}: not found (404)")]
@@ -157,6 +171,23 @@ pub(crate) fn excerpt(body: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn class_names_are_the_stored_ones() {
+        for class in [
+            ErrorClass::Transient,
+            ErrorClass::RateLimited,
+            ErrorClass::Permanent,
+            ErrorClass::RaceLost,
+            ErrorClass::Ambiguous,
+            ErrorClass::Cancelled,
+        ] {
+            assert_eq!(
+                serde_json::to_value(class).unwrap(),
+                serde_json::Value::from(class.as_str())
+            );
+        }
+    }
 
     #[test]
     fn permanent_statuses_are_never_retryable() {

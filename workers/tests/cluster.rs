@@ -613,3 +613,47 @@ async fn the_scheduler_serves_probes_and_healthcheck_reads_them(pool: PgPool) {
         "{message}"
     );
 }
+
+/// JSON logs carry a job's outcome as fields (`outcome`, `device`,
+/// `recovered` as a boolean), not as Rust debug text in one string.
+#[sqlx::test(migrations = false)]
+async fn json_logs_carry_outcomes_as_fields(pool: PgPool) {
+    let _quiet = TIMED.read().await;
+    let mut c = Cluster::new(pool, 3, Faults::default()).await;
+    migrate(&c).await;
+    c.spawn_worker_with_env(
+        &[
+            "--scheduler",
+            "--max-machines",
+            "2",
+            "--device-creation-rate",
+            "0s,1",
+        ],
+        &[("SHEPHERD_LOG_FORMAT", "json")],
+    );
+    c.wait_for(2, 2, Duration::from_secs(60)).await;
+    c.stop_all();
+    let log = log_of(&c.dir, 0);
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let created: Vec<&serde_json::Value> = lines
+        .iter()
+        .filter(|l| l["fields"]["outcome"] == "created")
+        .collect();
+    assert_eq!(created.len(), 2, "{log}");
+    for l in created {
+        let device = l["fields"]["device"].as_str().expect("a device field");
+        assert!(uuid::Uuid::parse_str(device).is_ok(), "{l}");
+        assert_eq!(l["fields"]["recovered"], false, "{l}");
+    }
+    assert_eq!(
+        lines
+            .iter()
+            .filter(|l| l["fields"]["outcome"] == "assimilated")
+            .count(),
+        2,
+        "{log}"
+    );
+}

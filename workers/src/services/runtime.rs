@@ -216,7 +216,7 @@ async fn create_device_job(
     )
     .instrument(span.clone())
     .await?;
-    span.in_scope(|| tracing::info!(?outcome, "create_device finished"));
+    span.in_scope(|| outcome.log());
     Ok(format!("{outcome:?}"))
 }
 
@@ -236,7 +236,7 @@ async fn assimilate_job(
     )
     .instrument(span.clone())
     .await?;
-    span.in_scope(|| tracing::info!(?outcome, "assimilate finished"));
+    span.in_scope(|| outcome.log());
     Ok(format!("{outcome:?}"))
 }
 

@@ -120,6 +120,11 @@ impl Cluster {
 
     /// Starts a worker that runs jobs only (no scheduled passes).
     pub fn spawn_plain_worker(&mut self, extra: &[&str]) -> String {
+        self.spawn_worker_with_env(extra, &[])
+    }
+
+    /// [`Cluster::spawn_plain_worker`] with extra environment variables.
+    pub fn spawn_worker_with_env(&mut self, extra: &[&str], env: &[(&str, &str)]) -> String {
         let n = self.workers.len();
         let log = std::fs::File::create(self.dir.join(format!("worker-{n}.log"))).unwrap();
         let port = format!("127.0.0.1:{}", free_port());
@@ -143,6 +148,7 @@ impl Cluster {
         args.extend_from_slice(extra);
         let child = self
             .command(&args)
+            .envs(env.iter().copied())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .spawn()
