@@ -7,3 +7,23 @@
 pub mod faults;
 pub mod latitude;
 pub mod metal;
+
+/// A fake's server task: serves `app` on `listener` until the returned
+/// sender is used or dropped (a dropped handle stops its server too).
+pub(crate) fn spawn_server(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<std::io::Result<()>>,
+) {
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    (stop, server)
+}

@@ -289,7 +289,7 @@ impl LatitudeClient {
                 Ok(Err(e)) => {
                     return Err(LatitudeError::Transient {
                         call,
-                        reason: describe(&e),
+                        reason: crate::metal::client::describe_transport_error(&e),
                     });
                 }
                 Ok(Ok(v)) => v,
@@ -368,7 +368,6 @@ impl LatitudeClient {
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<T, LatitudeError>>,
     {
-        use backoff::backoff::Backoff;
         let mut backoff = self.inner.retry.backoff();
         loop {
             let err = match f().await {
@@ -376,16 +375,9 @@ impl LatitudeClient {
                 Err(e) if e.is_retryable() => e,
                 Err(e) => return Err(e),
             };
-            let Some(mut wait) = backoff.next_backoff() else {
+            let Some(wait) = next_wait(&mut backoff, &err) else {
                 return Err(err);
             };
-            if let LatitudeError::RateLimited {
-                retry_after: Some(asked),
-                ..
-            } = &err
-            {
-                wait = wait.max(*asked);
-            }
             tracing::info!(call, wait_ms = wait.as_millis() as u64, error = %err, "retrying");
             tokio::time::sleep(wait).await;
         }
@@ -533,7 +525,6 @@ impl LatitudeClient {
     /// retry budget spent on unseen answers ends as `Ambiguous`: the
     /// caller must look again later.
     pub async fn create_server(&self, req: &CreateServer) -> Result<Created, LatitudeError> {
-        use backoff::backoff::Backoff;
         let call = "create-server";
         let body = json!({"data": {"type": "servers", "attributes": {
             "project": self.inner.project,
@@ -584,16 +575,9 @@ impl LatitudeClient {
                 }
                 Err(e) => return Err(e),
             };
-            let Some(mut wait) = backoff.next_backoff() else {
+            let Some(wait) = next_wait(&mut backoff, &err) else {
                 return Err(err);
             };
-            if let LatitudeError::RateLimited {
-                retry_after: Some(asked),
-                ..
-            } = &err
-            {
-                wait = wait.max(*asked);
-            }
             tracing::info!(call, attempt = attempts, wait_ms = wait.as_millis() as u64, error = %err, "create not done; looking again after a wait");
             tokio::time::sleep(wait).await;
         }
@@ -619,20 +603,16 @@ fn header_seconds(headers: &HeaderMap) -> Option<f64> {
         .ok()
 }
 
-/// A transport error without its URL or headers.
-fn describe(e: &reqwest::Error) -> String {
-    let kind = if e.is_connect() {
-        "connection failed"
-    } else if e.is_timeout() {
-        "timed out"
-    } else if e.is_body() || e.is_decode() {
-        "connection broke while reading the answer"
-    } else {
-        "transport error"
-    };
-    let mut source: &dyn std::error::Error = e;
-    while let Some(inner) = source.source() {
-        source = inner;
-    }
-    format!("{kind}: {source}")
+/// The wait before the next try: the backoff's, or as long as a 429 asked
+/// if that is longer; `None` when the retry budget is spent.
+fn next_wait(backoff: &mut backoff::ExponentialBackoff, err: &LatitudeError) -> Option<Duration> {
+    use backoff::backoff::Backoff;
+    let wait = backoff.next_backoff()?;
+    Some(match err {
+        LatitudeError::RateLimited {
+            retry_after: Some(asked),
+            ..
+        } => wait.max(*asked),
+        _ => wait,
+    })
 }

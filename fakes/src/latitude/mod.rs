@@ -397,15 +397,7 @@ impl FakeLatitude {
             }),
             world: Mutex::new(World::new(&config)),
         });
-        let app = routes::router(Arc::clone(&shared));
-        let (stop, stopped) = oneshot::channel::<()>();
-        let server = tokio::spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(async move {
-                    let _ = stopped.await;
-                })
-                .await
-        });
+        let (stop, server) = crate::spawn_server(listener, routes::router(Arc::clone(&shared)));
         Ok(FakeLatitude {
             shared,
             addr,

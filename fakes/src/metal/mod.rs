@@ -317,16 +317,7 @@ impl FakeMetal {
         let addr = listener.local_addr()?;
         let project_id = config.project_id;
         let shared = Arc::new(Shared::new(config));
-        let app = routes::router(Arc::clone(&shared));
-        let (stop, stopped) = oneshot::channel::<()>();
-        let server = tokio::spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(async move {
-                    // A dropped handle closes the channel: stop then too.
-                    let _ = stopped.await;
-                })
-                .await
-        });
+        let (stop, server) = crate::spawn_server(listener, routes::router(Arc::clone(&shared)));
         tracing::debug!(%addr, "fake Metal API listening");
         Ok(FakeMetal {
             shared,

@@ -257,7 +257,7 @@ pub(super) fn retry_after(headers: &HeaderMap) -> Option<Duration> {
 
 /// A transport error without its URL's query or any header: the kind and
 /// the innermost cause are what an operator needs.
-pub(super) fn describe_transport_error(e: &reqwest::Error) -> String {
+pub(crate) fn describe_transport_error(e: &reqwest::Error) -> String {
     let kind = if e.is_connect() {
         "connection failed"
     } else if e.is_timeout() {
