@@ -9,3 +9,6 @@ begin
     return shepherd.push_job('assimilate', jsonb_build_object('device', p_device, 'manual', true));
 end;
 $$;
+
+-- The console's job page lists the events a job recorded.
+create index events_job_idx on shepherd.events (job_id) where job_id is not null;

@@ -168,6 +168,19 @@ pub async fn read_stream(pool: &PgPool, stream: &str) -> Result<Vec<StoredEvent>
     rows.iter().map(decode_row).collect()
 }
 
+/// The events one job's runs recorded, in order.
+pub async fn read_by_job(pool: &PgPool, job_id: &str) -> Result<Vec<StoredEvent>, StoreError> {
+    let rows = sqlx::query(concat!(
+        "select ",
+        columns!(),
+        " from shepherd.events where job_id = $1 order by position"
+    ))
+    .bind(job_id)
+    .fetch_all(pool)
+    .await?;
+    rows.iter().map(decode_row).collect()
+}
+
 /// A device's own stream plus the creation event (on its reservation's
 /// stream) that made it, in order.
 pub async fn read_device_history(

@@ -569,3 +569,90 @@ async fn promtool_accepts_the_metrics_and_the_alert_rules(pool: PgPool) {
         );
     }
 }
+
+/// The jobs pages: the list filtered by kind and state, a job's arguments,
+/// state and the events it recorded (linked from the event tables), every
+/// value escaped, and clear refusals of a filter that names nothing.
+#[sqlx::test(migrations = false)]
+async fn the_jobs_pages_list_filter_and_show_a_job(pool: PgPool) {
+    shepherd::db::migrate(&pool).await.unwrap();
+    let device = uuid::Uuid::new_v4();
+    let marked: String = sqlx::query_scalar(
+        "select shepherd.push_job('assimilate',
+            jsonb_build_object('device', $1::uuid, 'manual', true, 'note', '<b>bold</b>'))",
+    )
+    .bind(device)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let reconcile: String = sqlx::query_scalar("select shepherd.enqueue_reconcile()")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    sqlx::query("update apalis.jobs set status = 'Killed', attempts = 1, last_result = '\"undecodable\"' where id = $1")
+        .bind(&reconcile)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    shepherd::events::record(
+        &mut tx,
+        vec![
+            shepherd::events::NewEvent::new(shepherd::events::event::AssimilationRejected {
+                device,
+                reason: "not known to the provider".into(),
+            })
+            .caused_by(&marked),
+        ],
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    let server = Server::start(pool.clone()).await;
+
+    let (status, _, all) = server.get("/jobs").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(all.contains(&marked) && all.contains(&reconcile), "{all}");
+    let (_, _, killed) = server.get("/jobs?state=Killed").await;
+    assert!(
+        killed.contains(&reconcile) && !killed.contains(&marked),
+        "{killed}"
+    );
+    let (_, _, assimilations) = server.get("/jobs?kind=assimilate").await;
+    assert!(assimilations.contains(&marked) && !assimilations.contains(&reconcile));
+    for bad in [
+        "/jobs?state=Sleeping",
+        "/jobs?kind=teleport",
+        "/jobs?page=0",
+    ] {
+        let (status, _, text) = server.get(bad).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}: {text}");
+    }
+
+    let (status, _, job) = server.get(&format!("/jobs/{marked}")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(job.contains(&device.to_string()), "{job}");
+    assert!(
+        job.contains("&lt;b&gt;bold&lt;/b&gt;") && !job.contains("<b>bold</b>"),
+        "the arguments were not escaped:\n{job}"
+    );
+    assert!(
+        job.contains("assimilation_rejected"),
+        "the job's events: {job}"
+    );
+    let (_, _, killed_job) = server.get(&format!("/jobs/{reconcile}")).await;
+    assert!(killed_job.contains("Killed") && killed_job.contains("undecodable"));
+    let (status, _, _) = server.get("/jobs/no-such-job").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    // The status page links the jobs, and its recent events their job.
+    let (_, _, front) = server.get("/").await;
+    assert!(
+        front.contains("href=\"/jobs\""),
+        "the status page links the jobs"
+    );
+    assert!(
+        front.contains(&format!("href=\"/jobs/{marked}\"")),
+        "the event does not link its job:\n{front}"
+    );
+    server.stop().await;
+}

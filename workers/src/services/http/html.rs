@@ -187,6 +187,8 @@ pub(super) struct EventRow {
     /// `None` where the source does not say (the device history).
     pub(super) stream: Option<String>,
     pub(super) body: Value,
+    /// The job whose run recorded it, where one did.
+    pub(super) job_id: Option<String>,
 }
 
 impl From<StoredEvent> for EventRow {
@@ -197,6 +199,7 @@ impl From<StoredEvent> for EventRow {
             event_type: e.event.type_name().to_string(),
             body: e.event.body(),
             stream: Some(e.stream),
+            job_id: e.job_id,
         }
     }
 }
@@ -270,11 +273,19 @@ impl Display for EventTable<'_> {
         for e in self.rows {
             write!(
                 f,
-                "<tr><td class=\"n\">{}</td><td>{}</td><td>{}</td>",
+                "<tr><td class=\"n\">{}</td><td>{}</td><td>{}",
                 e.position,
                 Time(e.recorded_at),
                 Esc(&e.event_type)
             )?;
+            if let Some(job) = &e.job_id {
+                write!(
+                    f,
+                    " <a class=\"muted\" href=\"/jobs/{}\">(job)</a>",
+                    Esc(job)
+                )?;
+            }
+            f.write_str("</td>")?;
             if with_stream {
                 match &e.stream {
                     Some(s) => write!(f, "<td>{}</td>", StreamName(s))?,

@@ -12,7 +12,7 @@ use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::http::header::CONTENT_TYPE;
 use axum::response::{Html, IntoResponse, Response};
@@ -68,6 +68,8 @@ pub(super) fn router(state: HttpState) -> Router {
         .route("/", get(status_page))
         .route("/reservation/{id}", get(reservation_page))
         .route("/device/{id}", get(device_page))
+        .route("/jobs", get(jobs_page))
+        .route("/jobs/{id}", get(job_page))
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
@@ -148,11 +150,13 @@ pub(super) async fn readyz(State(state): State<HttpState>) -> (StatusCode, &'sta
 }
 
 mod html;
+mod jobs;
 mod metrics;
 mod pages;
 mod status_page;
 
 use html::*;
+use jobs::*;
 use metrics::*;
 use pages::*;
 use status_page::*;

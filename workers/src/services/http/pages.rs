@@ -77,6 +77,7 @@ pub(super) async fn device_page(
             event_type,
             stream: None,
             body,
+            job_id: None,
         })
         .collect();
     history(Kind::Device, id, rows)

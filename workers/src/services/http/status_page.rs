@@ -207,7 +207,7 @@ impl StatusPage<'_> {
 
     pub(super) fn queue(&self, f: &mut Formatter<'_>) -> fmt::Result {
         let o = self.overview;
-        f.write_str("<h2>Queue</h2>\n")?;
+        f.write_str("<h2>Queue <a class=\"muted\" href=\"/jobs\">(all jobs)</a></h2>\n")?;
         if o.queue.is_empty() {
             return f.write_str("<p class=\"muted\">No jobs.</p>\n");
         }
@@ -218,10 +218,11 @@ impl StatusPage<'_> {
         for q in &o.queue {
             write!(
                 f,
-                "<tr><td>{}</td><td>{}</td><td class=\"n\">{}</td><td>",
-                Esc(&q.kind),
-                Esc(&q.state),
-                q.jobs
+                "<tr><td>{kind}</td><td><a href=\"/jobs?kind={kind}&amp;state={state}\">{state}</a></td>\
+                 <td class=\"n\">{}</td><td>",
+                q.jobs,
+                kind = Esc(&q.kind),
+                state = Esc(&q.state),
             )?;
             if let Some(s) = q.oldest_seconds {
                 f.write_str(&human_duration(chrono::TimeDelta::seconds(s as i64)))?;
