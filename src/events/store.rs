@@ -200,6 +200,26 @@ pub async fn read_device_history(
     rows.iter().map(decode_row).collect()
 }
 
+/// The last `limit` events not of the `skipped` types, oldest first.
+pub async fn read_recent_except(
+    pool: &PgPool,
+    limit: i64,
+    skipped: &[&str],
+) -> Result<Vec<StoredEvent>, StoreError> {
+    let skipped: Vec<String> = skipped.iter().map(|s| s.to_string()).collect();
+    let rows = sqlx::query(concat!(
+        "select * from (select ",
+        columns!(),
+        " from shepherd.events where event_type <> all($2)
+          order by position desc limit $1) e order by position"
+    ))
+    .bind(limit)
+    .bind(&skipped)
+    .fetch_all(pool)
+    .await?;
+    rows.iter().map(decode_row).collect()
+}
+
 /// The last `limit` events, oldest first.
 pub async fn read_recent(pool: &PgPool, limit: i64) -> Result<Vec<StoredEvent>, StoreError> {
     let rows = sqlx::query(concat!(

@@ -656,3 +656,99 @@ async fn the_jobs_pages_list_filter_and_show_a_job(pool: PgPool) {
     );
     server.stop().await;
 }
+
+/// The status page raises what needs a person: a fleet over its limit, no
+/// successful pass for long, creations whose outcome is unknown; it lists
+/// live workers apart from silent and replaced generations, and keeps a
+/// pass's routine events out of the recent ones.
+#[sqlx::test(migrations = false)]
+async fn the_status_page_warns_and_tells_live_workers_from_gone(pool: PgPool) {
+    shepherd::db::migrate(&pool).await.unwrap();
+    let settings =
+        shepherd::cluster::ClusterSettings::proposed_by(&shepherd::config::ProvisionerConfig {
+            max_machines: 1,
+            ..Default::default()
+        });
+    shepherd::cluster::establish(&pool, &settings, &[], "test")
+        .await
+        .unwrap();
+    let (r1, r2, r3) = (
+        uuid::Uuid::new_v4(),
+        uuid::Uuid::new_v4(),
+        uuid::Uuid::new_v4(),
+    );
+    let request = uuid::Uuid::new_v4();
+    let mut events: Vec<shepherd::events::NewEvent> = vec![];
+    for r in [r1, r2] {
+        events.push(shepherd::events::NewEvent::new(
+            shepherd::events::event::MachineAssimilated {
+                machine_id: uuid::Uuid::new_v4(),
+                provider: "equinix".into(),
+                provider_id: uuid::Uuid::new_v4().to_string(),
+                reservation: Some(r),
+                hostname: None,
+            },
+        ));
+    }
+    events.push(shepherd::events::NewEvent::new(
+        shepherd::events::event::CreationRequested {
+            reservation: r3,
+            request,
+            manual: false,
+            requested_by: None,
+            sinbin_override: None,
+        },
+    ));
+    events.push(shepherd::events::NewEvent::new(
+        shepherd::events::event::CreationUnresolved {
+            reservation: r3,
+            request,
+            attempt: 5,
+            message: "no answer within 30s".into(),
+        },
+    ));
+    let mut tx = pool.begin().await.unwrap();
+    shepherd::events::record(&mut tx, events).await.unwrap();
+    tx.commit().await.unwrap();
+    // A pass that finished an hour ago (written as it would have been).
+    sqlx::query(
+        "insert into shepherd.events (event_id, stream, event_type, schema_version, body, recorded_at)
+         values (gen_random_uuid(), 'reconcile/' || gen_random_uuid(), 'reconcile_finished', 1,
+                 '{\"run\": \"00000000-0000-0000-0000-000000000000\", \"managed\": 2, \"in_flight\": 0,
+                   \"enqueued\": 0, \"at_limit\": true}', now() - interval '1 hour')",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "insert into apalis.workers (id, worker_type, storage_name, last_seen) values
+           ('create_device@h-1#0', 'create_device', 'x', now()),
+           ('create_device@h-1#1', 'create_device', 'x', now()),
+           ('assimilate@h-2#0', 'assimilate', 'x', now() - interval '5 minutes')",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let server = Server::start(pool.clone()).await;
+    let (_, _, page) = server.get("/").await;
+    server.stop().await;
+    assert!(page.contains("OVER THE LIMIT"), "{page}");
+    assert!(page.contains("NO SUCCESSFUL PASS"), "{page}");
+    assert!(
+        page.contains("creation(s) with an unknown outcome"),
+        "{page}"
+    );
+    assert!(page.contains(&format!("/reservation/{r3}")), "{page}");
+    let workers = &page[page.find("<h2>Workers</h2>").unwrap()..];
+    let live = workers.find("create_device@h-1#1").unwrap();
+    let gone_note = workers.find("Silent for over a minute").unwrap();
+    let replaced = workers.find("create_device@h-1#0").unwrap();
+    let silent = workers.find("assimilate@h-2#0").unwrap();
+    assert!(
+        live < gone_note && gone_note < replaced && gone_note < silent,
+        "{workers}"
+    );
+    let recent = &page[page.find("Recent events").unwrap()..];
+    assert!(!recent.contains("reconcile_finished"), "{recent}");
+    assert!(recent.contains("creation_unresolved"), "{recent}");
+}

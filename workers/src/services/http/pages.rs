@@ -20,9 +20,21 @@ pub(super) async fn status_page(State(state): State<HttpState>) -> Result<Html<S
     };
     let mut machines: Vec<ManagedMachine> = views.machines.into_values().collect();
     machines.sort_by_key(|m| (m.assimilated_at, m.machine_id));
-    let mut events = store::read_recent(&state.pool, RECENT_EVENTS)
-        .await
-        .map_err(|e| store_failure(WHAT, e))?;
+    // A pass's routine events (started, listed, finished, coalesced) are
+    // summed up under "Last reconcile"; among the recent events they would
+    // crowd out what happened to machines.
+    let mut events = store::read_recent_except(
+        &state.pool,
+        RECENT_EVENTS,
+        &[
+            "reconcile_started",
+            "reservations_listed",
+            "reconcile_finished",
+            "reconcile_coalesced",
+        ],
+    )
+    .await
+    .map_err(|e| store_failure(WHAT, e))?;
     // What just happened belongs at the top.
     events.reverse();
     let rows: Vec<EventRow> = events.into_iter().map(EventRow::from).collect();

@@ -2,6 +2,7 @@
 //! the queue, the workers and the machines.
 
 use super::*;
+use shepherd::fleet::WorkerRow;
 
 pub(super) struct StatusPage<'a> {
     pub(super) overview: &'a Overview,
@@ -26,7 +27,7 @@ impl Display for StatusPage<'_> {
         self.machines(f)?;
         writeln!(
             f,
-            "<h2>Recent events <span class=\"muted\">(newest first)</span></h2>"
+            "<h2>Recent events <span class=\"muted\">(newest first; passes are summed up above)</span></h2>"
         )?;
         if self.events.is_empty() {
             f.write_str("<p class=\"muted\">The log is empty.</p>\n")
@@ -64,6 +65,43 @@ impl StatusPage<'_> {
                 f.write_str("</li>\n")?;
             }
             f.write_str("</ul></div>\n")?;
+        }
+        if let Some(limit) = o.max_machines.filter(|l| *l > 0) {
+            let used = o.managed + o.in_flight();
+            if used > limit as i64 {
+                writeln!(
+                    f,
+                    "<div class=\"alarm\"><strong>OVER THE LIMIT:</strong> {used} machines managed \
+                     or in flight against a limit of {limit}. Nothing is admitted until the fleet \
+                     is back under it (the limit was lowered, or machines were added by hand).</div>"
+                )?;
+            }
+        }
+        let stalled = match o.last_successful_reconcile {
+            Some(at) => (o.now - at).num_seconds() > STALLED_AFTER_SECONDS,
+            None => false,
+        };
+        if stalled && o.paused.is_none() {
+            writeln!(
+                f,
+                "<div class=\"alarm\"><strong>NO SUCCESSFUL PASS</strong> since {}: no scheduler or \
+                 worker is running passes, or every pass is refused (a listing failing, a \
+                 discrepancy).</div>",
+                Ago(o.last_successful_reconcile.unwrap_or(o.now), o.now)
+            )?;
+        }
+        if let Some(oldest) = o.unresolved.first() {
+            write!(
+                f,
+                "<div class=\"warn\"><strong>{} creation(s) with an unknown outcome</strong>, \
+                 the oldest for {}; each holds its slot until a look at the provider settles it:",
+                o.unresolved.len(),
+                human_duration(chrono::TimeDelta::seconds(oldest.seconds as i64))
+            )?;
+            for u in &o.unresolved {
+                write!(f, " {}", Link(Kind::Reservation, u.reservation_id))?;
+            }
+            f.write_str("</div>\n")?;
         }
         if let Some(p) = &o.paused {
             writeln!(
@@ -234,23 +272,21 @@ impl StatusPage<'_> {
 
     pub(super) fn workers(&self, f: &mut Formatter<'_>) -> fmt::Result {
         let o = self.overview;
-        f.write_str("<h2>Workers seen in the last 10 minutes</h2>\n")?;
-        if o.workers.is_empty() {
-            return f.write_str("<p class=\"muted\">None.</p>\n");
+        f.write_str("<h2>Workers</h2>\n")?;
+        let (live, gone): (Vec<_>, Vec<_>) = o.workers.iter().partition(|w| is_live(w, &o.workers));
+        if live.is_empty() {
+            f.write_str("<p class=\"muted\">None running.</p>\n")?;
+        } else {
+            worker_table(f, &live)?;
         }
-        f.write_str(
-            "<table>\n<thead><tr><th>Worker</th><th>Queue</th><th>Last seen</th></tr></thead>\n<tbody>\n",
-        )?;
-        for w in &o.workers {
-            writeln!(
-                f,
-                "<tr><td class=\"id\">{}</td><td>{}</td><td>{} ago</td></tr>",
-                Esc(&w.name),
-                Esc(&w.queue),
-                human_duration(chrono::TimeDelta::seconds(w.seconds_since_seen as i64))
+        if !gone.is_empty() {
+            f.write_str(
+                "<p class=\"muted\">Silent for over a minute, or replaced by a later \
+                 generation of the same process (their jobs are handed to live workers):</p>\n",
             )?;
+            worker_table(f, &gone)?;
         }
-        f.write_str("</tbody>\n</table>\n")
+        Ok(())
     }
 
     pub(super) fn machines(&self, f: &mut Formatter<'_>) -> fmt::Result {
@@ -281,4 +317,46 @@ impl StatusPage<'_> {
         }
         f.write_str("</tbody>\n</table>\n")
     }
+}
+
+/// Passes older than this without a successful one raise the alarm: ten
+/// periods at the default reconcile rate of one a minute.
+const STALLED_AFTER_SECONDS: i64 = 600;
+
+/// Silent this long, a worker is presumed gone (the default rescue window,
+/// 5 s heartbeats times 12).
+const GONE_AFTER_SECONDS: f64 = 60.0;
+
+/// A worker is live if it was seen recently and no later generation of the
+/// same process and queue (`kind@host-pid#generation`) replaced it.
+fn is_live(w: &WorkerRow, all: &[WorkerRow]) -> bool {
+    if w.seconds_since_seen > GONE_AFTER_SECONDS {
+        return false;
+    }
+    let Some((base, generation)) = w.name.rsplit_once('#') else {
+        return true;
+    };
+    let generation: u32 = generation.parse().unwrap_or(0);
+    !all.iter().any(|other| {
+        other
+            .name
+            .rsplit_once('#')
+            .is_some_and(|(b, g)| b == base && g.parse::<u32>().unwrap_or(0) > generation)
+    })
+}
+
+fn worker_table(f: &mut Formatter<'_>, rows: &[&WorkerRow]) -> fmt::Result {
+    f.write_str(
+        "<table>\n<thead><tr><th>Worker</th><th>Queue</th><th>Last seen</th></tr></thead>\n<tbody>\n",
+    )?;
+    for w in rows {
+        writeln!(
+            f,
+            "<tr><td class=\"id\">{}</td><td>{}</td><td>{} ago</td></tr>",
+            Esc(&w.name),
+            Esc(&w.queue),
+            human_duration(chrono::TimeDelta::seconds(w.seconds_since_seen as i64))
+        )?;
+    }
+    f.write_str("</tbody>\n</table>\n")
 }
