@@ -752,3 +752,75 @@ async fn the_status_page_warns_and_tells_live_workers_from_gone(pool: PgPool) {
     assert!(!recent.contains("reconcile_finished"), "{recent}");
     assert!(recent.contains("creation_unresolved"), "{recent}");
 }
+
+/// Machines beyond what the status page shows are on `/machines`, paged and
+/// searchable (a search's wildcards taken literally, every value escaped).
+#[sqlx::test(migrations = false)]
+async fn machines_are_paged_and_searchable(pool: PgPool) {
+    shepherd::db::migrate(&pool).await.unwrap();
+    let mut events = vec![];
+    for n in 0..130 {
+        events.push(shepherd::events::NewEvent::new(
+            shepherd::events::event::MachineAssimilated {
+                machine_id: uuid::Uuid::new_v4(),
+                provider: "equinix".into(),
+                provider_id: uuid::Uuid::new_v4().to_string(),
+                reservation: Some(uuid::Uuid::new_v4()),
+                hostname: Some(format!("shepherd-{n:03}")),
+            },
+        ));
+    }
+    let mut tx = pool.begin().await.unwrap();
+    shepherd::events::record(&mut tx, events).await.unwrap();
+    tx.commit().await.unwrap();
+    // The last one assimilated, in a later transaction.
+    let mut tx = pool.begin().await.unwrap();
+    shepherd::events::record(
+        &mut tx,
+        vec![shepherd::events::NewEvent::new(
+            shepherd::events::event::MachineAssimilated {
+                machine_id: uuid::Uuid::new_v4(),
+                provider: "equinix".into(),
+                provider_id: uuid::Uuid::new_v4().to_string(),
+                reservation: None,
+                hostname: Some("odd_<name>%".into()),
+            },
+        )],
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    let server = Server::start(pool.clone()).await;
+    let (_, _, front) = server.get("/").await;
+    assert!(front.contains("<h2>Managed machines (131)"), "{front}");
+    let listed =
+        &front[front.find("<h2>Managed machines").unwrap()..front.find("Recent events").unwrap()];
+    assert_eq!(
+        listed.matches("<tr><td class=\"id\">").count(),
+        50,
+        "{listed}"
+    );
+    // The newest first: the odd one was assimilated last.
+    let first_row = &listed[listed.find("<tbody>").unwrap()..];
+    let first_row = &first_row[..first_row.find("</tr>").unwrap()];
+    assert!(first_row.contains("odd_&lt;name&gt;%"), "{first_row}");
+    let (status, _, first) = server.get("/machines").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(first.contains("131 machine(s); page 1 of 2."), "{first}");
+    assert!(first.contains("href=\"/machines?page=2\""));
+    let (_, _, second) = server.get("/machines?page=2").await;
+    assert!(second.contains("page 2 of 2."));
+    let (_, _, found) = server.get("/machines?q=shepherd-12").await;
+    // shepherd-120 to shepherd-129 (shepherd-012 does not match).
+    assert!(found.contains("10 machine(s) matching"), "{found}");
+    // `_` and `%` are not wildcards in a search; markup is escaped.
+    let (_, _, odd) = server.get("/machines?q=%25").await;
+    assert!(odd.contains("1 machine(s) matching"), "{odd}");
+    assert!(
+        odd.contains("odd_&lt;name&gt;%") && !odd.contains("<name>"),
+        "{odd}"
+    );
+    let (status, _, _) = server.get("/machines?page=0").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    server.stop().await;
+}

@@ -13,7 +13,7 @@ const STATES: [&str; 6] = ["Pending", "Queued", "Running", "Done", "Failed", "Ki
 const PAGE_SIZE: i64 = 50;
 
 /// A template's output inside the shared layout.
-struct Raw(String);
+pub(super) struct Raw(pub(super) String);
 
 impl Display for Raw {
     fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {

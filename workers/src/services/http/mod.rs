@@ -27,7 +27,7 @@ use serde_json::Value;
 use shepherd::events::StoreError;
 use shepherd::events::event::{Event, ReservationCounts};
 use shepherd::events::store::{self, StoredEvent};
-use shepherd::events::views::{self, ManagedMachine};
+use shepherd::events::views::ManagedMachine;
 use shepherd::fleet::{self, Overview};
 use shepherd::metal::ClientMetrics;
 use sqlx::PgPool;
@@ -69,6 +69,7 @@ pub(super) fn router(state: HttpState) -> Router {
         .route("/reservation/{id}", get(reservation_page))
         .route("/device/{id}", get(device_page))
         .route("/jobs", get(jobs_page))
+        .route("/machines", get(machines_page))
         .route("/jobs/{id}", get(job_page))
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
@@ -151,12 +152,14 @@ pub(super) async fn readyz(State(state): State<HttpState>) -> (StatusCode, &'sta
 
 mod html;
 mod jobs;
+mod machines;
 mod metrics;
 mod pages;
 mod status_page;
 
 use html::*;
 use jobs::*;
+use machines::*;
 use metrics::*;
 use pages::*;
 use status_page::*;

@@ -8,18 +8,40 @@ pub(super) async fn status_page(State(state): State<HttpState>) -> Result<Html<S
     let overview = fleet::overview(&state.pool)
         .await
         .map_err(|e| database_failure(WHAT, e))?;
-    let views = {
-        let mut conn = state
-            .pool
-            .acquire()
-            .await
-            .map_err(|e| database_failure(WHAT, e))?;
-        views::read_live(&mut conn)
-            .await
-            .map_err(|e| database_failure(WHAT, e))?
-    };
-    let mut machines: Vec<ManagedMachine> = views.machines.into_values().collect();
-    machines.sort_by_key(|m| (m.assimilated_at, m.machine_id));
+    // Only the newest machines: the page refreshes every 5 s, and a fleet
+    // of thousands is on /machines.
+    let machines: Vec<ManagedMachine> = sqlx::query_as::<
+        _,
+        (
+            Uuid,
+            String,
+            String,
+            Option<Uuid>,
+            Option<String>,
+            DateTime<Utc>,
+        ),
+    >(
+        "select machine_id, provider, provider_id, reservation_id, hostname, assimilated_at
+         from shepherd.managed_machines order by assimilated_at desc, machine_id limit $1",
+    )
+    .bind(STATUS_MACHINES as i64)
+    .fetch_all(&state.pool)
+    .await
+    .map_err(|e| database_failure(WHAT, e))?
+    .into_iter()
+    .map(
+        |(machine_id, provider, provider_id, reservation_id, hostname, assimilated_at)| {
+            ManagedMachine {
+                machine_id,
+                provider,
+                provider_id,
+                reservation_id,
+                hostname,
+                assimilated_at,
+            }
+        },
+    )
+    .collect();
     // A pass's routine events (started, listed, finished, coalesced) are
     // summed up under "Last reconcile"; among the recent events they would
     // crowd out what happened to machines.

@@ -290,9 +290,20 @@ impl StatusPage<'_> {
     }
 
     pub(super) fn machines(&self, f: &mut Formatter<'_>) -> fmt::Result {
-        writeln!(f, "<h2>Managed machines ({})</h2>", self.machines.len())?;
+        let total = self.overview.managed.max(0) as usize;
+        writeln!(
+            f,
+            "<h2>Managed machines ({total}) <a class=\"muted\" href=\"/machines\">(all, searchable)</a></h2>"
+        )?;
         if self.machines.is_empty() {
             return f.write_str("<p class=\"muted\">None.</p>\n");
+        }
+        if total > STATUS_MACHINES {
+            writeln!(
+                f,
+                "<p class=\"muted\">The {STATUS_MACHINES} assimilated last; \
+                 <a href=\"/machines\">all {total}</a>.</p>"
+            )?;
         }
         f.write_str(
             "<table>\n<thead><tr><th>Machine</th><th>Device</th><th>Reservation</th>\
@@ -318,6 +329,9 @@ impl StatusPage<'_> {
         f.write_str("</tbody>\n</table>\n")
     }
 }
+
+/// Machines listed on the status page; `/machines` has them all.
+pub(super) const STATUS_MACHINES: usize = 50;
 
 /// Passes older than this without a successful one raise the alarm: ten
 /// periods at the default reconcile rate of one a minute.

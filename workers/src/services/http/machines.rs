@@ -1,0 +1,129 @@
+//! `/machines`: the managed machines, paged and searchable by hostname,
+//! device or reservation, for fleets too large for the status page.
+
+use maud::html;
+use serde::Deserialize;
+
+use super::*;
+
+const PAGE_SIZE: i64 = 100;
+
+#[derive(Debug, Default, Deserialize)]
+pub(super) struct MachineQuery {
+    /// A piece of a hostname, device id or reservation id.
+    q: Option<String>,
+    page: Option<i64>,
+}
+
+#[derive(sqlx::FromRow)]
+struct Row {
+    machine_id: Uuid,
+    provider_id: String,
+    reservation_id: Option<Uuid>,
+    hostname: Option<String>,
+    assimilated_at: DateTime<Utc>,
+}
+
+pub(super) async fn machines_page(
+    State(state): State<HttpState>,
+    Query(query): Query<MachineQuery>,
+) -> Result<Html<String>, Failure> {
+    let number = query.page.unwrap_or(1);
+    if number < 1 {
+        return Err(Failure::BadRequest(format!(
+            "page {number} is not a page: pages start at 1"
+        )));
+    }
+    let q = query
+        .q
+        .as_deref()
+        .map(str::trim)
+        .filter(|q| !q.is_empty())
+        .map(str::to_string);
+    // A substring match, the pattern's own wildcards taken literally.
+    let pattern = q.as_ref().map(|q| {
+        let escaped = q
+            .replace('\\', "\\\\")
+            .replace('%', "\\%")
+            .replace('_', "\\_");
+        format!("%{escaped}%")
+    });
+    let (total, rows): (i64, Vec<Row>) = {
+        let total: i64 = sqlx::query_scalar(
+            "select count(*) from shepherd.managed_machines
+             where $1::text is null or hostname ilike $1 or provider_id ilike $1
+                   or reservation_id::text ilike $1",
+        )
+        .bind(&pattern)
+        .fetch_one(&state.pool)
+        .await
+        .map_err(|e| database_failure("machines", e))?;
+        let rows = sqlx::query_as(
+            "select machine_id, provider_id, reservation_id, hostname, assimilated_at
+             from shepherd.managed_machines
+             where $1::text is null or hostname ilike $1 or provider_id ilike $1
+                   or reservation_id::text ilike $1
+             order by assimilated_at desc, machine_id
+             limit $2 offset $3",
+        )
+        .bind(&pattern)
+        .bind(PAGE_SIZE)
+        .bind((number - 1) * PAGE_SIZE)
+        .fetch_all(&state.pool)
+        .await
+        .map_err(|e| database_failure("machines", e))?;
+        (total, rows)
+    };
+    let pages = ((total + PAGE_SIZE - 1) / PAGE_SIZE).max(1);
+    let link = |page: i64| match &q {
+        Some(q) => format!("/machines?page={page}&q={}", percent(q)),
+        None => format!("/machines?page={page}"),
+    };
+    let body = html! {
+        h1 { a href="/" { "shepherd" } " · machines" }
+        form method="get" action="/machines" {
+            input type="search" name="q" value=[q.as_deref()] placeholder="hostname, device or reservation";
+            " "
+            button type="submit" { "Search" }
+        }
+        p.muted { (total) " machine(s)" @if q.is_some() { " matching" } "; page " (number) " of " (pages) "." }
+        @if !rows.is_empty() {
+            table {
+                thead { tr { th { "Machine" } th { "Device" } th { "Reservation" } th { "Hostname" } th { "Assimilated" } } }
+                tbody {
+                    @for m in &rows {
+                        tr {
+                            td.id { (m.machine_id) }
+                            td { @match m.provider_id.parse::<Uuid>() {
+                                Ok(d) => a.id href={ "/device/" (d) } { (d) },
+                                Err(_) => span.id { (m.provider_id) },
+                            } }
+                            td { @if let Some(r) = m.reservation_id { a.id href={ "/reservation/" (r) } { (r) } } }
+                            td { (m.hostname.as_deref().unwrap_or("")) }
+                            td { (Time(m.assimilated_at).to_string()) }
+                        }
+                    }
+                }
+            }
+        }
+        p {
+            @if number > 1 { a href=(link(number - 1)) { "← previous" } " " }
+            @if number < pages { a href=(link(number + 1)) { "next →" } }
+        }
+    };
+    Ok(Html(
+        Layout::new("shepherd · machines", Raw(body.into_string())).to_string(),
+    ))
+}
+
+/// Percent-encodes a query value (letters, digits and `-._~` stay).
+fn percent(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
