@@ -1,5 +1,8 @@
-//! The HTML the pages are made of: escaping, the layout, links to ids in
-//! event bodies, and the event tables.
+//! The pieces the pages are made of, as maud templates (which escape every
+//! value they are given): the layout, links to ids in event bodies, times,
+//! and the event tables.
+
+use maud::{DOCTYPE, Markup, PreEscaped, html};
 
 use super::*;
 
@@ -25,77 +28,32 @@ td.n { text-align: right; font-variant-numeric: tabular-nums; }
 .ok { color: #161; }
 ";
 
-/// HTML-escapes text for element content and quoted attribute values.
-pub(super) struct Esc<'a>(pub(super) &'a str);
-
-impl Display for Esc<'_> {
-    fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
-        let mut rest = self.0;
-        while let Some(i) = rest.find(['&', '<', '>', '"', '\'']) {
-            f.write_str(&rest[..i])?;
-            f.write_str(match rest.as_bytes()[i] {
-                b'&' => "&amp;",
-                b'<' => "&lt;",
-                b'>' => "&gt;",
-                b'"' => "&quot;",
-                _ => "&#39;",
-            })?;
-            rest = &rest[i + 1..];
+/// A whole page: `body` inside the shared head and style. `refresh`
+/// reloads it every 5 s (the status page).
+pub(super) fn layout(title: &str, refresh: bool, body: Markup) -> Html<String> {
+    let page = html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                @if refresh { meta http-equiv="refresh" content="5"; }
+                title { (title) }
+                style { (PreEscaped(STYLE)) }
+            }
+            body { (body) }
         }
-        f.write_str(rest)
-    }
+    };
+    Html(page.into_string())
 }
 
-pub(super) struct Layout<'a, B> {
-    pub(super) title: &'a str,
-    pub(super) refresh: bool,
-    pub(super) body: B,
-}
-
-impl<'a, B: Display> Layout<'a, B> {
-    pub(super) fn new(title: &'a str, body: B) -> Self {
-        Layout {
-            title,
-            refresh: false,
-            body,
-        }
-    }
-
-    pub(super) fn refreshing(mut self) -> Self {
-        self.refresh = true;
-        self
-    }
-}
-
-impl<B: Display> Display for Layout<'_, B> {
-    fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "<!doctype html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n\
-             <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
-        )?;
-        if self.refresh {
-            f.write_str("<meta http-equiv=\"refresh\" content=\"5\">\n")?;
-        }
-        write!(
-            f,
-            "<title>{}</title>\n<style>{STYLE}</style>\n</head>\n<body>\n{}</body>\n</html>\n",
-            Esc(self.title),
-            self.body
-        )
-    }
-}
-
-pub(super) struct Message<'a>(pub(super) &'a str);
-
-impl Display for Message<'_> {
-    fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "<h1><a href=\"/\">shepherd</a></h1>\n<p>{}</p>\n",
-            Esc(self.0)
-        )
-    }
+/// A page that only says something (an error's explanation).
+pub(super) fn message(title: &str, text: &str) -> Html<String> {
+    layout(
+        title,
+        false,
+        html! { h1 { a href="/" { "shepherd" } } p { (text) } },
+    )
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -114,45 +72,32 @@ impl Display for Kind {
 }
 
 /// An id linking to its history page.
-pub(super) struct Link(pub(super) Kind, pub(super) Uuid);
-
-impl Display for Link {
-    fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
-        let Link(kind, id) = self;
-        write!(f, "<a class=\"id\" href=\"/{kind}/{id}\">{id}</a>")
-    }
+pub(super) fn link(kind: Kind, id: Uuid) -> Markup {
+    html! { a.id href={ "/" (kind) "/" (id) } { (id) } }
 }
 
 /// A device id as the views keep it (a string, per provider): linked when
 /// it is one of Metal's UUIDs.
-pub(super) struct DeviceId<'a>(pub(super) &'a str);
-
-impl Display for DeviceId<'_> {
-    fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
-        match self.0.parse() {
-            Ok(id) => Link(Kind::Device, id).fmt(f),
-            Err(_) => write!(f, "<span class=\"id\">{}</span>", Esc(self.0)),
-        }
+pub(super) fn device_id(raw: &str) -> Markup {
+    match raw.parse() {
+        Ok(id) => link(Kind::Device, id),
+        Err(_) => html! { span.id { (raw) } },
     }
 }
 
 /// A stream name, linked when it is a reservation's or a device's.
-pub(super) struct StreamName<'a>(pub(super) &'a str);
-
-impl Display for StreamName<'_> {
-    fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
-        let link = self.0.split_once('/').and_then(|(kind, id)| {
-            let kind = match kind {
-                "reservation" => Kind::Reservation,
-                "device" => Kind::Device,
-                _ => return None,
-            };
-            Some(Link(kind, id.parse().ok()?))
-        });
-        match link {
-            Some(link) => write!(f, "{}/{link}", link.0),
-            None => write!(f, "<span class=\"id\">{}</span>", Esc(self.0)),
-        }
+pub(super) fn stream_name(name: &str) -> Markup {
+    let linked = name.split_once('/').and_then(|(kind, id)| {
+        let kind = match kind {
+            "reservation" => Kind::Reservation,
+            "device" => Kind::Device,
+            _ => return None,
+        };
+        Some((kind, id.parse::<Uuid>().ok()?))
+    });
+    match linked {
+        Some((kind, id)) => html! { (kind) "/" (link(kind, id)) },
+        None => html! { span.id { (name) } },
     }
 }
 
@@ -165,18 +110,8 @@ impl Display for Time {
 }
 
 /// A time with how long ago it was, by the database's clock.
-pub(super) struct Ago(pub(super) DateTime<Utc>, pub(super) DateTime<Utc>);
-
-impl Display for Ago {
-    fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
-        let Ago(at, now) = *self;
-        write!(
-            f,
-            "{} <span class=\"muted\">({} ago)</span>",
-            Time(at),
-            human_duration(now - at)
-        )
-    }
+pub(super) fn ago(at: DateTime<Utc>, now: DateTime<Utc>) -> Markup {
+    html! { (Time(at).to_string()) " " span.muted { "(" (human_duration(now - at)) " ago)" } }
 }
 
 /// One event as the tables show it.
@@ -216,111 +151,76 @@ pub(super) fn id_kind(field: &str) -> Option<Kind> {
 }
 
 /// An event body as `field=value` pairs, ids linked.
-pub(super) struct Body<'a>(pub(super) &'a Value);
-
-impl Display for Body<'_> {
-    fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
-        let Value::Object(fields) = self.0 else {
-            return Esc(&self.0.to_string()).fmt(f);
-        };
-        for (i, (field, value)) in fields.iter().enumerate() {
-            if i > 0 {
-                f.write_str(" ")?;
-            }
-            write!(f, "<span class=\"k\">{}</span>=", Esc(field))?;
-            field_value(f, id_kind(field), value)?;
+pub(super) fn body(value: &Value) -> Markup {
+    let Value::Object(fields) = value else {
+        return html! { (value.to_string()) };
+    };
+    html! {
+        @for (i, (field, v)) in fields.iter().enumerate() {
+            @if i > 0 { " " }
+            span.k { (field) } "=" (field_value(id_kind(field), v))
         }
-        Ok(())
     }
 }
 
-pub(super) fn field_value(f: &mut Formatter<'_>, kind: Option<Kind>, value: &Value) -> fmt::Result {
+pub(super) fn field_value(kind: Option<Kind>, value: &Value) -> Markup {
     match (kind, value) {
         (Some(kind), Value::String(s)) => match s.parse() {
-            Ok(id) => Link(kind, id).fmt(f),
-            Err(_) => Esc(s).fmt(f),
+            Ok(id) => link(kind, id),
+            Err(_) => html! { (s) },
         },
-        (Some(_), Value::Array(items)) => {
-            f.write_str("[")?;
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    f.write_str(", ")?;
-                }
-                field_value(f, kind, item)?;
+        (Some(_), Value::Array(items)) => html! {
+            "["
+            @for (i, item) in items.iter().enumerate() {
+                @if i > 0 { ", " }
+                (field_value(kind, item))
             }
-            f.write_str("]")
-        }
-        (_, Value::String(s)) => Esc(s).fmt(f),
-        (_, Value::Object(_)) => write!(f, "{{{}}}", Body(value)),
-        (_, other) => Esc(&other.to_string()).fmt(f),
+            "]"
+        },
+        (_, Value::String(s)) => html! { (s) },
+        (_, Value::Object(_)) => html! { "{" (body(value)) "}" },
+        (_, other) => html! { (other.to_string()) },
     }
 }
 
-pub(super) struct EventTable<'a> {
-    pub(super) rows: &'a [EventRow],
-    /// Off where the page is about one stream already.
-    pub(super) with_stream: bool,
-}
-
-impl Display for EventTable<'_> {
-    fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
-        let with_stream = self.with_stream;
-        f.write_str("<table>\n<thead><tr><th>#</th><th>Recorded</th><th>Event</th>")?;
-        if with_stream {
-            f.write_str("<th>Stream</th>")?;
-        }
-        f.write_str("<th>Details</th></tr></thead>\n<tbody>\n")?;
-        for e in self.rows {
-            write!(
-                f,
-                "<tr><td class=\"n\">{}</td><td>{}</td><td>{}",
-                e.position,
-                Time(e.recorded_at),
-                Esc(&e.event_type)
-            )?;
-            if let Some(job) = &e.job_id {
-                write!(
-                    f,
-                    " <a class=\"muted\" href=\"/jobs/{}\">(job)</a>",
-                    Esc(job)
-                )?;
-            }
-            f.write_str("</td>")?;
-            if with_stream {
-                match &e.stream {
-                    Some(s) => write!(f, "<td>{}</td>", StreamName(s))?,
-                    None => f.write_str("<td></td>")?,
+/// The events of `rows`; the stream column is left out where the page is
+/// about one stream already.
+pub(super) fn event_table(rows: &[EventRow], with_stream: bool) -> Markup {
+    html! {
+        table {
+            thead { tr {
+                th { "#" } th { "Recorded" } th { "Event" }
+                @if with_stream { th { "Stream" } }
+                th { "Details" }
+            } }
+            tbody {
+                @for e in rows {
+                    tr {
+                        td.n { (e.position) }
+                        td { (Time(e.recorded_at).to_string()) }
+                        td {
+                            (e.event_type)
+                            @if let Some(job) = &e.job_id {
+                                " " a.muted href={ "/jobs/" (job) } { "(job)" }
+                            }
+                        }
+                        @if with_stream {
+                            td { @if let Some(s) = &e.stream { (stream_name(s)) } }
+                        }
+                        td.body { (body(&e.body)) }
+                    }
                 }
             }
-            writeln!(f, "<td class=\"body\">{}</td></tr>", Body(&e.body))?;
         }
-        f.write_str("</tbody>\n</table>\n")
     }
 }
 
-pub(super) struct HistoryPage<'a> {
-    pub(super) kind: Kind,
-    pub(super) id: Uuid,
-    pub(super) rows: &'a [EventRow],
-}
-
-impl Display for HistoryPage<'_> {
-    fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
-        writeln!(
-            f,
-            "<h1><a href=\"/\">shepherd</a> · {} <span class=\"id\">{}</span></h1>",
-            self.kind, self.id
-        )?;
-        writeln!(
-            f,
-            "<p class=\"muted\">{} events, oldest first.</p>",
-            self.rows.len()
-        )?;
-        EventTable {
-            rows: self.rows,
-            with_stream: false,
-        }
-        .fmt(f)
+/// One reservation's or device's events.
+pub(super) fn history_page(kind: Kind, id: Uuid, rows: &[EventRow]) -> Markup {
+    html! {
+        h1 { a href="/" { "shepherd" } " · " (kind) " " span.id { (id) } }
+        p.muted { (rows.len()) " events, oldest first." }
+        (event_table(rows, false))
     }
 }
 
@@ -329,24 +229,25 @@ mod tests {
     use super::*;
 
     #[test]
-    fn escapes_markup_and_quotes() {
-        assert_eq!(
-            Esc(r#"<a href="x">Tom & 'Jerry'</a>"#).to_string(),
-            "&lt;a href=&quot;x&quot;&gt;Tom &amp; &#39;Jerry&#39;&lt;/a&gt;"
+    fn values_are_escaped_by_the_templates() {
+        let page = message("t", r#"<a href="x">Tom & 'Jerry'</a>"#).0;
+        assert!(
+            page.contains("&lt;a href=&quot;x&quot;&gt;Tom &amp; 'Jerry'&lt;/a&gt;"),
+            "{page}"
         );
-        assert_eq!(Esc("plain").to_string(), "plain");
+        assert!(!page.contains("<a href=\"x\">"));
     }
 
     #[test]
     fn links_ids_in_bodies_and_escapes_the_rest() {
         let device = Uuid::new_v4();
-        let body = serde_json::json!({
+        let value = serde_json::json!({
             "device": device,
             "unknown_devices": [device],
             "reason": "<b>",
             "run": "not-a-link",
         });
-        let html = Body(&body).to_string();
+        let html = body(&value).into_string();
         assert_eq!(
             html.matches(&format!("href=\"/device/{device}\"")).count(),
             2

@@ -2,7 +2,7 @@
 //! opening psql. Written as maud templates, which escape every value they
 //! are given; the older pages still use the hand-written `html.rs`.
 
-use maud::{Markup, PreEscaped, html};
+use maud::{Markup, html};
 use serde::Deserialize;
 
 use super::*;
@@ -12,17 +12,8 @@ const KINDS: [&str; 3] = [RECONCILE_QUEUE, CREATE_DEVICE_QUEUE, ASSIMILATE_QUEUE
 const STATES: [&str; 6] = ["Pending", "Queued", "Running", "Done", "Failed", "Killed"];
 const PAGE_SIZE: i64 = 50;
 
-/// A template's output inside the shared layout.
-pub(super) struct Raw(pub(super) String);
-
-impl Display for Raw {
-    fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
 fn page(title: &str, body: Markup) -> Html<String> {
-    Html(Layout::new(title, Raw(body.into_string())).to_string())
+    layout(title, false, body)
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -211,11 +202,6 @@ pub(super) async fn job_page(
         .last_result
         .as_ref()
         .map(|r| serde_json::to_string_pretty(r).unwrap_or_default());
-    let table = EventTable {
-        rows: &rows,
-        with_stream: true,
-    }
-    .to_string();
     let body = html! {
         h1 { a href="/" { "shepherd" } " · " a href="/jobs" { "jobs" } " · " span.id { (job.id) } }
         table.facts {
@@ -241,8 +227,7 @@ pub(super) async fn job_page(
         @if rows.is_empty() {
             p.muted { "None." }
         } @else {
-            // The event table is the shared one, already escaped.
-            (PreEscaped(table))
+            (event_table(&rows, true))
         }
     };
     Ok(page(&format!("shepherd · job {}", job.id), body))

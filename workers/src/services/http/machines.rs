@@ -111,9 +111,7 @@ pub(super) async fn machines_page(
             @if number < pages { a href=(link(number + 1)) { "next →" } }
         }
     };
-    Ok(Html(
-        Layout::new("shepherd · machines", Raw(body.into_string())).to_string(),
-    ))
+    Ok(layout("shepherd · machines", false, body))
 }
 
 /// Percent-encodes a query value (letters, digits and `-._~` stay).

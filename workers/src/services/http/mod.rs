@@ -65,7 +65,7 @@ pub async fn serve(listener: TcpListener, state: HttpState, stop: Stop) -> std::
 
 pub(super) fn router(state: HttpState) -> Router {
     Router::new()
-        .route("/", get(status_page))
+        .route("/", get(front_page))
         .route("/reservation/{id}", get(reservation_page))
         .route("/device/{id}", get(device_page))
         .route("/jobs", get(jobs_page))
@@ -100,16 +100,12 @@ impl IntoResponse for Failure {
             Failure::Internal(message) => {
                 (StatusCode::INTERNAL_SERVER_ERROR, format!("{message}\n")).into_response()
             }
-            Failure::BadRequest(message) => (
-                StatusCode::BAD_REQUEST,
-                Html(Layout::new("bad request", Message(&message)).to_string()),
-            )
-                .into_response(),
-            Failure::NotFound(message) => (
-                StatusCode::NOT_FOUND,
-                Html(Layout::new("not found", Message(&message)).to_string()),
-            )
-                .into_response(),
+            Failure::BadRequest(text) => {
+                (StatusCode::BAD_REQUEST, message("bad request", &text)).into_response()
+            }
+            Failure::NotFound(text) => {
+                (StatusCode::NOT_FOUND, message("not found", &text)).into_response()
+            }
         }
     }
 }

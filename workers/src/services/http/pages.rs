@@ -3,7 +3,7 @@
 
 use super::*;
 
-pub(super) async fn status_page(State(state): State<HttpState>) -> Result<Html<String>, Failure> {
+pub(super) async fn front_page(State(state): State<HttpState>) -> Result<Html<String>, Failure> {
     const WHAT: &str = "status page";
     let overview = fleet::overview(&state.pool)
         .await
@@ -60,12 +60,11 @@ pub(super) async fn status_page(State(state): State<HttpState>) -> Result<Html<S
     // What just happened belongs at the top.
     events.reverse();
     let rows: Vec<EventRow> = events.into_iter().map(EventRow::from).collect();
-    let page = StatusPage {
-        overview: &overview,
-        machines: &machines,
-        events: &rows,
-    };
-    Ok(Html(Layout::new("shepherd", page).refreshing().to_string()))
+    Ok(layout(
+        "shepherd",
+        true,
+        status_page(&overview, &machines, &rows),
+    ))
 }
 
 pub(super) fn parse_id(kind: Kind, raw: &str) -> Result<Uuid, Failure> {
@@ -129,12 +128,9 @@ pub(super) fn history(kind: Kind, id: Uuid, rows: Vec<EventRow>) -> Result<Html<
             "No events for {kind} {id}: shepherd has recorded nothing about it.{hint}"
         )));
     }
-    let page = HistoryPage {
-        kind,
-        id,
-        rows: &rows,
-    };
-    Ok(Html(
-        Layout::new(&format!("shepherd · {kind} {id}"), page).to_string(),
+    Ok(layout(
+        &format!("shepherd · {kind} {id}"),
+        false,
+        history_page(kind, id, &rows),
     ))
 }
