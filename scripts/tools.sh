@@ -34,3 +34,24 @@ ensure_promtool() {
   SHEPHERD_PROMTOOL="$bin"
   export SHEPHERD_PROMTOOL
 }
+
+# Debian's chromium and chromium-driver, for the browser test of the pages
+# (workers/tests/http.rs drives them over WebDriver). Installed from the
+# distribution when missing, as the test suite needs them.
+ensure_chromium() {
+  if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then
+    return 0
+  fi
+  echo "installing Debian's chromium and chromium-driver for the browser test" >&2
+  local sudo=""
+  if [ "$(id -u)" -ne 0 ]; then
+    sudo="sudo"
+  fi
+  if ! $sudo apt-get install -y -qq chromium chromium-driver >/dev/null 2>&1; then
+    $sudo apt-get update -qq >/dev/null 2>&1 || true
+    if ! $sudo apt-get install -y -qq chromium chromium-driver >/dev/null 2>&1; then
+      echo "cannot install chromium and chromium-driver; install them, or set SHEPHERD_CHROMIUM and SHEPHERD_CHROMEDRIVER" >&2
+      return 1
+    fi
+  fi
+}

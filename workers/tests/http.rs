@@ -824,3 +824,256 @@ async fn machines_are_paged_and_searchable(pool: PgPool) {
     assert_eq!(status, StatusCode::BAD_REQUEST);
     server.stop().await;
 }
+
+// ----- in a real browser -----
+
+/// Enough of the WebDriver protocol (W3C, over HTTP and JSON) to drive
+/// Debian's chromium through chromedriver: no client crate needed.
+struct Browser {
+    http: reqwest::Client,
+    base: String,
+    session: String,
+    driver: std::process::Child,
+}
+
+/// The key W3C WebDriver names a found element by.
+const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
+
+impl Browser {
+    async fn start() -> Browser {
+        let chromedriver = std::env::var("SHEPHERD_CHROMEDRIVER")
+            .unwrap_or_else(|_| "/usr/bin/chromedriver".into());
+        let chromium =
+            std::env::var("SHEPHERD_CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
+        assert!(
+            std::path::Path::new(&chromedriver).exists()
+                && std::path::Path::new(&chromium).exists(),
+            "{chromedriver} or {chromium} missing: run the suite with scripts/test (it installs \
+             Debian's chromium and chromium-driver), or set SHEPHERD_CHROMEDRIVER and SHEPHERD_CHROMIUM"
+        );
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let driver = std::process::Command::new(&chromedriver)
+            .arg(format!("--port={port}"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let http = reqwest::Client::new();
+        let base = format!("http://127.0.0.1:{port}");
+        let started = std::time::Instant::now();
+        while http.get(format!("{base}/status")).send().await.is_err() {
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "chromedriver did not start"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let created: serde_json::Value = http
+            .post(format!("{base}/session"))
+            .json(&serde_json::json!({"capabilities": {"alwaysMatch": {
+                "browserName": "chrome",
+                "goog:chromeOptions": {
+                    "binary": chromium,
+                    "args": ["--headless=new", "--no-sandbox", "--disable-gpu",
+                             "--disable-dev-shm-usage", "--window-size=1280,1000"]
+                }
+            }}}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let session = created["value"]["sessionId"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no session: {created}"))
+            .to_string();
+        Browser {
+            http,
+            base,
+            session,
+            driver,
+        }
+    }
+
+    async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: serde_json::Value,
+    ) -> serde_json::Value {
+        let url = format!("{}/session/{}{path}", self.base, self.session);
+        let mut request = self.http.request(method, url);
+        if !body.is_null() {
+            request = request.json(&body);
+        }
+        let answer: serde_json::Value = request.send().await.unwrap().json().await.unwrap();
+        assert!(
+            answer["value"].get("error").is_none(),
+            "WebDriver {path}: {answer}"
+        );
+        answer["value"].clone()
+    }
+
+    async fn goto(&self, url: &str) {
+        self.call(
+            reqwest::Method::POST,
+            "/url",
+            serde_json::json!({ "url": url }),
+        )
+        .await;
+    }
+
+    async fn find(&self, css: &str) -> String {
+        let found = self
+            .call(
+                reqwest::Method::POST,
+                "/element",
+                serde_json::json!({"using": "css selector", "value": css}),
+            )
+            .await;
+        found[ELEMENT]
+            .as_str()
+            .unwrap_or_else(|| panic!("{css}: {found}"))
+            .to_string()
+    }
+
+    async fn click(&self, css: &str) {
+        let id = self.find(css).await;
+        self.call(
+            reqwest::Method::POST,
+            &format!("/element/{id}/click"),
+            serde_json::json!({}),
+        )
+        .await;
+    }
+
+    /// What a person reads in the element: its rendered text.
+    async fn text(&self, css: &str) -> String {
+        let id = self.find(css).await;
+        self.call(
+            reqwest::Method::GET,
+            &format!("/element/{id}/text"),
+            serde_json::Value::Null,
+        )
+        .await
+        .as_str()
+        .unwrap()
+        .to_string()
+    }
+
+    async fn url(&self) -> String {
+        self.call(reqwest::Method::GET, "/url", serde_json::Value::Null)
+            .await
+            .as_str()
+            .unwrap()
+            .to_string()
+    }
+
+    async fn screenshot(&self, name: &str) {
+        use base64::Engine;
+        let png = self
+            .call(reqwest::Method::GET, "/screenshot", serde_json::Value::Null)
+            .await;
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(png.as_str().unwrap())
+            .unwrap();
+        assert!(bytes.starts_with(b"\x89PNG"), "not a PNG");
+        // Kept in docs/ when asked for (SHEPHERD_SCREENSHOTS=1), so a run
+        // does not rewrite tracked files by accident.
+        if std::env::var_os("SHEPHERD_SCREENSHOTS").is_some() {
+            let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/screenshots");
+            std::fs::create_dir_all(dir).unwrap();
+            std::fs::write(format!("{dir}/{name}.png"), bytes).unwrap();
+        }
+    }
+
+    async fn quit(mut self) {
+        let _ = self
+            .http
+            .delete(format!("{}/session/{}", self.base, self.session))
+            .send()
+            .await;
+        let _ = self.driver.kill();
+        let _ = self.driver.wait();
+    }
+}
+
+/// A person's walk through the console in headless Chromium: the status
+/// page shows the discrepancy, a click on the queue's state opens the
+/// filtered job list, the filter form narrows it, a job's page shows its
+/// arguments as text (not as markup), and a reservation's history follows
+/// from the status page.
+#[sqlx::test(migrations = false)]
+async fn an_operator_clicks_through_the_console_in_a_browser(pool: PgPool) {
+    let fleet = seed(&pool).await;
+    let marked: String = sqlx::query_scalar(
+        "select shepherd.push_job('assimilate',
+            jsonb_build_object('device', gen_random_uuid(), 'manual', true, 'note', '<i>not markup</i>'))",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let server = Server::start(pool.clone()).await;
+    let browser = Browser::start().await;
+
+    browser.goto(&format!("{}/", server.base)).await;
+    let alarm = browser.text("div.alarm").await;
+    assert!(alarm.contains("DISCREPANCY"), "{alarm}");
+    assert!(alarm.contains(&fleet.unknown_device.to_string()), "{alarm}");
+    let fleet_box = browser.text("table.facts").await;
+    assert!(fleet_box.contains("Managed machines 1"), "{fleet_box}");
+    browser.screenshot("status-page").await;
+
+    // The queue's state links the filtered list.
+    browser
+        .click("a[href='/jobs?kind=assimilate&state=Pending']")
+        .await;
+    assert!(
+        browser
+            .url()
+            .await
+            .ends_with("/jobs?kind=assimilate&state=Pending")
+    );
+    let list = browser.text("table").await;
+    assert!(list.contains(&marked), "{list}");
+    assert!(!list.contains("reconcile"), "{list}");
+    browser.screenshot("jobs").await;
+
+    // The filter form: any kind, Pending only.
+    browser.click("select[name=kind] option[value='']").await;
+    browser
+        .click("select[name=state] option[value=Pending]")
+        .await;
+    browser.click("form button").await;
+    let url = browser.url().await;
+    assert!(
+        url.contains("state=Pending") && url.contains("kind="),
+        "{url}"
+    );
+    let list = browser.text("table").await;
+    assert!(
+        list.contains("reconcile") && list.contains(&marked),
+        "{list}"
+    );
+
+    // A job's page: its arguments read as text.
+    browser.click(&format!("a[href='/jobs/{marked}']")).await;
+    let arguments = browser.text("pre.body").await;
+    assert!(arguments.contains("<i>not markup</i>"), "{arguments}");
+    browser.screenshot("job").await;
+
+    // Back to the front page, then a penalised reservation's history.
+    browser.goto(&format!("{}/", server.base)).await;
+    browser
+        .click(&format!("a[href='/reservation/{}']", fleet.penalised))
+        .await;
+    let heading = browser.text("h1").await;
+    assert!(heading.contains(&fleet.penalised.to_string()), "{heading}");
+    browser.quit().await;
+    server.stop().await;
+}
