@@ -26,6 +26,11 @@ struct Server {
 
 impl Server {
     async fn start(pool: PgPool) -> Server {
+        Server::start_with(pool, None).await
+    }
+
+    /// With the pages' actions on, behind `credential`.
+    async fn start_with(pool: PgPool, credential: Option<&str>) -> Server {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         let (stop, handle) = Stop::new();
@@ -42,6 +47,7 @@ impl Server {
             pool,
             client_metrics: ClientMetrics::default(),
             job_metrics,
+            operator_token: credential.map(shepherd::secret::ApiToken::new),
         };
         let task = tokio::spawn(serve(listener, state, handle));
         Server { base, stop, task }
@@ -966,6 +972,16 @@ impl Browser {
         .to_string()
     }
 
+    async fn type_text(&self, css: &str, text: &str) {
+        let id = self.find(css).await;
+        self.call(
+            reqwest::Method::POST,
+            &format!("/element/{id}/value"),
+            serde_json::json!({ "text": text }),
+        )
+        .await;
+    }
+
     async fn url(&self) -> String {
         self.call(reqwest::Method::GET, "/url", serde_json::Value::Null)
             .await
@@ -1018,7 +1034,7 @@ async fn an_operator_clicks_through_the_console_in_a_browser(pool: PgPool) {
     .fetch_one(&pool)
     .await
     .unwrap();
-    let server = Server::start(pool.clone()).await;
+    let server = Server::start_with(pool.clone(), Some("browser-credential")).await;
     let browser = Browser::start().await;
 
     browser.goto(&format!("{}/", server.base)).await;
@@ -1074,6 +1090,210 @@ async fn an_operator_clicks_through_the_console_in_a_browser(pool: PgPool) {
         .await;
     let heading = browser.text("h1").await;
     assert!(heading.contains(&fleet.penalised.to_string()), "{heading}");
+
+    // An action: log in, pause creations, read the notice.
+    browser.goto(&format!("{}/login", server.base)).await;
+    browser.type_text("input[name=who]", "alice").await;
+    browser
+        .type_text("input[name=token]", "browser-credential")
+        .await;
+    browser.click("form button").await;
+    assert!(browser.url().await.ends_with('/'));
+    browser
+        .type_text(
+            "form[action='/actions/pause'] input[name=reason]",
+            "maintenance",
+        )
+        .await;
+    browser.click("form[action='/actions/pause'] button").await;
+    let notice = browser.text("div.warn").await;
+    assert!(
+        notice.contains("Creations are paused")
+            && notice.contains("console:alice")
+            && notice.contains("maintenance"),
+        "{notice}"
+    );
+    browser.screenshot("paused").await;
     browser.quit().await;
     server.stop().await;
+}
+
+/// Actions are off without a credential; with one, each needs it (a cookie
+/// from the log-in, or a Bearer header), refuses another site's request,
+/// goes through the SQL functions' own checks, and is recorded with who.
+#[sqlx::test(migrations = false)]
+async fn actions_need_the_credential_and_record_who(pool: PgPool) {
+    shepherd::db::migrate(&pool).await.unwrap();
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let read_only = Server::start(pool.clone()).await;
+    let r = http
+        .post(format!("{}/actions/pause", read_only.base))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(form_body(&[("reason", "x")]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    let (_, _, page) = read_only.get("/").await;
+    assert!(
+        !page.contains("Actions"),
+        "read-only pages offer no actions"
+    );
+    read_only.stop().await;
+
+    let server = Server::start_with(pool.clone(), Some("s3cret-operator")).await;
+    let events = |kind: &'static str| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(
+                "select count(*) from shepherd.events where event_type = $1",
+            )
+            .bind(kind)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        }
+    };
+    // No credential, a wrong one: refused, nothing recorded.
+    let r = http
+        .post(format!("{}/actions/pause", server.base))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(form_body(&[("reason", "x")]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    let r = http
+        .post(format!("{}/login", server.base))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(form_body(&[("who", "alice"), ("token", "guess")]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(events("creations_paused").await, 0);
+    // Logged in: the cookies act, and say who.
+    let r = http
+        .post(format!("{}/login", server.base))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(form_body(&[("who", "alice"), ("token", "s3cret-operator")]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    let cookies: Vec<String> = r
+        .headers()
+        .get_all("set-cookie")
+        .iter()
+        .map(|v| v.to_str().unwrap().split(';').next().unwrap().to_string())
+        .collect();
+    assert!(
+        r.headers()
+            .get_all("set-cookie")
+            .iter()
+            .any(|v| v.to_str().unwrap().contains("HttpOnly; SameSite=Strict"))
+    );
+    let cookie = cookies.join("; ");
+    let r = http
+        .post(format!("{}/actions/pause", server.base))
+        .header("cookie", &cookie)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(form_body(&[("reason", "maintenance window")]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    let by: String = sqlx::query_scalar(
+        "select body->>'by' from shepherd.events where event_type = 'creations_paused'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(by, "console:alice");
+    // Another site's form, even with the cookies: refused.
+    let r = http
+        .post(format!("{}/actions/resume", server.base))
+        .header("cookie", &cookie)
+        .header("origin", "http://evil.example")
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(form_body(&[("reason", "x")]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    // A script: Bearer and its name.
+    let r = http
+        .post(format!("{}/actions/resume", server.base))
+        .header("authorization", "Bearer s3cret-operator")
+        .header("x-shepherd-operator", "deploy-bot")
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(form_body(&[("reason", "window over")]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    let by: String = sqlx::query_scalar(
+        "select body->>'by' from shepherd.events where event_type = 'creations_resumed'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(by, "console:deploy-bot");
+    // The SQL functions' checks hold: a pause needs a reason.
+    let r = http
+        .post(format!("{}/actions/pause", server.base))
+        .header("cookie", &cookie)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(form_body(&[("reason", "")]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    assert!(r.text().await.unwrap().contains("reason"));
+    // A pass asked for from the page says who asked.
+    let r = http
+        .post(format!("{}/actions/reconcile", server.base))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    let asked: String = sqlx::query_scalar(
+        "select convert_from(job, 'UTF8')::jsonb->>'requested_by' from apalis.jobs where job_type = 'reconcile'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(asked, "console:alice");
+    let r = http
+        .post(format!("{}/actions/teleport", server.base))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+    server.stop().await;
+}
+
+/// An `application/x-www-form-urlencoded` body, as a browser's form sends.
+fn form_body(pairs: &[(&str, &str)]) -> String {
+    let encode = |s: &str| -> String {
+        s.bytes()
+            .map(|b| match b {
+                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                    (b as char).to_string()
+                }
+                b' ' => "+".to_string(),
+                _ => format!("%{b:02X}"),
+            })
+            .collect()
+    };
+    pairs
+        .iter()
+        .map(|(k, v)| format!("{}={}", encode(k), encode(v)))
+        .collect::<Vec<_>>()
+        .join("&")
 }

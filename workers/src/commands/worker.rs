@@ -68,6 +68,12 @@ pub struct WorkerArgs {
     )]
     pub metrics_listen: std::net::SocketAddr,
 
+    /// File holding the operator credential that turns on the pages'
+    /// actions (pause, resume, enqueue a pass, clear a penalty); without it
+    /// the pages are read-only
+    #[arg(long, env = "SHEPHERD_OPERATOR_TOKEN_FILE")]
+    pub operator_token_file: Option<std::path::PathBuf>,
+
     /// Do not apply migrations at start (run `shepherd migrate` with a
     /// privileged role instead, and the workers with a least-privilege one)
     #[arg(long, env = "SHEPHERD_SKIP_MIGRATIONS")]
@@ -164,6 +170,7 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
     args.metal.client_config()?;
     args.check_connections()?;
     shepherd::db::check_url(&args.db.database_url)?;
+    let operator = operator_token(args.operator_token_file.as_deref())?;
 
     let pool = if args.skip_migrations {
         args.db.connect(args.db_connections).await?
@@ -206,6 +213,7 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
             pool: pool.clone(),
             client_metrics,
             job_metrics: job_metrics.clone(),
+            operator_token: operator.clone(),
         },
         http_stop,
     ));
@@ -266,9 +274,38 @@ pub struct SchedulerArgs {
         default_value = "127.0.0.1:9091"
     )]
     pub metrics_listen: std::net::SocketAddr,
+    /// File holding the operator credential that turns on the pages'
+    /// actions; without it the pages are read-only
+    #[arg(long, env = "SHEPHERD_OPERATOR_TOKEN_FILE")]
+    pub operator_token_file: Option<std::path::PathBuf>,
+}
+
+/// The operator credential from its file, if one is configured. An empty
+/// or unreadable file is an error, not a silently read-only console.
+fn operator_token(
+    path: Option<&std::path::Path>,
+) -> anyhow::Result<Option<shepherd::secret::ApiToken>> {
+    let Some(path) = path else { return Ok(None) };
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("--operator-token-file: cannot read {}", path.display()))?;
+    let token = shepherd::secret::ApiToken::new(text.trim());
+    if token.is_empty() {
+        anyhow::bail!("--operator-token-file: {} is empty", path.display());
+    }
+    if !token
+        .expose()
+        .chars()
+        .all(|c| c.is_ascii_graphic() && c != ';' && c != ',')
+    {
+        anyhow::bail!(
+            "--operator-token-file: the credential must be printable ASCII without spaces, ';' or ','"
+        );
+    }
+    Ok(Some(token))
 }
 
 pub async fn scheduler(args: SchedulerArgs) -> anyhow::Result<()> {
+    let operator = operator_token(args.operator_token_file.as_deref())?;
     let pool = args.db.prepare(3).await?;
     let listener = tokio::net::TcpListener::bind(args.metrics_listen)
         .await
@@ -283,6 +320,7 @@ pub async fn scheduler(args: SchedulerArgs) -> anyhow::Result<()> {
             // and job figures stay at 0.
             client_metrics: ClientMetrics::default(),
             job_metrics: Default::default(),
+            operator_token: operator.clone(),
         },
         http_stop,
     ));

@@ -26,6 +26,7 @@ td.n { text-align: right; font-variant-numeric: tabular-nums; }
 .alarm ul { margin: .3em 0 0; }
 .warn { background: #fff4d6; border: 1px solid #e5c56b; padding: .6em 1em; margin: 1em 0; }
 .ok { color: #161; }
+form.inline { display: inline-block; margin: 0 1em .5em 0; }
 ";
 
 /// A whole page: `body` inside the shared head and style. `refresh`

@@ -50,6 +50,8 @@ pub struct HttpState {
     pub client_metrics: ClientMetrics,
     /// This process's job run times (empty where no jobs run).
     pub job_metrics: crate::services::runtime::JobMetrics,
+    /// The credential that turns the pages' actions on; `None`: read-only.
+    pub operator_token: Option<shepherd::secret::ApiToken>,
 }
 
 /// Serves until `stop` resolves. Binds nothing itself: the caller passes the
@@ -69,6 +71,8 @@ pub(super) fn router(state: HttpState) -> Router {
         .route("/reservation/{id}", get(reservation_page))
         .route("/device/{id}", get(device_page))
         .route("/jobs", get(jobs_page))
+        .route("/login", get(login_page).post(login))
+        .route("/actions/{action}", axum::routing::post(act))
         .route("/machines", get(machines_page))
         .route("/jobs/{id}", get(job_page))
         .route("/metrics", get(metrics))
@@ -87,6 +91,8 @@ pub(super) enum Failure {
     Internal(String),
     BadRequest(String),
     NotFound(String),
+    Unauthorized(String),
+    Forbidden(String),
 }
 
 impl IntoResponse for Failure {
@@ -105,6 +111,12 @@ impl IntoResponse for Failure {
             }
             Failure::NotFound(text) => {
                 (StatusCode::NOT_FOUND, message("not found", &text)).into_response()
+            }
+            Failure::Unauthorized(text) => {
+                (StatusCode::UNAUTHORIZED, message("not logged in", &text)).into_response()
+            }
+            Failure::Forbidden(text) => {
+                (StatusCode::FORBIDDEN, message("forbidden", &text)).into_response()
             }
         }
     }
@@ -146,6 +158,7 @@ pub(super) async fn readyz(State(state): State<HttpState>) -> (StatusCode, &'sta
     (StatusCode::SERVICE_UNAVAILABLE, reason)
 }
 
+mod actions;
 mod html;
 mod jobs;
 mod machines;
@@ -153,6 +166,7 @@ mod metrics;
 mod pages;
 mod status_page;
 
+use actions::*;
 use html::*;
 use jobs::*;
 use machines::*;

@@ -63,7 +63,7 @@ pub(super) async fn front_page(State(state): State<HttpState>) -> Result<Html<St
     Ok(layout(
         "shepherd",
         true,
-        status_page(&overview, &machines, &rows),
+        status_page(&overview, &machines, &rows, state.operator_token.is_some()),
     ))
 }
 

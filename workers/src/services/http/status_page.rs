@@ -21,11 +21,13 @@ pub(super) fn status_page(
     o: &Overview,
     machines: &[ManagedMachine],
     events: &[EventRow],
+    actions: bool,
 ) -> Markup {
     html! {
         h1 { "shepherd" }
         p.muted { "As of " (Time(o.now).to_string()) "; this page refreshes every 5 s." }
         (alarms(o))
+        @if actions { (action_forms(o)) }
         (fleet(o))
         (last_reconcile(o))
         (penalties(o))
