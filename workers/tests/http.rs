@@ -1129,13 +1129,13 @@ async fn actions_need_the_credential_and_record_who(pool: PgPool) {
         .build()
         .unwrap();
     let read_only = Server::start(pool.clone()).await;
-    let r = http
-        .post(format!("{}/actions/pause", read_only.base))
-        .header("content-type", "application/x-www-form-urlencoded")
-        .body(form_body(&[("reason", "x")]))
-        .send()
-        .await
-        .unwrap();
+    let r = post_form(
+        &http,
+        format!("{}/actions/pause", read_only.base),
+        &[],
+        &[("reason", "x")],
+    )
+    .await;
     assert_eq!(r.status(), StatusCode::FORBIDDEN);
     let (_, _, page) = read_only.get("/").await;
     assert!(
@@ -1158,31 +1158,31 @@ async fn actions_need_the_credential_and_record_who(pool: PgPool) {
         }
     };
     // No credential, a wrong one: refused, nothing recorded.
-    let r = http
-        .post(format!("{}/actions/pause", server.base))
-        .header("content-type", "application/x-www-form-urlencoded")
-        .body(form_body(&[("reason", "x")]))
-        .send()
-        .await
-        .unwrap();
+    let r = post_form(
+        &http,
+        format!("{}/actions/pause", server.base),
+        &[],
+        &[("reason", "x")],
+    )
+    .await;
     assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
-    let r = http
-        .post(format!("{}/login", server.base))
-        .header("content-type", "application/x-www-form-urlencoded")
-        .body(form_body(&[("who", "alice"), ("token", "guess")]))
-        .send()
-        .await
-        .unwrap();
+    let r = post_form(
+        &http,
+        format!("{}/login", server.base),
+        &[],
+        &[("who", "alice"), ("token", "guess")],
+    )
+    .await;
     assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
     assert_eq!(events("creations_paused").await, 0);
     // Logged in: the cookies act, and say who.
-    let r = http
-        .post(format!("{}/login", server.base))
-        .header("content-type", "application/x-www-form-urlencoded")
-        .body(form_body(&[("who", "alice"), ("token", "s3cret-operator")]))
-        .send()
-        .await
-        .unwrap();
+    let r = post_form(
+        &http,
+        format!("{}/login", server.base),
+        &[],
+        &[("who", "alice"), ("token", "s3cret-operator")],
+    )
+    .await;
     assert_eq!(r.status(), StatusCode::SEE_OTHER);
     let cookies: Vec<String> = r
         .headers()
@@ -1197,14 +1197,13 @@ async fn actions_need_the_credential_and_record_who(pool: PgPool) {
             .any(|v| v.to_str().unwrap().contains("HttpOnly; SameSite=Strict"))
     );
     let cookie = cookies.join("; ");
-    let r = http
-        .post(format!("{}/actions/pause", server.base))
-        .header("cookie", &cookie)
-        .header("content-type", "application/x-www-form-urlencoded")
-        .body(form_body(&[("reason", "maintenance window")]))
-        .send()
-        .await
-        .unwrap();
+    let r = post_form(
+        &http,
+        format!("{}/actions/pause", server.base),
+        &[("cookie", &cookie)],
+        &[("reason", "maintenance window")],
+    )
+    .await;
     assert_eq!(r.status(), StatusCode::SEE_OTHER);
     let by: String = sqlx::query_scalar(
         "select body->>'by' from shepherd.events where event_type = 'creations_paused'",
@@ -1214,26 +1213,25 @@ async fn actions_need_the_credential_and_record_who(pool: PgPool) {
     .unwrap();
     assert_eq!(by, "console:alice");
     // Another site's form, even with the cookies: refused.
-    let r = http
-        .post(format!("{}/actions/resume", server.base))
-        .header("cookie", &cookie)
-        .header("origin", "http://evil.example")
-        .header("content-type", "application/x-www-form-urlencoded")
-        .body(form_body(&[("reason", "x")]))
-        .send()
-        .await
-        .unwrap();
+    let r = post_form(
+        &http,
+        format!("{}/actions/resume", server.base),
+        &[("cookie", &cookie), ("origin", "http://evil.example")],
+        &[("reason", "x")],
+    )
+    .await;
     assert_eq!(r.status(), StatusCode::FORBIDDEN);
     // A script: Bearer and its name.
-    let r = http
-        .post(format!("{}/actions/resume", server.base))
-        .header("authorization", "Bearer s3cret-operator")
-        .header("x-shepherd-operator", "deploy-bot")
-        .header("content-type", "application/x-www-form-urlencoded")
-        .body(form_body(&[("reason", "window over")]))
-        .send()
-        .await
-        .unwrap();
+    let r = post_form(
+        &http,
+        format!("{}/actions/resume", server.base),
+        &[
+            ("authorization", "Bearer s3cret-operator"),
+            ("x-shepherd-operator", "deploy-bot"),
+        ],
+        &[("reason", "window over")],
+    )
+    .await;
     assert_eq!(r.status(), StatusCode::SEE_OTHER);
     let by: String = sqlx::query_scalar(
         "select body->>'by' from shepherd.events where event_type = 'creations_resumed'",
@@ -1243,14 +1241,13 @@ async fn actions_need_the_credential_and_record_who(pool: PgPool) {
     .unwrap();
     assert_eq!(by, "console:deploy-bot");
     // The SQL functions' checks hold: a pause needs a reason.
-    let r = http
-        .post(format!("{}/actions/pause", server.base))
-        .header("cookie", &cookie)
-        .header("content-type", "application/x-www-form-urlencoded")
-        .body(form_body(&[("reason", "")]))
-        .send()
-        .await
-        .unwrap();
+    let r = post_form(
+        &http,
+        format!("{}/actions/pause", server.base),
+        &[("cookie", &cookie)],
+        &[("reason", "")],
+    )
+    .await;
     assert_eq!(r.status(), StatusCode::BAD_REQUEST);
     assert!(r.text().await.unwrap().contains("reason"));
     // A pass asked for from the page says who asked.
@@ -1296,4 +1293,21 @@ fn form_body(pairs: &[(&str, &str)]) -> String {
         .map(|(k, v)| format!("{}={}", encode(k), encode(v)))
         .collect::<Vec<_>>()
         .join("&")
+}
+
+/// POSTs a form as a browser would, with extra headers.
+async fn post_form(
+    http: &reqwest::Client,
+    url: String,
+    headers: &[(&str, &str)],
+    pairs: &[(&str, &str)],
+) -> reqwest::Response {
+    let mut request = http
+        .post(url)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(form_body(pairs));
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    request.send().await.unwrap()
 }
