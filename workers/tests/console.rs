@@ -1,0 +1,424 @@
+//! The console's pages for operators: jobs, machines, the actions behind
+//! the operator credential, and a walk through them in a real browser.
+
+mod web;
+
+use reqwest::StatusCode;
+use sqlx::PgPool;
+use web::browser::Browser;
+use web::*;
+
+/// The jobs pages: the list filtered by kind and state, a job's arguments,
+/// state and the events it recorded (linked from the event tables), every
+/// value escaped, and clear refusals of a filter that names nothing.
+#[sqlx::test(migrations = false)]
+async fn the_jobs_pages_list_filter_and_show_a_job(pool: PgPool) {
+    shepherd::db::migrate(&pool).await.unwrap();
+    let device = uuid::Uuid::new_v4();
+    let marked: String = sqlx::query_scalar(
+        "select shepherd.push_job('assimilate',
+            jsonb_build_object('device', $1::uuid, 'manual', true, 'note', '<b>bold</b>'))",
+    )
+    .bind(device)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let reconcile: String = sqlx::query_scalar("select shepherd.enqueue_reconcile()")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    sqlx::query("update apalis.jobs set status = 'Killed', attempts = 1, last_result = '\"undecodable\"' where id = $1")
+        .bind(&reconcile)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    shepherd::events::record(
+        &mut tx,
+        vec![
+            shepherd::events::NewEvent::new(shepherd::events::event::AssimilationRejected {
+                device,
+                reason: "not known to the provider".into(),
+            })
+            .caused_by(&marked),
+        ],
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    let server = Server::start(pool.clone()).await;
+
+    let (status, _, all) = server.get("/jobs").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(all.contains(&marked) && all.contains(&reconcile), "{all}");
+    let (_, _, killed) = server.get("/jobs?state=Killed").await;
+    assert!(
+        killed.contains(&reconcile) && !killed.contains(&marked),
+        "{killed}"
+    );
+    let (_, _, assimilations) = server.get("/jobs?kind=assimilate").await;
+    assert!(assimilations.contains(&marked) && !assimilations.contains(&reconcile));
+    for bad in [
+        "/jobs?state=Sleeping",
+        "/jobs?kind=teleport",
+        "/jobs?page=0",
+    ] {
+        let (status, _, text) = server.get(bad).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}: {text}");
+    }
+
+    let (status, _, job) = server.get(&format!("/jobs/{marked}")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(job.contains(&device.to_string()), "{job}");
+    assert!(
+        job.contains("&lt;b&gt;bold&lt;/b&gt;") && !job.contains("<b>bold</b>"),
+        "the arguments were not escaped:\n{job}"
+    );
+    assert!(
+        job.contains("assimilation_rejected"),
+        "the job's events: {job}"
+    );
+    let (_, _, killed_job) = server.get(&format!("/jobs/{reconcile}")).await;
+    assert!(killed_job.contains("Killed") && killed_job.contains("undecodable"));
+    let (status, _, _) = server.get("/jobs/no-such-job").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    // The status page links the jobs, and its recent events their job.
+    let (_, _, front) = server.get("/").await;
+    assert!(
+        front.contains("href=\"/jobs\""),
+        "the status page links the jobs"
+    );
+    assert!(
+        front.contains(&format!("href=\"/jobs/{marked}\"")),
+        "the event does not link its job:\n{front}"
+    );
+    server.stop().await;
+}
+
+/// Machines beyond what the status page shows are on `/machines`, paged and
+/// searchable (a search's wildcards taken literally, every value escaped).
+#[sqlx::test(migrations = false)]
+async fn machines_are_paged_and_searchable(pool: PgPool) {
+    shepherd::db::migrate(&pool).await.unwrap();
+    let mut events = vec![];
+    for n in 0..130 {
+        events.push(shepherd::events::NewEvent::new(
+            shepherd::events::event::MachineAssimilated {
+                machine_id: uuid::Uuid::new_v4(),
+                provider: "equinix".into(),
+                provider_id: uuid::Uuid::new_v4().to_string(),
+                reservation: Some(uuid::Uuid::new_v4()),
+                hostname: Some(format!("shepherd-{n:03}")),
+            },
+        ));
+    }
+    let mut tx = pool.begin().await.unwrap();
+    shepherd::events::record(&mut tx, events).await.unwrap();
+    tx.commit().await.unwrap();
+    // The last one assimilated, in a later transaction.
+    let mut tx = pool.begin().await.unwrap();
+    shepherd::events::record(
+        &mut tx,
+        vec![shepherd::events::NewEvent::new(
+            shepherd::events::event::MachineAssimilated {
+                machine_id: uuid::Uuid::new_v4(),
+                provider: "equinix".into(),
+                provider_id: uuid::Uuid::new_v4().to_string(),
+                reservation: None,
+                hostname: Some("odd_<name>%".into()),
+            },
+        )],
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    let server = Server::start(pool.clone()).await;
+    let (_, _, front) = server.get("/").await;
+    assert!(front.contains("<h2>Managed machines (131)"), "{front}");
+    let listed =
+        &front[front.find("<h2>Managed machines").unwrap()..front.find("Recent events").unwrap()];
+    assert_eq!(
+        listed.matches("<tr><td class=\"id\">").count(),
+        50,
+        "{listed}"
+    );
+    // The newest first: the odd one was assimilated last.
+    let first_row = &listed[listed.find("<tbody>").unwrap()..];
+    let first_row = &first_row[..first_row.find("</tr>").unwrap()];
+    assert!(first_row.contains("odd_&lt;name&gt;%"), "{first_row}");
+    let (status, _, first) = server.get("/machines").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(first.contains("131 machine(s); page 1 of 2."), "{first}");
+    assert!(first.contains("href=\"/machines?page=2\""));
+    let (_, _, second) = server.get("/machines?page=2").await;
+    assert!(second.contains("page 2 of 2."));
+    let (_, _, found) = server.get("/machines?q=shepherd-12").await;
+    // shepherd-120 to shepherd-129 (shepherd-012 does not match).
+    assert!(found.contains("10 machine(s) matching"), "{found}");
+    // `_` and `%` are not wildcards in a search; markup is escaped.
+    let (_, _, odd) = server.get("/machines?q=%25").await;
+    assert!(odd.contains("1 machine(s) matching"), "{odd}");
+    assert!(
+        odd.contains("odd_&lt;name&gt;%") && !odd.contains("<name>"),
+        "{odd}"
+    );
+    let (status, _, _) = server.get("/machines?page=0").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    server.stop().await;
+}
+
+/// A person's walk through the console in headless Chromium: the status
+/// page shows the discrepancy, a click on the queue's state opens the
+/// filtered job list, the filter form narrows it, a job's page shows its
+/// arguments as text (not as markup), and a reservation's history follows
+/// from the status page.
+#[sqlx::test(migrations = false)]
+async fn an_operator_clicks_through_the_console_in_a_browser(pool: PgPool) {
+    let fleet = seed(&pool).await;
+    let marked: String = sqlx::query_scalar(
+        "select shepherd.push_job('assimilate',
+            jsonb_build_object('device', gen_random_uuid(), 'manual', true, 'note', '<i>not markup</i>'))",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let server = Server::start_with(pool.clone(), Some("browser-credential")).await;
+    let browser = Browser::start().await;
+
+    browser.goto(&format!("{}/", server.base)).await;
+    let alarm = browser.text("div.alarm").await;
+    assert!(alarm.contains("DISCREPANCY"), "{alarm}");
+    assert!(alarm.contains(&fleet.unknown_device.to_string()), "{alarm}");
+    let fleet_box = browser.text("table.facts").await;
+    assert!(fleet_box.contains("Managed machines 1"), "{fleet_box}");
+    browser.screenshot("status-page").await;
+
+    // The queue's state links the filtered list.
+    browser
+        .click("a[href='/jobs?kind=assimilate&state=Pending']")
+        .await;
+    assert!(
+        browser
+            .url()
+            .await
+            .ends_with("/jobs?kind=assimilate&state=Pending")
+    );
+    let list = browser.text("table").await;
+    assert!(list.contains(&marked), "{list}");
+    assert!(!list.contains("reconcile"), "{list}");
+    browser.screenshot("jobs").await;
+
+    // The filter form: any kind, Pending only.
+    browser.click("select[name=kind] option[value='']").await;
+    browser
+        .click("select[name=state] option[value=Pending]")
+        .await;
+    browser.click("form button").await;
+    let url = browser.url().await;
+    assert!(
+        url.contains("state=Pending") && url.contains("kind="),
+        "{url}"
+    );
+    let list = browser.text("table").await;
+    assert!(
+        list.contains("reconcile") && list.contains(&marked),
+        "{list}"
+    );
+
+    // A job's page: its arguments read as text.
+    browser.click(&format!("a[href='/jobs/{marked}']")).await;
+    let arguments = browser.text("pre.body").await;
+    assert!(arguments.contains("<i>not markup</i>"), "{arguments}");
+    browser.screenshot("job").await;
+
+    // Back to the front page, then a penalised reservation's history.
+    browser.goto(&format!("{}/", server.base)).await;
+    browser
+        .click(&format!("a[href='/reservation/{}']", fleet.penalised))
+        .await;
+    let heading = browser.text("h1").await;
+    assert!(heading.contains(&fleet.penalised.to_string()), "{heading}");
+
+    // An action: log in, pause creations, read the notice.
+    browser.goto(&format!("{}/login", server.base)).await;
+    browser.type_text("input[name=who]", "alice").await;
+    browser
+        .type_text("input[name=token]", "browser-credential")
+        .await;
+    browser.click("form button").await;
+    assert!(browser.url().await.ends_with('/'));
+    browser
+        .type_text(
+            "form[action='/actions/pause'] input[name=reason]",
+            "maintenance",
+        )
+        .await;
+    browser.click("form[action='/actions/pause'] button").await;
+    let notice = browser.text("div.warn").await;
+    assert!(
+        notice.contains("Creations are paused")
+            && notice.contains("console:alice")
+            && notice.contains("maintenance"),
+        "{notice}"
+    );
+    browser.screenshot("paused").await;
+    browser.quit().await;
+    server.stop().await;
+}
+
+/// Actions are off without a credential; with one, each needs it (a cookie
+/// from the log-in, or a Bearer header), refuses another site's request,
+/// goes through the SQL functions' own checks, and is recorded with who.
+#[sqlx::test(migrations = false)]
+async fn actions_need_the_credential_and_record_who(pool: PgPool) {
+    shepherd::db::migrate(&pool).await.unwrap();
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let read_only = Server::start(pool.clone()).await;
+    let r = post_form(
+        &http,
+        format!("{}/actions/pause", read_only.base),
+        &[],
+        &[("reason", "x")],
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    let (_, _, page) = read_only.get("/").await;
+    assert!(
+        !page.contains("Actions"),
+        "read-only pages offer no actions"
+    );
+    read_only.stop().await;
+
+    let server = Server::start_with(pool.clone(), Some("s3cret-operator")).await;
+    let events = |kind: &'static str| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(
+                "select count(*) from shepherd.events where event_type = $1",
+            )
+            .bind(kind)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        }
+    };
+    // No credential, a wrong one: refused, nothing recorded.
+    let r = post_form(
+        &http,
+        format!("{}/actions/pause", server.base),
+        &[],
+        &[("reason", "x")],
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    let r = post_form(
+        &http,
+        format!("{}/login", server.base),
+        &[],
+        &[("who", "alice"), ("token", "guess")],
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(events("creations_paused").await, 0);
+    // Logged in: the cookies act, and say who.
+    let r = post_form(
+        &http,
+        format!("{}/login", server.base),
+        &[],
+        &[("who", "alice"), ("token", "s3cret-operator")],
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    let cookies: Vec<String> = r
+        .headers()
+        .get_all("set-cookie")
+        .iter()
+        .map(|v| v.to_str().unwrap().split(';').next().unwrap().to_string())
+        .collect();
+    assert!(
+        r.headers()
+            .get_all("set-cookie")
+            .iter()
+            .any(|v| v.to_str().unwrap().contains("HttpOnly; SameSite=Strict"))
+    );
+    let cookie = cookies.join("; ");
+    let r = post_form(
+        &http,
+        format!("{}/actions/pause", server.base),
+        &[("cookie", &cookie)],
+        &[("reason", "maintenance window")],
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    let by: String = sqlx::query_scalar(
+        "select body->>'by' from shepherd.events where event_type = 'creations_paused'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(by, "console:alice");
+    // Another site's form, even with the cookies: refused.
+    let r = post_form(
+        &http,
+        format!("{}/actions/resume", server.base),
+        &[("cookie", &cookie), ("origin", "http://evil.example")],
+        &[("reason", "x")],
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    // A script: Bearer and its name.
+    let r = post_form(
+        &http,
+        format!("{}/actions/resume", server.base),
+        &[
+            ("authorization", "Bearer s3cret-operator"),
+            ("x-shepherd-operator", "deploy-bot"),
+        ],
+        &[("reason", "window over")],
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    let by: String = sqlx::query_scalar(
+        "select body->>'by' from shepherd.events where event_type = 'creations_resumed'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(by, "console:deploy-bot");
+    // The SQL functions' checks hold: a pause needs a reason.
+    let r = post_form(
+        &http,
+        format!("{}/actions/pause", server.base),
+        &[("cookie", &cookie)],
+        &[("reason", "")],
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    assert!(r.text().await.unwrap().contains("reason"));
+    // A pass asked for from the page says who asked.
+    let r = http
+        .post(format!("{}/actions/reconcile", server.base))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    let asked: String = sqlx::query_scalar(
+        "select convert_from(job, 'UTF8')::jsonb->>'requested_by' from apalis.jobs where job_type = 'reconcile'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(asked, "console:alice");
+    let r = http
+        .post(format!("{}/actions/teleport", server.base))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+    server.stop().await;
+}
