@@ -68,12 +68,23 @@ impl Browser {
             .as_str()
             .unwrap_or_else(|| panic!("no session: {created}"))
             .to_string();
-        Browser {
+        let browser = Browser {
             http,
             base,
             session,
             driver,
-        }
+        };
+        // A click that submits a form returns before the next page has
+        // loaded (a POST, a redirect, then the page): finding an element
+        // waits up to this long for it to appear, as a person would.
+        browser
+            .call(
+                reqwest::Method::POST,
+                "/timeouts",
+                serde_json::json!({ "implicit": 10_000 }),
+            )
+            .await;
+        browser
     }
 
     pub async fn call(
