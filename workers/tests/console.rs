@@ -5,6 +5,7 @@ mod web;
 
 use reqwest::StatusCode;
 use sqlx::PgPool;
+use std::time::Duration;
 use web::browser::Browser;
 use web::*;
 
@@ -195,7 +196,7 @@ async fn an_operator_clicks_through_the_console_in_a_browser(pool: PgPool) {
 
     // The queue's state links the filtered list.
     browser
-        .click("a[href='/jobs?kind=assimilate&state=Pending']")
+        .click_to_leave("a[href='/jobs?kind=assimilate&state=Pending']")
         .await;
     assert!(
         browser
@@ -213,7 +214,7 @@ async fn an_operator_clicks_through_the_console_in_a_browser(pool: PgPool) {
     browser
         .click("select[name=state] option[value=Pending]")
         .await;
-    browser.click("form button").await;
+    browser.click_to_leave("form button").await;
     let url = browser.url().await;
     assert!(
         url.contains("state=Pending") && url.contains("kind="),
@@ -226,7 +227,9 @@ async fn an_operator_clicks_through_the_console_in_a_browser(pool: PgPool) {
     );
 
     // A job's page: its arguments read as text.
-    browser.click(&format!("a[href='/jobs/{marked}']")).await;
+    browser
+        .click_to_leave(&format!("a[href='/jobs/{marked}']"))
+        .await;
     let arguments = browser.text("pre.body").await;
     assert!(arguments.contains("<i>not markup</i>"), "{arguments}");
     browser.screenshot("job").await;
@@ -234,7 +237,7 @@ async fn an_operator_clicks_through_the_console_in_a_browser(pool: PgPool) {
     // Back to the front page, then a penalised reservation's history.
     browser.goto(&format!("{}/", server.base)).await;
     browser
-        .click(&format!("a[href='/reservation/{}']", fleet.penalised))
+        .click_to_leave(&format!("a[href='/reservation/{}']", fleet.penalised))
         .await;
     let heading = browser.text("h1").await;
     assert!(heading.contains(&fleet.penalised.to_string()), "{heading}");
@@ -245,15 +248,29 @@ async fn an_operator_clicks_through_the_console_in_a_browser(pool: PgPool) {
     browser
         .type_text("input[name=token]", "browser-credential")
         .await;
-    browser.click("form button").await;
+    browser.click_to_leave("form button").await;
     assert!(browser.url().await.ends_with('/'));
+    // The page reloads itself while nobody is typing, and holds still
+    // while a reason is half-typed: a reload would throw it away.
+    let as_of = browser.text("p.as-of").await;
+    tokio::time::sleep(Duration::from_millis(6_500)).await;
+    let reloaded = browser.text("p.as-of").await;
+    assert_ne!(reloaded, as_of, "the idle page did not reload");
     browser
         .type_text(
             "form[action='/actions/pause'] input[name=reason]",
             "maintenance",
         )
         .await;
-    browser.click("form[action='/actions/pause'] button").await;
+    tokio::time::sleep(Duration::from_millis(6_500)).await;
+    assert_eq!(
+        browser.text("p.as-of").await,
+        reloaded,
+        "the page reloaded under a half-typed form"
+    );
+    browser
+        .click_to_leave("form[action='/actions/pause'] button")
+        .await;
     let notice = browser.text("div.warn").await;
     assert!(
         notice.contains("Creations are paused")

@@ -93,17 +93,28 @@ impl Browser {
         path: &str,
         body: serde_json::Value,
     ) -> serde_json::Value {
+        self.try_call(method, path, body)
+            .await
+            .unwrap_or_else(|error| panic!("WebDriver {path}: {error}"))
+    }
+
+    /// The call's value, or the error WebDriver answered with.
+    async fn try_call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: serde_json::Value,
+    ) -> Result<serde_json::Value, serde_json::Value> {
         let url = format!("{}/session/{}{path}", self.base, self.session);
         let mut request = self.http.request(method, url);
         if !body.is_null() {
             request = request.json(&body);
         }
         let answer: serde_json::Value = request.send().await.unwrap().json().await.unwrap();
-        assert!(
-            answer["value"].get("error").is_none(),
-            "WebDriver {path}: {answer}"
-        );
-        answer["value"].clone()
+        match answer["value"].get("error") {
+            Some(_) => Err(answer["value"].clone()),
+            None => Ok(answer["value"].clone()),
+        }
     }
 
     pub async fn goto(&self, url: &str) {
@@ -129,6 +140,7 @@ impl Browser {
             .to_string()
     }
 
+    /// Clicks something that does not leave the page (an option, a box).
     pub async fn click(&self, css: &str) {
         let id = self.find(css).await;
         self.call(
@@ -139,18 +151,56 @@ impl Browser {
         .await;
     }
 
-    /// What a person reads in the element: its rendered text.
+    /// Clicks a link or a form's button and waits until the page it was
+    /// on has gone. The click returns before the next page has loaded (a
+    /// POST, a redirect, then the page), and the old page holds elements
+    /// of the same names: reading at once could read the old page, or an
+    /// element of it that is gone by the time its text is asked for.
+    pub async fn click_to_leave(&self, css: &str) {
+        let old_page = self.find("html").await;
+        self.click(css).await;
+        let started = std::time::Instant::now();
+        loop {
+            let probe = self
+                .try_call(
+                    reqwest::Method::GET,
+                    &format!("/element/{old_page}/name"),
+                    serde_json::Value::Null,
+                )
+                .await;
+            match probe {
+                Err(error) if error["error"] == "stale element reference" => return,
+                Err(error) => panic!("waiting for {css} to leave the page: {error}"),
+                Ok(_) => {}
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "clicking {css} did not leave the page"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// What a person reads in the element: its rendered text. The status
+    /// page reloads itself every few seconds, so an element found just
+    /// before a reload is found again on the new page.
     pub async fn text(&self, css: &str) -> String {
-        let id = self.find(css).await;
-        self.call(
-            reqwest::Method::GET,
-            &format!("/element/{id}/text"),
-            serde_json::Value::Null,
-        )
-        .await
-        .as_str()
-        .unwrap()
-        .to_string()
+        for _ in 0..5 {
+            let id = self.find(css).await;
+            match self
+                .try_call(
+                    reqwest::Method::GET,
+                    &format!("/element/{id}/text"),
+                    serde_json::Value::Null,
+                )
+                .await
+            {
+                Ok(text) => return text.as_str().unwrap().to_string(),
+                Err(error) if error["error"] == "stale element reference" => continue,
+                Err(error) => panic!("reading {css}: {error}"),
+            }
+        }
+        panic!("{css} went stale five times over")
     }
 
     pub async fn type_text(&self, css: &str, text: &str) {

@@ -29,8 +29,19 @@ td.n { text-align: right; font-variant-numeric: tabular-nums; }
 form.inline { display: inline-block; margin: 0 1em .5em 0; }
 ";
 
+/// Reloads the page every 5 s, except while the operator is in the
+/// middle of a form: a field with focus or with something typed in it.
+/// A plain `<meta http-equiv=refresh>` would throw a half-typed reason
+/// away; it is kept for browsers without scripts.
+const RELOAD: &str = "setInterval(function () {
+  var busy = document.activeElement && document.activeElement.form;
+  document.querySelectorAll('input[type=text], input[type=password], input:not([type])')
+    .forEach(function (field) { if (field.value) { busy = true; } });
+  if (!busy) { location.reload(); }
+}, 5000);";
+
 /// A whole page: `body` inside the shared head and style. `refresh`
-/// reloads it every 5 s (the status page).
+/// reloads it every 5 s (the status page) while no form is being filled.
 pub(super) fn layout(title: &str, refresh: bool, body: Markup) -> Html<String> {
     let page = html! {
         (DOCTYPE)
@@ -38,7 +49,10 @@ pub(super) fn layout(title: &str, refresh: bool, body: Markup) -> Html<String> {
             head {
                 meta charset="utf-8";
                 meta name="viewport" content="width=device-width, initial-scale=1";
-                @if refresh { meta http-equiv="refresh" content="5"; }
+                @if refresh {
+                    noscript { meta http-equiv="refresh" content="5"; }
+                    script { (PreEscaped(RELOAD)) }
+                }
                 title { (title) }
                 style { (PreEscaped(STYLE)) }
             }
