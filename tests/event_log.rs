@@ -147,6 +147,22 @@ fn one_of_each() -> Vec<Event> {
             differences: 2,
         }
         .into(),
+        JobRetried {
+            job: "01JA0000000000000000000000".into(),
+            kind: "assimilate".into(),
+            by: "console:alice".into(),
+            reason: "the provider is back".into(),
+        }
+        .into(),
+        JobCancelled {
+            job: "01JA0000000000000000000001".into(),
+            kind: "create_device".into(),
+            by: "console:alice".into(),
+            reason: "wrong plan".into(),
+            reservation: Some(r),
+            request: Some(Uuid::new_v4()),
+        }
+        .into(),
         CreationRefused {
             reservation: r,
             request: Uuid::new_v4(),

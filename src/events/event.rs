@@ -24,6 +24,8 @@ pub enum Stream {
     Settings,
     /// Operations on the views themselves.
     Views,
+    /// An operator's retries and cancels of single jobs.
+    Jobs,
 }
 
 impl Stream {
@@ -36,6 +38,7 @@ impl Stream {
             Stream::Operator => "operator/controls".to_string(),
             Stream::Settings => "operator/settings".to_string(),
             Stream::Views => "operator/views".to_string(),
+            Stream::Jobs => "operator/jobs".to_string(),
         }
     }
 }
@@ -231,6 +234,18 @@ events! {
     /// An operator replaced the live views with the ones rebuilt from the
     /// log (`shepherd views rebuild --replace`).
     ViewsReplaced = "views_replaced", 1 { by: String, differences: u64 }
+    /// An operator ran a failed or killed job again.
+    JobRetried = "job_retried", 1 { job: String, kind: String, by: String, reason: String }
+    /// An operator cancelled a job that was waiting. A creation's cancel
+    /// names it: its pending creation ends here.
+    JobCancelled = "job_cancelled", 1 {
+        job: String,
+        kind: String,
+        by: String,
+        reason: String,
+        reservation: Option<Uuid>,
+        request: Option<Uuid>,
+    }
 }
 
 /// Brings an older body to the current version's shape.
@@ -281,6 +296,11 @@ impl Event {
             Event::SshKeyEnsured(e) => Stream::SshKey(e.label.clone()),
             Event::AssimilationRequested(e) => Stream::Device(e.device),
             Event::ViewsReplaced(_) => Stream::Views,
+            Event::JobRetried(_) => Stream::Jobs,
+            Event::JobCancelled(e) => match e.reservation {
+                Some(r) => Stream::Reservation(r),
+                None => Stream::Jobs,
+            },
             Event::CreationsPaused(_) | Event::CreationsResumed(_) => Stream::Operator,
             Event::Unknown { .. } => Stream::Operator,
         }

@@ -168,12 +168,15 @@ pub async fn read_stream(pool: &PgPool, stream: &str) -> Result<Vec<StoredEvent>
     rows.iter().map(decode_row).collect()
 }
 
-/// The events one job's runs recorded, in order.
+/// The events one job's runs recorded, and operators' retries and
+/// cancels of it, in order.
 pub async fn read_by_job(pool: &PgPool, job_id: &str) -> Result<Vec<StoredEvent>, StoreError> {
     let rows = sqlx::query(concat!(
         "select ",
         columns!(),
-        " from shepherd.events where job_id = $1 order by position"
+        " from shepherd.events where job_id = $1
+           or (event_type in ('job_retried', 'job_cancelled') and body->>'job' = $1)
+         order by position"
     ))
     .bind(job_id)
     .fetch_all(pool)

@@ -11,6 +11,7 @@
 
 pub mod assimilate;
 pub mod create_device;
+pub mod manage;
 pub mod pass;
 pub mod queue;
 pub mod reconcile;

@@ -279,6 +279,56 @@ async fn an_operator_clicks_through_the_console_in_a_browser(pool: PgPool) {
         "{notice}"
     );
     browser.screenshot("paused").await;
+
+    // A job: cancel it while it waits, then run it again.
+    browser
+        .goto(&format!("{}/jobs/{marked}", server.base))
+        .await;
+    browser
+        .type_text(
+            "form[action='/actions/cancel-job'] input[name=reason]",
+            "asked by mistake",
+        )
+        .await;
+    browser
+        .click_to_leave("form[action='/actions/cancel-job'] button")
+        .await;
+    assert!(browser.url().await.ends_with(&format!("/jobs/{marked}")));
+    let facts = browser.text("table.facts").await;
+    assert!(facts.contains("State Killed"), "{facts}");
+    let recorded = browser.text("table.events").await;
+    assert!(
+        recorded.contains("job_cancelled") && recorded.contains("console:alice"),
+        "{recorded}"
+    );
+    browser
+        .type_text(
+            "form[action='/actions/retry-job'] input[name=reason]",
+            "it was right after all",
+        )
+        .await;
+    browser
+        .click_to_leave("form[action='/actions/retry-job'] button")
+        .await;
+    let facts = browser.text("table.facts").await;
+    assert!(facts.contains("State Pending"), "{facts}");
+    assert!(browser.text("table.events").await.contains("job_retried"));
+    browser.screenshot("job-actions").await;
+
+    // A machine whose device is gone: release it from the machines page.
+    browser.goto(&format!("{}/machines", server.base)).await;
+    browser
+        .type_text(
+            "form[action='/actions/release'] input[name=reason]",
+            "decommissioned",
+        )
+        .await;
+    browser
+        .click_to_leave("form[action='/actions/release'] button")
+        .await;
+    assert!(browser.url().await.ends_with("/machines"));
+    let count = browser.text("p.muted").await;
+    assert!(count.starts_with("0 machine(s)"), "{count}");
     browser.quit().await;
     server.stop().await;
 }
@@ -430,6 +480,51 @@ async fn actions_need_the_credential_and_record_who(pool: PgPool) {
     .await
     .unwrap();
     assert_eq!(asked, "console:alice");
+    // A job action is judged by the server: a waiting pass is not retried
+    // (409, and why), an unknown job is 404, and the reason is required.
+    let pass: String =
+        sqlx::query_scalar("select id from apalis.jobs where job_type = 'reconcile'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    for (action, job, reason, status, says) in [
+        (
+            "retry-job",
+            pass.as_str(),
+            "now",
+            StatusCode::CONFLICT,
+            "only a failed or killed job",
+        ),
+        (
+            "cancel-job",
+            "01JA0000000000000000000000",
+            "x",
+            StatusCode::NOT_FOUND,
+            "no shepherd job",
+        ),
+        (
+            "cancel-job",
+            pass.as_str(),
+            "",
+            StatusCode::BAD_REQUEST,
+            "say why",
+        ),
+    ] {
+        let r = post_form(
+            &http,
+            format!("{}/actions/{action}", server.base),
+            &[("cookie", &cookie)],
+            &[("job", job), ("reason", reason)],
+        )
+        .await;
+        assert_eq!(r.status(), status, "{action} {job}");
+        let text = r.text().await.unwrap();
+        assert!(text.contains(says), "{action}: {text}");
+    }
+    assert_eq!(
+        events("job_retried").await + events("job_cancelled").await,
+        0
+    );
     let r = http
         .post(format!("{}/actions/teleport", server.base))
         .header("cookie", &cookie)

@@ -144,6 +144,11 @@ pub fn apply(state: &mut ViewState, event: &Event, at: DateTime<Utc>) {
             }
         }
         Event::CreationGivenUp(e) => close_pending(state, e.reservation, e.request),
+        Event::JobCancelled(e) => {
+            if let (Some(reservation), Some(request)) = (e.reservation, e.request) {
+                close_pending(state, reservation, Some(request));
+            }
+        }
         Event::RaceLost(e) => close_pending(state, e.reservation, e.request),
         Event::ReservationPenalised(e) => {
             // The table keeps microseconds; the view must equal it.
@@ -225,6 +230,7 @@ pub fn apply(state: &mut ViewState, event: &Event, at: DateTime<Utc>) {
         | Event::SshKeyEnsured(_)
         | Event::AssimilationRequested(_)
         | Event::ViewsReplaced(_)
+        | Event::JobRetried(_)
         | Event::Unknown { .. } => {}
     }
 }
@@ -263,6 +269,7 @@ impl Keys {
                     k.devices.push(e.device);
                 }
                 Event::CreationGivenUp(e) => k.reservations.push(e.reservation),
+                Event::JobCancelled(e) => k.reservations.extend(e.reservation),
                 Event::CreationUnresolved(e) => k.reservations.push(e.reservation),
                 Event::MachineReleased(e) => {
                     if let Ok(d) = e.provider_id.parse() {

@@ -1,5 +1,5 @@
 //! Operator actions on the pages: pause and resume creations, enqueue a
-//! pass, clear a penalty. Off unless the process was given an operator
+//! pass, clear a penalty, release a machine, retry or cancel a job. Off unless the process was given an operator
 //! credential (`--operator-token-file`); the pages stay read-only without
 //! it. Each action goes through the same SQL function or queue call as the
 //! CLI, so it is checked and recorded the same way, with who: `console:<name>`.
@@ -17,6 +17,7 @@ use maud::html;
 use serde::Deserialize;
 
 use super::*;
+use shepherd::jobs::manage::{self, JobActionError};
 use shepherd::jobs::{ReconcileArgs, queue};
 
 const TOKEN_COOKIE: &str = "shepherd_operator";
@@ -171,6 +172,10 @@ pub(super) struct ActionForm {
     reason: Option<String>,
     #[serde(default)]
     reservation: Option<String>,
+    #[serde(default)]
+    machine: Option<String>,
+    #[serde(default)]
+    job: Option<String>,
 }
 
 pub(super) async fn act(
@@ -189,6 +194,7 @@ pub(super) async fn act(
     };
     let reason = form.reason.unwrap_or_default();
     let pool = &state.pool;
+    let mut back = "/".to_string();
     let done = match action.as_str() {
         "pause" => sqlx::query("select shepherd.pause_creations($1, $2)")
             .bind(&reason)
@@ -216,6 +222,48 @@ pub(super) async fn act(
                 .await
                 .map(drop)
         }
+        "release" => {
+            let machine = form
+                .machine
+                .filter(|m| !m.trim().is_empty())
+                .ok_or_else(|| {
+                    Failure::BadRequest("which machine? (its id or device id)".into())
+                })?;
+            back = "/machines".into();
+            sqlx::query("select shepherd.release_machine($1, $2, $3)")
+                .bind(machine.trim())
+                .bind(&reason)
+                .bind(&by)
+                .execute(pool)
+                .await
+                .map(drop)
+        }
+        "retry-job" | "cancel-job" => {
+            let job = form
+                .job
+                .filter(|j| !j.is_empty())
+                .ok_or_else(|| Failure::BadRequest("which job? (its id)".into()))?;
+            if reason.trim().is_empty() {
+                return Err(Failure::BadRequest(
+                    "say why: the log records the reason with who acted".into(),
+                ));
+            }
+            let acted = if action == "retry-job" {
+                manage::retry(pool, &job, &by, &reason).await
+            } else {
+                manage::cancel(pool, &job, &by, &reason).await
+            };
+            match acted {
+                Ok(()) => {}
+                Err(e @ JobActionError::NotFound(_)) => {
+                    return Err(Failure::NotFound(e.to_string()));
+                }
+                Err(JobActionError::Refused(why)) => return Err(Failure::Conflict(why)),
+                Err(JobActionError::Store(e)) => return Err(store_failure("job action", e)),
+            }
+            back = format!("/jobs/{job}");
+            Ok(())
+        }
         "reconcile" => {
             async {
                 let mut tx = pool.begin().await?;
@@ -233,14 +281,17 @@ pub(super) async fn act(
         }
         other => {
             return Err(Failure::NotFound(format!(
-                "no action {other:?}: the actions are pause, resume, reconcile and clear-penalty"
+                "no action {other:?}: the actions are pause, resume, reconcile, clear-penalty, \
+                 release, retry-job and cancel-job"
             )));
         }
     };
     match done {
         Ok(()) => {
             tracing::info!(action, by, "console action");
-            Ok((StatusCode::SEE_OTHER, [(LOCATION, "/")]).into_response())
+            let back = axum::http::HeaderValue::from_str(&back)
+                .map_err(|_| Failure::BadRequest("that job id is not a job id".into()))?;
+            Ok((StatusCode::SEE_OTHER, [(LOCATION, back)]).into_response())
         }
         // The SQL functions refuse bad input with a message for the operator.
         Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("22023") => {

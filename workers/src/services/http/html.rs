@@ -202,7 +202,7 @@ pub(super) fn field_value(kind: Option<Kind>, value: &Value) -> Markup {
 /// about one stream already.
 pub(super) fn event_table(rows: &[EventRow], with_stream: bool) -> Markup {
     html! {
-        table {
+        table.events {
             thead { tr {
                 th { "#" } th { "Recorded" } th { "Event" }
                 @if with_stream { th { "Stream" } }

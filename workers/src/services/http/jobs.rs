@@ -216,6 +216,9 @@ pub(super) async fn job_page(
                 tr { th { "Done" } td { (Time(at).to_string()) } }
             }
         }
+        @if state.operator_token.is_some() {
+            (job_actions(&job))
+        }
         h2 { "Arguments" }
         pre.body { (arguments) }
         h2 { "Last result" }
@@ -231,4 +234,33 @@ pub(super) async fn job_page(
         }
     };
     Ok(page(&format!("shepherd · job {}", job.id), body))
+}
+
+/// Retry for a job that ended without success, cancel for one waiting for
+/// a worker; the server judges again (`shepherd::jobs::manage`), as the
+/// state may have moved since the page was drawn.
+fn job_actions(job: &JobDetail) -> Markup {
+    let ended =
+        job.status == "Killed" || (job.status == "Failed" && job.attempts >= job.max_attempts);
+    let waiting = job.lock_by.is_none()
+        && (job.status == "Pending" || (job.status == "Failed" && job.attempts < job.max_attempts));
+    html! {
+        @if ended || waiting {
+            h2 { "Actions " a.muted href="/login" { "(log in)" } }
+        }
+        @if ended {
+            form.inline method="post" action="/actions/retry-job" {
+                input type="hidden" name="job" value=(job.id);
+                input name="reason" placeholder="why run it again" required;
+                " " button type="submit" { "Retry this job" }
+            }
+        }
+        @if waiting {
+            form.inline method="post" action="/actions/cancel-job" {
+                input type="hidden" name="job" value=(job.id);
+                input name="reason" placeholder="why cancel" required;
+                " " button type="submit" { "Cancel this job" }
+            }
+        }
+    }
 }

@@ -75,6 +75,7 @@ pub(super) async fn machines_page(
         (total, rows)
     };
     let pages = ((total + PAGE_SIZE - 1) / PAGE_SIZE).max(1);
+    let actions = state.operator_token.is_some();
     let link = |page: i64| match &q {
         Some(q) => format!("/machines?page={page}&q={}", percent(q)),
         None => format!("/machines?page={page}"),
@@ -89,7 +90,10 @@ pub(super) async fn machines_page(
         p.muted { (total) " machine(s)" @if q.is_some() { " matching" } "; page " (number) " of " (pages) "." }
         @if !rows.is_empty() {
             table {
-                thead { tr { th { "Machine" } th { "Device" } th { "Reservation" } th { "Hostname" } th { "Assimilated" } } }
+                thead { tr {
+                    th { "Machine" } th { "Device" } th { "Reservation" } th { "Hostname" } th { "Assimilated" }
+                    @if actions { th { "Release" } }
+                } }
                 tbody {
                     @for m in &rows {
                         tr {
@@ -101,6 +105,17 @@ pub(super) async fn machines_page(
                             td { @if let Some(r) = m.reservation_id { a.id href={ "/reservation/" (r) } { (r) } } }
                             td { (m.hostname.as_deref().unwrap_or("")) }
                             td { (Time(m.assimilated_at).to_string()) }
+                            @if actions {
+                                td {
+                                    // Releasing says the device is gone: shepherd stops
+                                    // managing it and passes stop reporting it missing.
+                                    form.inline method="post" action="/actions/release" {
+                                        input type="hidden" name="machine" value=(m.machine_id);
+                                        input name="reason" placeholder="why release" required;
+                                        " " button type="submit" { "Release" }
+                                    }
+                                }
+                            }
                         }
                     }
                 }

@@ -93,6 +93,8 @@ pub(super) enum Failure {
     NotFound(String),
     Unauthorized(String),
     Forbidden(String),
+    /// The action does not fit the thing's state; the text says why.
+    Conflict(String),
 }
 
 impl IntoResponse for Failure {
@@ -117,6 +119,9 @@ impl IntoResponse for Failure {
             }
             Failure::Forbidden(text) => {
                 (StatusCode::FORBIDDEN, message("forbidden", &text)).into_response()
+            }
+            Failure::Conflict(text) => {
+                (StatusCode::CONFLICT, message("refused", &text)).into_response()
             }
         }
     }
