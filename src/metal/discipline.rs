@@ -184,6 +184,57 @@ pub struct ClientMetrics {
     pub throttled: Counter,
     /// When the last hold the provider asked for ends, as a Unix time.
     pub held_until: Gauge<f64, AtomicU64>,
+    /// The last hour of latencies, a minute at a time (the console's chart).
+    pub latency: LatencyLog,
+}
+
+/// Request latency per minute over the last hour, for a chart: a histogram
+/// says how latency is spread since the process started, not how it moved.
+#[derive(Debug, Clone, Default)]
+pub struct LatencyLog(std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<LatencyMinute>>>);
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LatencyMinute {
+    /// Unix time of the minute's start, in minutes.
+    pub minute: i64,
+    pub calls: u64,
+    pub total_seconds: f64,
+    pub max_seconds: f64,
+}
+
+impl LatencyLog {
+    const MINUTES: usize = 60;
+
+    pub fn record(&self, at: std::time::SystemTime, seconds: f64) {
+        let minute = at
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64 / 60);
+        let mut log = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        match log.back_mut() {
+            Some(last) if last.minute == minute => {
+                last.calls += 1;
+                last.total_seconds += seconds;
+                last.max_seconds = last.max_seconds.max(seconds);
+            }
+            _ => {
+                log.push_back(LatencyMinute {
+                    minute,
+                    calls: 1,
+                    total_seconds: seconds,
+                    max_seconds: seconds,
+                });
+                while log.len() > Self::MINUTES {
+                    log.pop_front();
+                }
+            }
+        }
+    }
+
+    /// The minutes with calls, oldest first.
+    pub fn minutes(&self) -> Vec<LatencyMinute> {
+        let log = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        log.iter().copied().collect()
+    }
 }
 
 impl Default for ClientMetrics {
@@ -197,6 +248,7 @@ impl Default for ClientMetrics {
             waiting: Gauge::default(),
             throttled: Counter::default(),
             held_until: Gauge::default(),
+            latency: LatencyLog::default(),
         }
     }
 }
@@ -376,5 +428,34 @@ where
         }
         tracing::info!(what, attempt = n, wait_ms = wait.as_millis() as u64, error = %err, "retrying");
         tokio::time::sleep(wait).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, UNIX_EPOCH};
+
+    use super::*;
+
+    #[test]
+    fn the_latency_log_sums_each_minute_and_keeps_the_last_hour() {
+        let log = LatencyLog::default();
+        let at = |minute: u64, second: u64| UNIX_EPOCH + Duration::from_secs(minute * 60 + second);
+        log.record(at(1000, 5), 0.1);
+        log.record(at(1000, 50), 0.3);
+        log.record(at(1001, 0), 0.2);
+        let minutes = log.minutes();
+        assert_eq!(minutes.len(), 2);
+        assert_eq!(minutes[0].minute, 1000);
+        assert_eq!(minutes[0].calls, 2);
+        assert!((minutes[0].total_seconds - 0.4).abs() < 1e-9);
+        assert_eq!(minutes[0].max_seconds, 0.3);
+        for m in 1002..1100 {
+            log.record(at(m, 0), 0.01);
+        }
+        let minutes = log.minutes();
+        assert_eq!(minutes.len(), 60);
+        assert_eq!(minutes[0].minute, 1040);
+        assert_eq!(minutes[59].minute, 1099);
     }
 }

@@ -8,6 +8,6 @@ pub mod model;
 pub mod operation;
 
 pub use client::{ClientConfig, CreateDevice, CreatedDevice, MetalClient, Witness};
-pub use discipline::{ClientMetrics, LocalPacer, Pacer, RetrySettings};
+pub use discipline::{ClientMetrics, LatencyLog, LatencyMinute, LocalPacer, Pacer, RetrySettings};
 pub use error::{ErrorClass, MetalError};
 pub use operation::Operation;

@@ -47,6 +47,9 @@ enum Command {
     /// The events of one reservation or device, in order
     #[command(subcommand)]
     History(operate::HistoryOf),
+    /// Retry or cancel one job
+    #[command(subcommand)]
+    Job(operate::JobCommand),
     /// Stop new creations cluster-wide (reconciles go on reporting)
     Pause(operate::PauseArgs),
     /// Let new creations start again
@@ -131,6 +134,7 @@ fn main() -> ExitCode {
             Command::Status(args) => operate::status(args).await,
             Command::Plan(args) => operate::plan(*args).await,
             Command::History(of) => operate::history(of).await,
+            Command::Job(command) => operate::job(command).await,
             Command::Pause(args) => operate::pause(args).await,
             Command::Resume(args) => operate::resume(args).await,
             Command::Migrate(args) => database::migrate(args).await,

@@ -6,6 +6,7 @@ mod web;
 use reqwest::StatusCode;
 use sqlx::PgPool;
 use std::time::Duration;
+use uuid::Uuid;
 use web::browser::Browser;
 use web::*;
 
@@ -193,6 +194,14 @@ async fn an_operator_clicks_through_the_console_in_a_browser(pool: PgPool) {
     let fleet_box = browser.text("table.facts").await;
     assert!(fleet_box.contains("Managed machines 1"), "{fleet_box}");
     browser.screenshot("status-page").await;
+
+    // The charts, one click away.
+    browser.click_to_leave("a[href='/charts']").await;
+    let legend = browser.text("div.plot p.legend").await;
+    assert!(legend.contains("devices created"), "{legend}");
+    assert!(browser.text("svg.creations").await.contains("now"));
+    browser.screenshot("charts").await;
+    browser.goto(&format!("{}/", server.base)).await;
 
     // The queue's state links the filtered list.
     browser
@@ -532,5 +541,62 @@ async fn actions_need_the_credential_and_record_who(pool: PgPool) {
         .await
         .unwrap();
     assert_eq!(r.status(), StatusCode::NOT_FOUND);
+    server.stop().await;
+}
+
+/// The charts count what the log and the queue hold: creations, failures
+/// and give-ups in the bar of the moment they were recorded, the queue's
+/// depth by kind, and this process's API latency by minute.
+#[sqlx::test(migrations = false)]
+async fn charts_draw_what_the_log_and_the_queue_hold(pool: PgPool) {
+    use shepherd::events::event::*;
+    seed(&pool).await;
+    let r = Uuid::new_v4();
+    let mut events: Vec<shepherd::events::Event> = Vec::new();
+    for n in 0..3 {
+        events.push(
+            DeviceCreated {
+                reservation: r,
+                device: Uuid::new_v4(),
+                hostname: format!("shepherd-chart-{n}"),
+                witness: format!("shepherd-witness:c{n}"),
+                recovered: false,
+                request: None,
+            }
+            .into(),
+        );
+    }
+    events.push(
+        CreationGivenUp {
+            reservation: r,
+            class: shepherd::metal::ErrorClass::Permanent,
+            message: "no".into(),
+            request: None,
+        }
+        .into(),
+    );
+    append(&pool, events).await;
+    for _ in 0..2 {
+        sqlx::query("select shepherd.enqueue_create_device($1)")
+            .bind(Uuid::new_v4())
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+    let server = Server::start(pool.clone()).await;
+    let (status, _, page) = server.get("/charts").await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    // seed() created one device too: four in all, all in the last bar.
+    assert!(page.contains("<title>4 devices created from"), "{page}");
+    assert!(page.contains("<title>1 creations given up from"), "{page}");
+    assert!(page.contains("<title>2 create_device from"), "{page}");
+    assert!(page.contains("<title>150 ms mean from"), "{page}");
+    assert!(!page.contains("<title>0 "), "empty bars are not drawn");
+    let (status, _, page) = server.get("/charts?window=24h").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(page.contains("<title>4 devices created from"), "{page}");
+    let (status, _, page) = server.get("/charts?window=1y").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(page.contains("1h, 24h, 7d"), "{page}");
     server.stop().await;
 }

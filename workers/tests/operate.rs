@@ -313,3 +313,61 @@ async fn messages_name_the_cause_and_the_next_command(pool: PgPool) {
     assert_eq!(count("creations_paused").await, 1);
     assert_eq!(count("creations_resumed").await, 1);
 }
+
+/// `shepherd job retry|cancel`: the same judgement as the console's
+/// buttons, with who (`cli:<user>`) and why; a refusal or an unknown id
+/// exits non-zero and says why.
+#[sqlx::test(migrations = false)]
+async fn jobs_are_retried_and_cancelled_from_the_command_line(pool: PgPool) {
+    let w = World::new(pool).await;
+    let job: String = sqlx::query_scalar("select shepherd.enqueue_reconcile()")
+        .fetch_one(&w.pool)
+        .await
+        .unwrap();
+
+    let (ok, _, err) = w.run(&["job", "retry", &job, "--reason", "now"]).await;
+    assert!(!ok);
+    assert!(err.contains("only a failed or killed job"), "{err}");
+    let (ok, _, err) = w
+        .run(&[
+            "job",
+            "cancel",
+            "01JA0000000000000000000000",
+            "--reason",
+            "x",
+        ])
+        .await;
+    assert!(!ok);
+    assert!(err.contains("no shepherd job"), "{err}");
+    let (ok, _, err) = w.run(&["job", "cancel", &job, "--reason", " "]).await;
+    assert!(!ok);
+    assert!(err.contains("--reason"), "{err}");
+
+    let mut cancel = w.command(&["job", "cancel", &job, "--reason", "not now"]);
+    cancel.env("USER", "carol");
+    let out = tokio::task::spawn_blocking(move || cancel.output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("cancelled"));
+    let (status, by): (String, String) = sqlx::query_as(
+        "select j.status, e.body->>'by' from apalis.jobs j
+         join shepherd.events e on e.event_type = 'job_cancelled' and e.body->>'job' = j.id
+         where j.id = $1",
+    )
+    .bind(&job)
+    .fetch_one(&w.pool)
+    .await
+    .unwrap();
+    assert_eq!((status.as_str(), by.as_str()), ("Killed", "cli:carol"));
+    let (ok, out, err) = w
+        .run(&["job", "retry", &job, "--reason", "after all"])
+        .await;
+    assert!(ok, "{err}");
+    assert!(out.contains("will run again"), "{out}");
+}

@@ -102,6 +102,10 @@ impl MetalClient {
                 status: status_label,
             })
             .observe(started.elapsed().as_secs_f64());
+        self.inner.gate.metrics.latency.record(
+            std::time::SystemTime::now(),
+            started.elapsed().as_secs_f64(),
+        );
         drop(admission);
         let (status, headers, body) = match outcome {
             Err(_) => {

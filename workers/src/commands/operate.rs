@@ -526,3 +526,50 @@ pub async fn release(args: ReleaseArgs) -> anyhow::Result<()> {
     println!("machine {machine_id} (device {device}) is no longer managed");
     Ok(())
 }
+
+#[derive(Debug, Subcommand)]
+pub enum JobCommand {
+    /// Run a failed or killed job again (refused if its work already has
+    /// a live job)
+    Retry(JobActionArgs),
+    /// Cancel a job waiting for a worker (a creation only if it was never
+    /// tried: one that may have reached the provider is settled by looking)
+    Cancel(JobActionArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct JobActionArgs {
+    #[command(flatten)]
+    db: DatabaseArgs,
+    /// The job's id (`shepherd status`, the console's /jobs, or apalis.jobs.id)
+    id: String,
+    /// Why (recorded in the event with who acted)
+    #[arg(long)]
+    reason: String,
+}
+
+pub async fn job(command: JobCommand) -> anyhow::Result<()> {
+    use shepherd::jobs::manage;
+    let (args, retry) = match command {
+        JobCommand::Retry(a) => (a, true),
+        JobCommand::Cancel(a) => (a, false),
+    };
+    if args.reason.trim().is_empty() {
+        anyhow::bail!("say why with --reason: the log records it with who acted");
+    }
+    let pool = args.db.connect(2).await?;
+    let by = operator();
+    let done = if retry {
+        manage::retry(&pool, &args.id, &by, &args.reason).await
+    } else {
+        manage::cancel(&pool, &args.id, &by, &args.reason).await
+    };
+    let verb = if retry { "retry" } else { "cancel" };
+    done.with_context(|| format!("cannot {verb} job {}", args.id))?;
+    if retry {
+        println!("job {} will run again as soon as a worker is free", args.id);
+    } else {
+        println!("job {} cancelled", args.id);
+    }
+    Ok(())
+}

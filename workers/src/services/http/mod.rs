@@ -75,6 +75,7 @@ pub(super) fn router(state: HttpState) -> Router {
         .route("/actions/{action}", axum::routing::post(act))
         .route("/machines", get(machines_page))
         .route("/jobs/{id}", get(job_page))
+        .route("/charts", get(charts_page))
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
@@ -164,6 +165,7 @@ pub(super) async fn readyz(State(state): State<HttpState>) -> (StatusCode, &'sta
 }
 
 mod actions;
+mod charts;
 mod html;
 mod jobs;
 mod machines;
@@ -172,6 +174,7 @@ mod pages;
 mod status_page;
 
 use actions::*;
+use charts::*;
 use html::*;
 use jobs::*;
 use machines::*;
