@@ -223,6 +223,47 @@ pub async fn read_recent_except(
     rows.iter().map(decode_row).collect()
 }
 
+/// Up to `limit` events before `before` (a position; the newest when
+/// `None`), newest first, of one stream (or every stream starting with a
+/// prefix that ends in `/`, e.g. `reservation/`) and one type, where given.
+pub async fn read_filtered(
+    pool: &PgPool,
+    stream: Option<&str>,
+    event_type: Option<&str>,
+    before: Option<i64>,
+    limit: i64,
+) -> Result<Vec<StoredEvent>, StoreError> {
+    let (exact, prefix) = match stream {
+        Some(s) if s.ends_with('/') => (
+            None,
+            Some(
+                s.replace('\\', "\\\\")
+                    .replace('%', "\\%")
+                    .replace('_', "\\_")
+                    + "%",
+            ),
+        ),
+        Some(s) => (Some(s), None),
+        None => (None, None),
+    };
+    let rows = sqlx::query(concat!(
+        "select ",
+        columns!(),
+        " from shepherd.events
+          where ($1::text is null or stream = $1) and ($2::text is null or stream like $2)
+            and ($3::text is null or event_type = $3) and ($4::bigint is null or position < $4)
+          order by position desc limit $5"
+    ))
+    .bind(exact)
+    .bind(prefix)
+    .bind(event_type)
+    .bind(before)
+    .bind(limit)
+    .fetch_all(pool)
+    .await?;
+    rows.iter().map(decode_row).collect()
+}
+
 /// The last `limit` events, oldest first.
 pub async fn read_recent(pool: &PgPool, limit: i64) -> Result<Vec<StoredEvent>, StoreError> {
     let rows = sqlx::query(concat!(

@@ -201,6 +201,20 @@ async fn an_operator_clicks_through_the_console_in_a_browser(pool: PgPool) {
     assert!(legend.contains("devices created"), "{legend}");
     assert!(browser.text("svg.creations").await.contains("now"));
     browser.screenshot("charts").await;
+
+    // The event log, narrowed to one type.
+    browser.goto(&format!("{}/", server.base)).await;
+    browser.click_to_leave("a[href='/events']").await;
+    browser
+        .click("select[name=type] option[value=reservation_penalised]")
+        .await;
+    browser.click_to_leave("form button").await;
+    let log = browser.text("table.events").await;
+    assert!(
+        log.contains(&fleet.penalised.to_string()) && !log.contains("reconcile_started"),
+        "{log}"
+    );
+    browser.screenshot("events").await;
     browser.goto(&format!("{}/", server.base)).await;
 
     // The queue's state links the filtered list.
@@ -598,5 +612,81 @@ async fn charts_draw_what_the_log_and_the_queue_hold(pool: PgPool) {
     let (status, _, page) = server.get("/charts?window=1y").await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert!(page.contains("1h, 24h, 7d"), "{page}");
+    server.stop().await;
+}
+
+/// The event log, filtered by stream (one, or a kind) and type, a page of
+/// 100 at a time, newest first.
+#[sqlx::test(migrations = false)]
+async fn the_event_log_filters_by_stream_and_type_and_pages(pool: PgPool) {
+    use shepherd::events::event::*;
+    let fleet = seed(&pool).await;
+    let server = Server::start(pool.clone()).await;
+
+    // The table only: the type filter's choices name every type.
+    let table = |page: &str| match (page.find("<table"), page.find("</table>")) {
+        (Some(a), Some(b)) => page[a..b].to_string(),
+        _ => String::new(),
+    };
+    let (status, _, page) = server.get("/events?type=reservation_penalised").await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    let page = table(&page);
+    assert!(page.contains(&fleet.penalised.to_string()), "{page}");
+    assert!(!page.contains("reconcile_started"), "{page}");
+
+    let (_, _, page) = server.get("/events?stream=reservation/").await;
+    let page = table(&page);
+    assert!(
+        page.contains("creation_requested") && page.contains("device_created"),
+        "{page}"
+    );
+    assert!(!page.contains("reconcile_started"), "{page}");
+    let (_, _, page) = server
+        .get(&format!("/events?stream=reservation/{}", fleet.penalised))
+        .await;
+    let page = table(&page);
+    assert!(page.contains("reservation_penalised"), "{page}");
+    assert!(!page.contains("creation_requested"), "{page}");
+    // A prefix's wildcards are taken literally.
+    let (_, _, page) = server.get("/events?stream=%25/").await;
+    assert!(page.contains("No events match."), "{page}");
+
+    let (status, _, page) = server.get("/events?type=machine_teleported").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(page.contains("not an event type"), "{page}");
+
+    // 120 pauses and resumes: the first page holds 100, newest first, and
+    // links the rest.
+    let mut many: Vec<shepherd::events::Event> = Vec::new();
+    for n in 0..60 {
+        many.push(
+            CreationsPaused {
+                by: "ops".into(),
+                reason: format!("p{n:03}"),
+            }
+            .into(),
+        );
+        many.push(
+            CreationsResumed {
+                by: "ops".into(),
+                reason: format!("r{n:03}"),
+            }
+            .into(),
+        );
+    }
+    append(&pool, many).await;
+    let (_, _, page) = server.get("/events?stream=operator/controls").await;
+    assert!(page.contains("r059") && page.contains("p010"), "{page}");
+    assert!(!page.contains("p009"), "the first page holds 100");
+    let older = page
+        .split("href=\"")
+        .filter_map(|s| s.split('"').next())
+        .find(|href| href.starts_with("/events?before="))
+        .expect("a link to older events")
+        .replace("&amp;", "&");
+    let (_, _, page) = server.get(&older).await;
+    assert!(page.contains("p009") && page.contains("p000"), "{page}");
+    assert!(!page.contains("r059"), "{page}");
+    assert!(!page.contains("older →"), "{page}");
     server.stop().await;
 }

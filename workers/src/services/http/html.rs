@@ -173,7 +173,12 @@ pub(super) fn body(value: &Value) -> Markup {
     html! {
         @for (i, (field, v)) in fields.iter().enumerate() {
             @if i > 0 { " " }
-            span.k { (field) } "=" (field_value(id_kind(field), v))
+            span.k { (field) } "="
+            @match (field.as_str(), v) {
+                // A job named by an operator's retry or cancel.
+                ("job", Value::String(job)) => a.id href={ "/jobs/" (job) } { (job) },
+                _ => (field_value(id_kind(field), v)),
+            }
         }
     }
 }

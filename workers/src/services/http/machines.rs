@@ -130,7 +130,7 @@ pub(super) async fn machines_page(
 }
 
 /// Percent-encodes a query value (letters, digits and `-._~` stay).
-fn percent(s: &str) -> String {
+pub(super) fn percent(s: &str) -> String {
     s.bytes()
         .map(|b| match b {
             b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {

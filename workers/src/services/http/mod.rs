@@ -76,6 +76,7 @@ pub(super) fn router(state: HttpState) -> Router {
         .route("/machines", get(machines_page))
         .route("/jobs/{id}", get(job_page))
         .route("/charts", get(charts_page))
+        .route("/events", get(events_page))
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
@@ -166,6 +167,7 @@ pub(super) async fn readyz(State(state): State<HttpState>) -> (StatusCode, &'sta
 
 mod actions;
 mod charts;
+mod events;
 mod html;
 mod jobs;
 mod machines;
@@ -175,6 +177,7 @@ mod status_page;
 
 use actions::*;
 use charts::*;
+use events::*;
 use html::*;
 use jobs::*;
 use machines::*;
