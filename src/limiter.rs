@@ -27,6 +27,8 @@ pub struct Limiter {
 /// Limiter names: one row each in `shepherd.limiters`.
 pub const DEVICE_CREATION: &str = "device_creation";
 pub const METAL_API: &str = "metal_api";
+pub const LATITUDE_READS: &str = "latitude_reads";
+pub const LATITUDE_WRITES: &str = "latitude_writes";
 
 impl Limiter {
     pub fn new(pool: PgPool, name: &'static str, rate: Rate) -> Self {
@@ -118,7 +120,7 @@ impl Limiter {
     }
 
     /// What is left of a running hold.
-    async fn hold_left(&self) -> Result<Option<Duration>, sqlx::Error> {
+    pub(crate) async fn hold_left(&self) -> Result<Option<Duration>, sqlx::Error> {
         let left: Option<f64> = sqlx::query_scalar(
             "select extract(epoch from held_until - clock_timestamp())::float8
              from shepherd.limiters where name = $1 and held_until > clock_timestamp()",
@@ -192,6 +194,93 @@ impl Pacer for Limiter {
             Limiter::hold(self, wait)
                 .await
                 .map_err(|e| format!("the {} limiter's database is unreachable: {e}", self.name))
+        })
+    }
+}
+
+/// At most `calls` call starts in any window of `per`, cluster-wide: the
+/// budget of a provider that counts calls per key per minute (Latitude.sh:
+/// 60 reads, 20 writes). A token bucket of the same rate lets up to twice
+/// that through one sliding window (a full bucket, then its refill); this
+/// keeps the last slots handed out and gives the next one a window after
+/// the one `calls - 1` places back. The window is widened a little for
+/// clocks and the network, and a slot reached late is given up, so the
+/// provider never counts more than `calls` in a window it measures. Holds
+/// (a 429's `retry_after`) are shared with [`Limiter`]'s row of the same
+/// name.
+#[derive(Debug, Clone)]
+pub struct WindowLimiter {
+    row: Limiter,
+    calls: u32,
+    per: Duration,
+}
+
+/// How late a slot may be used: the widening of the window covers it.
+const WINDOW_LATENESS: Duration = Duration::from_millis(100);
+
+impl WindowLimiter {
+    pub fn new(pool: PgPool, name: &'static str, calls: u32, per: Duration) -> Self {
+        WindowLimiter {
+            row: Limiter::new(pool, name, Rate::UNLIMITED),
+            calls: calls.max(1),
+            per,
+        }
+    }
+
+    /// The window slots are spaced by: the provider's, plus 2 % and 250 ms.
+    pub fn window(&self) -> Duration {
+        self.per + self.per / 50 + Duration::from_millis(250)
+    }
+
+    /// Reserves the next slot; returns its start as a Unix time in seconds.
+    pub async fn reserve(&self) -> Result<f64, sqlx::Error> {
+        sqlx::query_scalar("select shepherd.take_window_slot($1, $2, $3)")
+            .bind(self.row.name)
+            .bind(self.calls as i32)
+            .bind(self.window().as_secs_f64())
+            .fetch_one(&self.row.pool)
+            .await
+    }
+
+    /// Waits for a slot and returns how long it waited.
+    pub async fn acquire(&self) -> Result<Duration, sqlx::Error> {
+        let started = std::time::Instant::now();
+        loop {
+            let slot = self.reserve().await?;
+            let wait = slot - unix_now();
+            if wait > 0.0 {
+                tokio::time::sleep(Duration::from_secs_f64(wait)).await;
+                if self.row.held().await? {
+                    continue;
+                }
+            }
+            if unix_now() - slot <= WINDOW_LATENESS.as_secs_f64() {
+                return Ok(started.elapsed());
+            }
+        }
+    }
+}
+
+impl Pacer for WindowLimiter {
+    fn wait_turn(&self) -> PacerFuture<'_> {
+        Box::pin(async move {
+            self.acquire().await.map(drop).map_err(|e| {
+                format!(
+                    "the {} limiter's database is unreachable: {e}",
+                    self.row.name
+                )
+            })
+        })
+    }
+
+    fn hold(&self, wait: Duration) -> PacerFuture<'_> {
+        Box::pin(async move {
+            self.row.hold(wait).await.map_err(|e| {
+                format!(
+                    "the {} limiter's database is unreachable: {e}",
+                    self.row.name
+                )
+            })
         })
     }
 }

@@ -240,3 +240,45 @@ async fn a_spent_read_budget_holds_every_read_for_as_long_as_it_asks() {
         .count();
     assert_eq!(inside, 0, "reads sent inside the hold");
 }
+
+/// Two processes' clients share the key's write budget through Postgres:
+/// together they never start more writes in a window than Latitude
+/// allows, so the fake, which counts per key over a sliding window, never
+/// answers 429, and every create goes through.
+#[sqlx::test(migrations = false)]
+async fn two_processes_share_the_keys_budgets_and_are_never_throttled(pool: sqlx::PgPool) {
+    shepherd::db::migrate(&pool).await.unwrap();
+    let fake = fake(FakeConfig {
+        reads_per_window: 1_000,
+        writes_per_window: 3,
+        rate_window: Duration::from_secs(1),
+        ..FakeConfig::default()
+    })
+    .await;
+    let budgets = shepherd::latitude::Budgets {
+        reads: 1_000,
+        writes: 3,
+        per: Duration::from_secs(1),
+    };
+    let process = |n: u32| {
+        let mut config = LatitudeConfig::new(fake.base_url(), fake.project(), ApiToken::new(KEY));
+        config.attempt_timeout = Duration::from_secs(5);
+        let c = LatitudeClient::for_cluster(config, pool.clone(), budgets).unwrap();
+        async move {
+            for i in 0..4 {
+                c.create_server(&request(&format!("shared-{n}-{i}"), "DAL"))
+                    .await
+                    .unwrap();
+            }
+        }
+    };
+    tokio::join!(process(1), process(2));
+    let log = fake.request_log();
+    let throttled = log.iter().filter(|r| r.status == 429).count();
+    assert_eq!(throttled, 0, "the fake was pushed past its budget");
+    let created = log
+        .iter()
+        .filter(|r| r.method == "POST" && r.status == 201)
+        .count();
+    assert_eq!(created, 8);
+}

@@ -130,3 +130,47 @@ async fn a_hold_from_one_process_stops_the_others_until_it_ends(pool: PgPool) {
     .unwrap();
     assert_eq!((holds, held), (1, true));
 }
+
+/// A window limiter lets its calls through at once, then no more than that
+/// many in any window, whichever of three processes asks: what a provider
+/// that counts calls per minute sees.
+#[sqlx::test(migrations = false)]
+async fn a_window_lets_at_most_its_calls_through_any_window(pool: PgPool) {
+    use shepherd::limiter::WindowLimiter;
+    common::migrated(&pool).await;
+    let per = Duration::from_millis(400);
+    let granted = Arc::new(Mutex::new(Vec::new()));
+    let tasks: Vec<_> = (0..3)
+        .map(|_| {
+            let limiter = WindowLimiter::new(pool.clone(), "window-test", 4, per);
+            let granted = granted.clone();
+            tokio::spawn(async move {
+                for _ in 0..5 {
+                    limiter.acquire().await.unwrap();
+                    granted.lock().unwrap().push(Instant::now());
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let mut times = granted.lock().unwrap().clone();
+    times.sort();
+    assert_eq!(times.len(), 15);
+    // Any five consecutive grants span at least one window.
+    let spans: Vec<u128> = times
+        .windows(5)
+        .map(|w| w[4].duration_since(w[0]).as_millis())
+        .collect();
+    assert!(
+        spans.iter().all(|s| *s >= per.as_millis()),
+        "five grants within one window (ms): {spans:?}"
+    );
+    // The first four went at once: a budget, not a metronome.
+    assert!(
+        times[3].duration_since(times[0]) < Duration::from_millis(150),
+        "the first four were spread over {:?}",
+        times[3].duration_since(times[0])
+    );
+}

@@ -100,6 +100,25 @@ impl LatitudeConfig {
     }
 }
 
+/// The calls a key may start per window: Latitude documents 60 reads and
+/// 20 writes per minute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Budgets {
+    pub reads: u32,
+    pub writes: u32,
+    pub per: Duration,
+}
+
+impl Default for Budgets {
+    fn default() -> Self {
+        Budgets {
+            reads: 60,
+            writes: 20,
+            per: Duration::from_secs(60),
+        }
+    }
+}
+
 /// What a create asks for. The hostname is the witness: unique per
 /// creation, so that a lookup by it finds this creation's server and no
 /// other.
@@ -154,19 +173,38 @@ struct Answer {
 }
 
 impl LatitudeClient {
-    /// A client with Latitude's budgets within this process: 60 reads and
-    /// 20 writes per minute, each a bucket that starts full.
+    /// A client with Latitude's budgets within this process only (a
+    /// command, a test; workers use [`LatitudeClient::for_cluster`]). Each
+    /// budget is a bucket of half the limit that refills half the limit a
+    /// minute: a full bucket and its refill stay within the limit in any
+    /// minute, where a bucket of the whole limit could start twice that.
     pub fn new(config: LatitudeConfig) -> Result<Self, LatitudeError> {
         let minute = Duration::from_secs(60);
+        let budgets = Budgets::default();
         let reads = Arc::new(LocalPacer::new(crate::config::Rate {
             interval: minute,
-            burst: 60,
+            burst: budgets.reads / 2,
         }));
         let writes = Arc::new(LocalPacer::new(crate::config::Rate {
             interval: minute,
-            burst: 20,
+            burst: budgets.writes / 2,
         }));
         Self::with_pacers(config, reads, writes)
+    }
+
+    /// A client whose reads and writes share the cluster's budgets, kept
+    /// in Postgres: Latitude counts calls per key, whichever process makes
+    /// them. At most `budgets.reads` reads and `budgets.writes` writes start
+    /// in any window of `budgets.per`, and a 429 holds every process.
+    pub fn for_cluster(
+        config: LatitudeConfig,
+        pool: sqlx::PgPool,
+        budgets: Budgets,
+    ) -> Result<Self, LatitudeError> {
+        use crate::limiter::{LATITUDE_READS, LATITUDE_WRITES, WindowLimiter};
+        let reads = WindowLimiter::new(pool.clone(), LATITUDE_READS, budgets.reads, budgets.per);
+        let writes = WindowLimiter::new(pool, LATITUDE_WRITES, budgets.writes, budgets.per);
+        Self::with_pacers(config, Arc::new(reads), Arc::new(writes))
     }
 
     /// A client whose reads and writes are paced by the given pacers (e.g.

@@ -10,10 +10,14 @@
 //! - reads and writes have separate budgets (60 and 20 per minute per key),
 //!   so the client paces them with two pacers, and a 429's
 //!   `errors[0].meta.retry_after` holds the budget it was counted against;
-//! - pages without a total: the listing stops at a short page.
+//! - pages without a total: the listing stops at a short page;
+//! - no reservations: capacity is what an operator declares as pools
+//!   (`pools.rs`: keep N of a plan in a site), bounded by stock.
 
 pub mod client;
 pub mod model;
+pub mod pools;
 
-pub use client::{CreateServer, Created, LatitudeClient, LatitudeConfig, LatitudeError};
+pub use client::{Budgets, CreateServer, Created, LatitudeClient, LatitudeConfig, LatitudeError};
 pub use model::{Phase, Server, Stock};
+pub use pools::{Pool, PoolPlan, Shortfall};

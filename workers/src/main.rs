@@ -3,7 +3,7 @@
 //! a one-line message and a non-zero exit.
 
 use shepherd_workers::commands::{
-    database, demo, enqueue, fake_latitude, fake_metal, inspect, operate, worker,
+    database, demo, enqueue, fake_latitude, fake_metal, inspect, operate, pools, worker,
 };
 use shepherd_workers::{logging, settings};
 
@@ -68,6 +68,9 @@ enum Command {
     /// Check or rebuild the views from the event log
     #[command(subcommand)]
     Views(inspect::ViewsCommand),
+    /// Latitude.sh pools: what a pass would create in each, bounded by stock
+    #[command(subcommand)]
+    Pools(pools::PoolsCommand),
     /// Serve a fake Equinix Metal API from memory, with fault injection
     FakeMetal(fake_metal::FakeMetalArgs),
     /// Serve a fake Latitude.sh API from memory (stock, rate limits), with
@@ -135,6 +138,7 @@ fn main() -> ExitCode {
             Command::Plan(args) => operate::plan(*args).await,
             Command::History(of) => operate::history(of).await,
             Command::Job(command) => operate::job(command).await,
+            Command::Pools(command) => pools::run(command).await,
             Command::Pause(args) => operate::pause(args).await,
             Command::Resume(args) => operate::resume(args).await,
             Command::Migrate(args) => database::migrate(args).await,

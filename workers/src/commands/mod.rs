@@ -7,4 +7,5 @@ pub mod fake_latitude;
 pub mod fake_metal;
 pub mod inspect;
 pub mod operate;
+pub mod pools;
 pub mod worker;

@@ -1,0 +1,119 @@
+//! `shepherd pools plan` against the fake Latitude API over HTTP: a pool
+//! counts its own servers by hostname, stock and the room under the limit
+//! bound what a pass would create, and mistakes in the pools are named.
+
+use std::process::Command;
+
+use shepherd::latitude::pools::hostname;
+use shepherd::latitude::{CreateServer, LatitudeClient, LatitudeConfig};
+use shepherd::secret::ApiToken;
+use shepherd_fakes::latitude::{FakeConfig, FakeLatitude};
+use uuid::Uuid;
+
+const KEY: &str = "pools-test-key-3f9a";
+const OS: &str = "ubuntu_24_04_x64_lts";
+
+fn shepherd(fake: &FakeLatitude, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_shepherd"))
+        .args(args)
+        .env("LATITUDE_API_URL", fake.base_url())
+        .env("LATITUDE_PROJECT", fake.project())
+        .env("LATITUDE_API_KEY", KEY)
+        .env("SHEPHERD_LOG", "warn")
+        .env_remove("SHEPHERD_LATITUDE_POOLS")
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_plan_counts_its_servers_and_is_bounded_by_stock_and_room() {
+    let fake = FakeLatitude::start(
+        FakeConfig {
+            token: KEY.into(),
+            reads_per_window: 10_000,
+            writes_per_window: 10_000,
+            ..FakeConfig::default()
+        },
+        "127.0.0.1:0".parse().unwrap(),
+    )
+    .await
+    .unwrap();
+    let client = LatitudeClient::new(LatitudeConfig::new(
+        fake.base_url(),
+        fake.project(),
+        ApiToken::new(KEY),
+    ))
+    .unwrap();
+    let create = |hostname: String| CreateServer {
+        plan: "c2-small-x86".into(),
+        site: "DAL".into(),
+        operating_system: OS.into(),
+        hostname,
+        ssh_keys: vec![],
+    };
+    // Two of pool web's servers, and one of another party's.
+    for name in [
+        hostname("shepherd-", "web", Uuid::new_v4()),
+        hostname("shepherd-", "web", Uuid::new_v4()),
+        "their-web-1".to_string(),
+    ] {
+        client.create_server(&create(name)).await.unwrap();
+    }
+
+    let web = format!("name=web,plan=c2-small-x86,site=DAL,count=5,os={OS}");
+    let cold = format!("name=cold,plan=c2-small-x86,site=CHI,count=2,os={OS}");
+    let nowhere = format!("name=nowhere,plan=c3-medium-x86,site=DAL,count=1,os={OS}");
+    let (ok, out, err) = shepherd(
+        &fake,
+        &[
+            "pools", "plan", "--pool", &web, "--pool", &cold, "--pool", &nowhere, "--room", "2",
+            "--json",
+        ],
+    );
+    assert!(ok, "{err}");
+    let plans: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let web_plan = &plans[0];
+    assert_eq!(web_plan["have"], 2, "{out}");
+    assert_eq!(web_plan["create"], 2, "{out}");
+    assert_eq!(
+        web_plan["short"],
+        serde_json::json!([1, "at_limit"]),
+        "{out}"
+    );
+    assert_eq!(plans[1]["create"], 0);
+    assert_eq!(
+        plans[1]["short"],
+        serde_json::json!([2, "out_of_stock"]),
+        "{out}"
+    );
+    assert_eq!(
+        plans[2]["short"],
+        serde_json::json!([1, "not_in_site"]),
+        "{out}"
+    );
+
+    // The table says the same to a person, and nothing was created.
+    let (ok, out, err) = shepherd(&fake, &["pools", "plan", "--pool", &web]);
+    assert!(ok, "{err}");
+    assert!(out.contains("POOL") && out.contains("web"), "{out}");
+    assert!(out.contains("a dry run"), "{out}");
+    assert_eq!(client.list_servers(None).await.unwrap().len(), 3);
+    assert!(!out.contains(KEY) && !err.contains(KEY));
+
+    // Mistakes are named, with a non-zero exit.
+    let (ok, _, err) = shepherd(&fake, &["pools", "plan", "--pool", "name=web,plan=x"]);
+    assert!(!ok);
+    assert!(err.contains("site= is missing"), "{err}");
+    let twin = format!("name=web-2,plan=c2-small-x86,site=DAL,count=1,os={OS}");
+    let (ok, _, err) = shepherd(&fake, &["pools", "plan", "--pool", &web, "--pool", &twin]);
+    assert!(!ok);
+    assert!(err.contains("mistaken"), "{err}");
+    let (ok, _, err) = shepherd(&fake, &["pools", "plan"]);
+    assert!(!ok);
+    assert!(err.contains("no pools"), "{err}");
+}
