@@ -42,7 +42,7 @@ fn one_of_each() -> Vec<Event> {
         .into(),
         DiscrepancyFound {
             run,
-            unknown_devices: vec![d],
+            unknown_devices: vec![d.to_string()],
             missing_devices: vec![],
         }
         .into(),
@@ -81,7 +81,7 @@ fn one_of_each() -> Vec<Event> {
         .into(),
         DeviceCreated {
             reservation: r,
-            device: d,
+            device: d.to_string(),
             hostname: "h".into(),
             witness: "w".into(),
             recovered: true,
@@ -97,7 +97,7 @@ fn one_of_each() -> Vec<Event> {
         .into(),
         RaceLost {
             reservation: r,
-            other_device: Some(Uuid::new_v4()),
+            other_device: Some(Uuid::new_v4().to_string()),
             request: None,
         }
         .into(),
@@ -123,12 +123,12 @@ fn one_of_each() -> Vec<Event> {
         }
         .into(),
         AssimilationSkipped {
-            device: d,
+            device: d.to_string(),
             machine_id: Uuid::new_v4(),
         }
         .into(),
         AssimilationRejected {
-            device: d,
+            device: d.to_string(),
             reason: "not found".into(),
         }
         .into(),
@@ -138,7 +138,7 @@ fn one_of_each() -> Vec<Event> {
         }
         .into(),
         AssimilationRequested {
-            device: d,
+            device: d.to_string(),
             requested_by: "cli:alice".into(),
         }
         .into(),
@@ -171,7 +171,7 @@ fn one_of_each() -> Vec<Event> {
         .into(),
         AdoptionRequested {
             run,
-            device: d,
+            device: d.to_string(),
             reservation: Some(r),
             witnessed: true,
         }
@@ -200,7 +200,7 @@ fn one_of_each() -> Vec<Event> {
         }
         .into(),
         AssimilationResumed {
-            device: d,
+            device: d.to_string(),
             reason: "no job was left to end it".into(),
         }
         .into(),
@@ -370,7 +370,7 @@ async fn a_rollback_leaves_neither_events_nor_view_changes(pool: PgPool) {
             }),
             NewEvent::new(DeviceCreated {
                 reservation: r,
-                device: d,
+                device: d.to_string(),
                 hostname: "h".into(),
                 witness: "w".into(),
                 recovered: false,
@@ -382,7 +382,7 @@ async fn a_rollback_leaves_neither_events_nor_view_changes(pool: PgPool) {
     .unwrap();
     // Inside the transaction the view already shows the device.
     let inside = views::read_live(&mut tx).await.unwrap();
-    assert!(inside.unassimilated.contains_key(&d));
+    assert!(inside.unassimilated.contains_key(&d.to_string()));
     tx.rollback().await.unwrap();
     let mut conn = pool.acquire().await.unwrap();
     assert_eq!(
@@ -553,7 +553,7 @@ async fn a_growing_penalty_resets_on_success(pool: PgPool) {
         &mut tx,
         vec![NewEvent::new(DeviceCreated {
             reservation: r,
-            device: Uuid::new_v4(),
+            device: Uuid::new_v4().to_string(),
             hostname: "h".into(),
             witness: "w".into(),
             recovered: false,
@@ -604,7 +604,7 @@ fn random_event(rng: &mut impl Rng, reservations: &[Uuid], devices: &[Uuid]) -> 
         .into(),
         10 => AdoptionRequested {
             run: Uuid::nil(),
-            device: d,
+            device: d.to_string(),
             reservation: Some(r),
             witnessed: rng.random(),
         }
@@ -620,7 +620,7 @@ fn random_event(rng: &mut impl Rng, reservations: &[Uuid], devices: &[Uuid]) -> 
         .into(),
         1 => DeviceCreated {
             reservation: r,
-            device: d,
+            device: d.to_string(),
             hostname: "h".into(),
             witness: "w".into(),
             recovered: rng.random(),
@@ -662,12 +662,12 @@ fn random_event(rng: &mut impl Rng, reservations: &[Uuid], devices: &[Uuid]) -> 
         }
         .into(),
         8 => AssimilationSkipped {
-            device: d,
+            device: d.to_string(),
             machine_id: Uuid::new_v4(),
         }
         .into(),
         _ => AssimilationRejected {
-            device: d,
+            device: d.to_string(),
             reason: "gone".into(),
         }
         .into(),

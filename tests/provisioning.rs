@@ -92,7 +92,7 @@ async fn a_vanished_device_is_a_discrepancy_and_stops_work(pool: PgPool) {
     let jobs = w.jobs("create_device").await;
     let pass = w.reconcile().await;
     assert!(pass.refused.is_some());
-    assert_eq!(pass.missing_devices, vec![gone]);
+    assert_eq!(pass.missing_devices, vec![gone.to_string()]);
     assert_eq!(w.jobs("create_device").await, jobs, "nothing enqueued");
     assert_eq!(w.events("discrepancy_found").await, 1);
     assert_eq!(w.events("reconcile_refused").await, 1);
@@ -104,7 +104,7 @@ async fn an_unwitnessed_prefixed_device_is_a_discrepancy_unless_assimilate_is_on
     let r = w.fake.reservations()[0].id;
     let stranger = w.fake.add_foreign_device(r, "shepherd-handmade", vec![]);
     let pass = w.reconcile().await;
-    assert_eq!(pass.unknown_devices, vec![stranger]);
+    assert_eq!(pass.unknown_devices, vec![stranger.to_string()]);
     assert!(pass.enqueued.is_empty() && pass.refused.is_some());
     assert_eq!(w.jobs("create_device").await, 0);
 
@@ -115,7 +115,7 @@ async fn an_unwitnessed_prefixed_device_is_a_discrepancy_unless_assimilate_is_on
         .unwrap();
     let w2 = w;
     let pass = w2.reconcile().await;
-    assert_eq!(pass.adopted, vec![stranger]);
+    assert_eq!(pass.adopted, vec![stranger.to_string()]);
     assert!(pass.refused.is_none(), "{pass:?}");
     w2.drain().await;
     let managed: Vec<String> =
@@ -141,7 +141,7 @@ async fn a_witnessed_orphan_is_adopted_not_a_reason_to_halt(pool: PgPool) {
     );
     let pass = w.reconcile().await;
     assert!(pass.refused.is_none(), "{pass:?}");
-    assert_eq!(pass.adopted, vec![orphan]);
+    assert_eq!(pass.adopted, vec![orphan.to_string()]);
     w.drain().await;
     w.assert_fleet_consistent().await;
 }
@@ -185,7 +185,7 @@ async fn another_deployments_witness_is_a_discrepancy_not_an_adoption(pool: PgPo
     );
     let pass = w.reconcile().await;
     assert!(pass.adopted.is_empty(), "{pass:?}");
-    assert_eq!(pass.unknown_devices, vec![foreign]);
+    assert_eq!(pass.unknown_devices, vec![foreign.to_string()]);
     assert!(pass.refused.is_some());
     assert_eq!(w.managed().await, 0);
 }
@@ -504,7 +504,7 @@ async fn assimilating_a_managed_device_is_a_recorded_no_op(pool: PgPool) {
             .unwrap();
     let mut tx = w.pool.begin().await.unwrap();
     let args = AssimilateArgs {
-        device,
+        device: device.to_string(),
         reservation: None,
         manual: true,
         created: None,

@@ -17,7 +17,9 @@ use crate::metal::ErrorClass;
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Stream {
     Reservation(Uuid),
-    Device(Uuid),
+    /// A machine by its provider's id (a Metal device's UUID, a
+    /// Latitude server's `sv_…`).
+    Device(String),
     Reconcile(Uuid),
     SshKey(String),
     Operator,
@@ -128,9 +130,9 @@ events! {
     DiscrepancyFound = "discrepancy_found", 1 {
         run: Uuid,
         /// Prefixed devices nobody manages and nothing witnessed.
-        unknown_devices: Vec<Uuid>,
+        unknown_devices: Vec<String>,
         /// Managed machines whose device is gone from the provider.
-        missing_devices: Vec<Uuid>,
+        missing_devices: Vec<String>,
     }
     /// The pass did no work, and why.
     ReconcileRefused = "reconcile_refused", 1 { run: Uuid, reason: String }
@@ -159,7 +161,7 @@ events! {
     /// A device now exists for the reservation.
     DeviceCreated = "device_created", 1 {
         reservation: Uuid,
-        device: Uuid,
+        device: String,
         hostname: String,
         witness: String,
         /// Found after an ambiguous answer or a crash rather than returned by the create.
@@ -188,7 +190,7 @@ events! {
     /// Another party took the reservation.
     RaceLost = "race_lost", 1 {
         reservation: Uuid,
-        other_device: Option<Uuid>,
+        other_device: Option<String>,
         /// The creation's request (absent before 2026-12).
         #[serde(default)]
         request: Option<Uuid>,
@@ -211,9 +213,9 @@ events! {
     }
     /// A pass found a prefixed device to adopt (a witnessed orphan, or any
     /// unknown one with `assimilate` on): in flight until assimilated.
-    AdoptionRequested = "adoption_requested", 1 { run: Uuid, device: Uuid, reservation: Option<Uuid>, witnessed: bool }
+    AdoptionRequested = "adoption_requested", 1 { run: Uuid, device: String, reservation: Option<Uuid>, witnessed: bool }
     /// A device waiting to be assimilated had no job left; the sweep gave it one.
-    AssimilationResumed = "assimilation_resumed", 1 { device: Uuid, reason: String }
+    AssimilationResumed = "assimilation_resumed", 1 { device: String, reason: String }
     /// An operator recorded that a managed machine is no longer managed
     /// (its device is gone), so passes stop reporting it missing.
     MachineReleased = "machine_released", 1 { machine_id: Uuid, provider: String, provider_id: String, by: String, reason: String }
@@ -223,14 +225,14 @@ events! {
     /// queued, and ended without listing anything.
     ReconcileCoalesced = "reconcile_coalesced", 1 { run: Uuid, newer_pass_started_at: DateTime<Utc> }
     /// Assimilation found the device already managed.
-    AssimilationSkipped = "assimilation_skipped", 1 { device: Uuid, machine_id: Uuid }
+    AssimilationSkipped = "assimilation_skipped", 1 { device: String, machine_id: Uuid }
     /// Assimilation refused the device (unknown to the provider, or not ours).
-    AssimilationRejected = "assimilation_rejected", 1 { device: Uuid, reason: String }
+    AssimilationRejected = "assimilation_rejected", 1 { device: String, reason: String }
     /// The managed SSH key exists with the configured public key.
     SshKeyEnsured = "ssh_key_ensured", 1 { label: String, key_id: Uuid }
     /// An operator asked for a device to be assimilated (`cli:<user>` or
     /// `sql:<role>`); the outcome follows on the device's stream.
-    AssimilationRequested = "assimilation_requested", 1 { device: Uuid, requested_by: String }
+    AssimilationRequested = "assimilation_requested", 1 { device: String, requested_by: String }
     /// An operator replaced the live views with the ones rebuilt from the
     /// log (`shepherd views rebuild --replace`).
     ViewsReplaced = "views_replaced", 1 { by: String, differences: u64 }
@@ -272,11 +274,8 @@ impl Event {
             Event::ReconcileCoalesced(e) => Stream::Reconcile(e.run),
             Event::CreationUnresolved(e) => Stream::Reservation(e.reservation),
             Event::CreationResumed(e) => Stream::Reservation(e.reservation),
-            Event::AssimilationResumed(e) => Stream::Device(e.device),
-            Event::MachineReleased(e) => match e.provider_id.parse() {
-                Ok(id) => Stream::Device(id),
-                Err(_) => Stream::Operator,
-            },
+            Event::AssimilationResumed(e) => Stream::Device(e.device.clone()),
+            Event::MachineReleased(e) => Stream::Device(e.provider_id.clone()),
             Event::SettingsChanged(_) => Stream::Settings,
             Event::CreationRequested(e) => Stream::Reservation(e.reservation),
             Event::CreationRefused(e) => Stream::Reservation(e.reservation),
@@ -286,15 +285,12 @@ impl Event {
             Event::RaceLost(e) => Stream::Reservation(e.reservation),
             Event::ReservationPenalised(e) => Stream::Reservation(e.reservation),
             Event::PenaltyCleared(e) => Stream::Reservation(e.reservation),
-            Event::MachineAssimilated(e) => match e.provider_id.parse() {
-                Ok(id) => Stream::Device(id),
-                Err(_) => Stream::Operator,
-            },
-            Event::AdoptionRequested(e) => Stream::Device(e.device),
-            Event::AssimilationSkipped(e) => Stream::Device(e.device),
-            Event::AssimilationRejected(e) => Stream::Device(e.device),
+            Event::MachineAssimilated(e) => Stream::Device(e.provider_id.clone()),
+            Event::AdoptionRequested(e) => Stream::Device(e.device.clone()),
+            Event::AssimilationSkipped(e) => Stream::Device(e.device.clone()),
+            Event::AssimilationRejected(e) => Stream::Device(e.device.clone()),
             Event::SshKeyEnsured(e) => Stream::SshKey(e.label.clone()),
-            Event::AssimilationRequested(e) => Stream::Device(e.device),
+            Event::AssimilationRequested(e) => Stream::Device(e.device.clone()),
             Event::ViewsReplaced(_) => Stream::Views,
             Event::JobRetried(_) => Stream::Jobs,
             Event::JobCancelled(e) => match e.reservation {

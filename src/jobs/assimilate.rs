@@ -60,7 +60,11 @@ pub async fn assimilate(
         )
         .await;
     }
-    let device = match ctx.metal.get_device(args.device).await {
+    let Ok(metal_id) = args.device.parse::<uuid::Uuid>() else {
+        let reason = format!("{:?} is not a Metal device id (a UUID)", args.device);
+        return reject(ctx, args, job_id, reason).await;
+    };
+    let device = match ctx.metal.get_device(metal_id).await {
         Ok(d) => d,
         Err(e)
             if matches!(e.class(), ErrorClass::Transient | ErrorClass::RateLimited)
@@ -137,7 +141,7 @@ async fn record_machine(
                 &mut tx,
                 vec![
                     NewEvent::new(AssimilationSkipped {
-                        device: args.device,
+                        device: args.device.clone(),
                         machine_id,
                     })
                     .caused_by(job_id),
@@ -181,7 +185,7 @@ async fn reject(
         &mut tx,
         vec![
             NewEvent::new(AssimilationRejected {
-                device: args.device,
+                device: args.device.clone(),
                 reason: reason.clone(),
             })
             .caused_by(job_id),

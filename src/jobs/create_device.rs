@@ -241,7 +241,7 @@ async fn created_outcome(
         vec![
             NewEvent::new(DeviceCreated {
                 reservation: args.reservation,
-                device: id,
+                device: id.to_string(),
                 hostname: hostname.clone(),
                 witness: Witness::new(args.request).tag(),
                 recovered,
@@ -252,7 +252,7 @@ async fn created_outcome(
     )
     .await?;
     let next = AssimilateArgs {
-        device: id,
+        device: id.to_string(),
         reservation: Some(args.reservation),
         manual: false,
         created: Some(super::CreatedDeviceFacts { hostname }),
@@ -386,7 +386,7 @@ async fn race_lost(
     }
     let mut events = vec![NewEvent::new(RaceLost {
         reservation: args.reservation,
-        other_device,
+        other_device: other_device.map(|d| d.to_string()),
         request: Some(args.request),
     })];
     events.push(

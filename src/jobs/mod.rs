@@ -90,7 +90,8 @@ impl CreateDeviceArgs {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AssimilateArgs {
-    pub device: Uuid,
+    /// The machine by its provider's id.
+    pub device: String,
     #[serde(default)]
     pub reservation: Option<Uuid>,
     #[serde(default)]

@@ -17,9 +17,12 @@ use crate::metal::model::{Device, HardwareReservation};
 /// What shepherd's own tables say, read in one snapshot.
 #[derive(Debug, Default)]
 pub struct Fleet {
-    pub managed: HashSet<Uuid>,
+    /// Managed machines by their provider's id.
+    pub managed: HashSet<String>,
+    /// Units (reservations) with a creation in flight.
     pub pending: HashSet<Uuid>,
-    pub unassimilated: HashSet<Uuid>,
+    /// Machines made and not yet assimilated, by their provider's id.
+    pub unassimilated: HashSet<String>,
     pub penalised: HashSet<Uuid>,
 }
 
@@ -41,17 +44,19 @@ pub async fn read_fleet(pool: &PgPool) -> Result<Fleet, sqlx::Error> {
     .fetch_all(&mut *tx)
     .await?;
     let fleet = Fleet {
-        managed: managed_ids.iter().filter_map(|s| s.parse().ok()).collect(),
+        managed: managed_ids.into_iter().collect(),
         pending: ids("select reservation_id from shepherd.pending_creations")
             .fetch_all(&mut *tx)
             .await?
             .into_iter()
             .collect(),
-        unassimilated: ids("select device_id from shepherd.unassimilated_devices")
-            .fetch_all(&mut *tx)
-            .await?
-            .into_iter()
-            .collect(),
+        unassimilated: sqlx::query_scalar::<_, String>(
+            "select device_id from shepherd.unassimilated_devices",
+        )
+        .fetch_all(&mut *tx)
+        .await?
+        .into_iter()
+        .collect(),
         penalised: ids("select reservation_id from shepherd.sinbin where now() <= until")
             .fetch_all(&mut *tx)
             .await?
@@ -64,7 +69,7 @@ pub async fn read_fleet(pool: &PgPool) -> Result<Fleet, sqlx::Error> {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Adoption {
-    pub device: Uuid,
+    pub device: String,
     pub reservation: Option<Uuid>,
     pub witnessed: bool,
 }
@@ -76,9 +81,9 @@ pub struct Comparison {
     /// when `assimilate` is on.
     pub adopt: Vec<Adoption>,
     /// Prefixed devices nobody manages and no witness explains.
-    pub unknown: Vec<Uuid>,
+    pub unknown: Vec<String>,
     /// Managed machines whose device is gone from the provider.
-    pub missing: Vec<Uuid>,
+    pub missing: Vec<String>,
 }
 
 /// The request a device's witness tag names, if it carries one.
@@ -127,34 +132,35 @@ pub fn compare(
     ours: &HashSet<String>,
 ) -> Comparison {
     let mut c = Comparison::default();
-    let present: HashSet<Uuid> = devices.iter().map(|d| d.id).collect();
+    let present: HashSet<String> = devices.iter().map(|d| d.id.to_string()).collect();
     let fleet = after;
     for d in devices {
+        let id = d.id.to_string();
         let prefixed = d.hostname.as_deref().is_some_and(|h| h.starts_with(prefix));
         // A device whose creation is still committing is in flight, not an orphan.
-        let in_flight = fleet.unassimilated.contains(&d.id)
+        let in_flight = fleet.unassimilated.contains(&id)
             || d.reservation_id()
                 .is_some_and(|r| fleet.pending.contains(&r));
-        if !prefixed || fleet.managed.contains(&d.id) || in_flight {
+        if !prefixed || fleet.managed.contains(&id) || in_flight {
             continue;
         }
         // Another deployment's witness is no proof: only a request in our log.
         let witnessed = witness_of(d).is_some_and(|w| ours.contains(w));
         if witnessed || assimilate {
             c.adopt.push(Adoption {
-                device: d.id,
+                device: id,
                 reservation: d.reservation_id(),
                 witnessed,
             });
         } else {
-            c.unknown.push(d.id);
+            c.unknown.push(id);
         }
     }
-    let mut missing: Vec<Uuid> = before
+    let mut missing: Vec<String> = before
         .managed
         .intersection(&after.managed)
-        .filter(|m| !present.contains(m))
-        .copied()
+        .filter(|m| !present.contains(*m))
+        .cloned()
         .collect();
     missing.sort();
     c.missing = missing;
@@ -244,8 +250,8 @@ mod tests {
 
     fn fleet(managed: &[Uuid], unassimilated: &[Uuid]) -> Fleet {
         Fleet {
-            managed: managed.iter().copied().collect(),
-            unassimilated: unassimilated.iter().copied().collect(),
+            managed: managed.iter().map(Uuid::to_string).collect(),
+            unassimilated: unassimilated.iter().map(Uuid::to_string).collect(),
             ..Fleet::default()
         }
     }
@@ -273,7 +279,7 @@ mod tests {
             false,
             &none,
         );
-        assert_eq!(c.missing, vec![d]);
+        assert_eq!(c.missing, vec![d.to_string()]);
     }
 
     #[test]
@@ -298,7 +304,7 @@ mod tests {
             false,
             &none,
         );
-        assert_eq!(c.unknown, vec![d]);
+        assert_eq!(c.unknown, vec![d.to_string()]);
     }
 
     #[test]
@@ -312,9 +318,9 @@ mod tests {
         let empty = fleet(&[], &[]);
         let c = compare(&listed, &empty, &empty, "shepherd-", false, &known);
         assert_eq!(
-            c.adopt.iter().map(|a| a.device).collect::<Vec<_>>(),
-            vec![ours]
+            c.adopt.iter().map(|a| a.device.clone()).collect::<Vec<_>>(),
+            vec![ours.to_string()]
         );
-        assert_eq!(c.unknown, vec![theirs]);
+        assert_eq!(c.unknown, vec![theirs.to_string()]);
     }
 }

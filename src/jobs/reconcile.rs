@@ -30,9 +30,9 @@ pub struct ReconcileOutcome {
     pub at_limit: bool,
     pub listed_reservations: bool,
     pub enqueued: Vec<Uuid>,
-    pub adopted: Vec<Uuid>,
-    pub unknown_devices: Vec<Uuid>,
-    pub missing_devices: Vec<Uuid>,
+    pub adopted: Vec<String>,
+    pub unknown_devices: Vec<String>,
+    pub missing_devices: Vec<String>,
 }
 
 async fn note(ctx: &JobContext, job_id: &str, events: Vec<Event>) -> Result<(), JobError> {
@@ -197,7 +197,7 @@ async fn run_pass(
             .map(|a| {
                 NewEvent::new(AdoptionRequested {
                     run,
-                    device: a.device,
+                    device: a.device.clone(),
                     reservation: a.reservation,
                     witnessed: a.witnessed,
                 })
@@ -207,7 +207,7 @@ async fn run_pass(
         record(&mut tx, events).await?;
         for a in &comparison.adopt {
             let args = AssimilateArgs {
-                device: a.device,
+                device: a.device.clone(),
                 reservation: a.reservation,
                 manual: false,
                 created: None,
@@ -216,7 +216,7 @@ async fn run_pass(
             queue::push_assimilate(&mut tx, &args, None).await?;
         }
         tx.commit().await?;
-        out.adopted = comparison.adopt.iter().map(|a| a.device).collect();
+        out.adopted = comparison.adopt.iter().map(|a| a.device.clone()).collect();
         // One line per device, so each id is a field of its own (a log
         // pipeline finds a device's line by its id, not inside a list).
         tracing::warn!(

@@ -32,7 +32,7 @@ pub struct SweepOutcome {
     /// Reservations whose creation was given a job again.
     pub creations_resumed: Vec<Uuid>,
     /// Devices whose assimilation was given a job again.
-    pub assimilations_resumed: Vec<Uuid>,
+    pub assimilations_resumed: Vec<String>,
 }
 
 /// Job states in which a job will still run (apalis claims `Failed` rows
@@ -84,14 +84,14 @@ pub async fn run_once(pool: &PgPool) -> Result<SweepOutcome, StoreError> {
     ))
     .fetch_all(&mut *tx)
     .await?;
-    let devices: Vec<(Uuid, Option<Uuid>)> = sqlx::query_as(concat!(
+    let devices: Vec<(String, Option<Uuid>)> = sqlx::query_as(concat!(
         "with live as (
              select shepherd.job_args(j.job)->>'device' as device
              from apalis.jobs j where j.job_type = 'assimilate' and ",
         live!(),
         ")
          select d.device_id, d.reservation_id from shepherd.unassimilated_devices d
-         where not exists (select 1 from live where live.device = d.device_id::text)
+         where not exists (select 1 from live where live.device = d.device_id)
          order by d.device_id"
     ))
     .fetch_all(&mut *tx)
@@ -123,7 +123,7 @@ pub async fn run_once(pool: &PgPool) -> Result<SweepOutcome, StoreError> {
     }
     for (device, reservation) in devices {
         let args = AssimilateArgs {
-            device,
+            device: device.clone(),
             reservation,
             manual: false,
             created: None,
@@ -131,7 +131,7 @@ pub async fn run_once(pool: &PgPool) -> Result<SweepOutcome, StoreError> {
         };
         assimilate_jobs.push(args);
         events.push(NewEvent::new(AssimilationResumed {
-            device,
+            device: device.clone(),
             reason: REASON.into(),
         }));
         out.assimilations_resumed.push(device);

@@ -39,7 +39,7 @@ async fn the_jobs_pages_list_filter_and_show_a_job(pool: PgPool) {
         &mut tx,
         vec![
             shepherd::events::NewEvent::new(shepherd::events::event::AssimilationRejected {
-                device,
+                device: device.to_string(),
                 reason: "not known to the provider".into(),
             })
             .caused_by(&marked),
@@ -571,7 +571,7 @@ async fn charts_draw_what_the_log_and_the_queue_hold(pool: PgPool) {
         events.push(
             DeviceCreated {
                 reservation: r,
-                device: Uuid::new_v4(),
+                device: Uuid::new_v4().to_string(),
                 hostname: format!("shepherd-chart-{n}"),
                 witness: format!("shepherd-witness:c{n}"),
                 recovered: false,

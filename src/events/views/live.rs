@@ -23,12 +23,10 @@ pub(crate) async fn apply_live(
     if keys.is_empty() || events.is_empty() {
         return Ok(());
     }
-    let device_ids: Vec<String> = keys.devices.iter().map(Uuid::to_string).collect();
     let before = load(
         conn,
         &keys.reservations,
         &keys.devices,
-        &device_ids,
         keys.controls,
         keys.settings,
     )
@@ -44,8 +42,7 @@ pub(crate) async fn apply_live(
 pub(super) async fn load(
     conn: &mut PgConnection,
     reservations: &[Uuid],
-    devices: &[Uuid],
-    device_ids: &[String],
+    devices: &[String],
     controls: bool,
     settings: bool,
 ) -> Result<ViewState, sqlx::Error> {
@@ -82,7 +79,7 @@ pub(super) async fn load(
               from shepherd.unassimilated_devices where device_id = any($4)) u) as unassimilated",
     )
     .bind(PROVIDER_EQUINIX)
-    .bind(device_ids)
+    .bind(devices)
     .bind(reservations)
     .bind(devices)
     .fetch_one(&mut *conn)
@@ -104,7 +101,7 @@ pub(super) async fn load(
         state.pending_creations.insert(p.reservation_id, p);
     }
     for d in rows::<UnassimilatedDevice>(&row, "unassimilated")? {
-        state.unassimilated.insert(d.device_id, d);
+        state.unassimilated.insert(d.device_id.clone(), d);
     }
     Ok(state)
 }
@@ -169,7 +166,7 @@ pub(super) async fn write_changes(
     let (gone, changed) = diff(&before.unassimilated, &after.unassimilated);
     if !gone.is_empty() {
         sqlx::query("delete from shepherd.unassimilated_devices where device_id = any($1)")
-            .bind(gone.into_iter().copied().collect::<Vec<_>>())
+            .bind(gone.into_iter().cloned().collect::<Vec<_>>())
             .execute(&mut *conn)
             .await?;
     }

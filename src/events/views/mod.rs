@@ -62,7 +62,7 @@ pub struct Setting {
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct UnassimilatedDevice {
-    pub device_id: Uuid,
+    pub device_id: String,
     pub reservation_id: Option<Uuid>,
     pub hostname: Option<String>,
     pub created_at: DateTime<Utc>,
@@ -85,7 +85,7 @@ pub struct ViewState {
     pub machines: BTreeMap<String, ManagedMachine>,
     pub sinbin: BTreeMap<Uuid, Penalty>,
     pub pending_creations: BTreeMap<Uuid, PendingCreation>,
-    pub unassimilated: BTreeMap<Uuid, UnassimilatedDevice>,
+    pub unassimilated: BTreeMap<String, UnassimilatedDevice>,
     pub settings: BTreeMap<String, Setting>,
 }
 
@@ -109,11 +109,11 @@ pub fn apply(state: &mut ViewState, event: &Event, at: DateTime<Utc>) {
             close_pending(state, e.reservation, e.request);
             // Success resets the growing penalty.
             state.sinbin.remove(&e.reservation);
-            if !state.machines.contains_key(&e.device.to_string()) {
+            if !state.machines.contains_key(&e.device) {
                 state.unassimilated.insert(
-                    e.device,
+                    e.device.clone(),
                     UnassimilatedDevice {
-                        device_id: e.device,
+                        device_id: e.device.clone(),
                         reservation_id: Some(e.reservation),
                         hostname: Some(e.hostname.clone()),
                         created_at: at,
@@ -171,9 +171,7 @@ pub fn apply(state: &mut ViewState, event: &Event, at: DateTime<Utc>) {
             state.sinbin.remove(&e.reservation);
         }
         Event::MachineAssimilated(e) => {
-            if let Ok(device) = e.provider_id.parse::<Uuid>() {
-                state.unassimilated.remove(&device);
-            }
+            state.unassimilated.remove(&e.provider_id);
             if let Some(r) = e.reservation {
                 state.pending_creations.remove(&r);
             }
@@ -190,12 +188,12 @@ pub fn apply(state: &mut ViewState, event: &Event, at: DateTime<Utc>) {
                 });
         }
         Event::AdoptionRequested(e) => {
-            if !state.machines.contains_key(&e.device.to_string()) {
+            if !state.machines.contains_key(&e.device) {
                 state
                     .unassimilated
-                    .entry(e.device)
+                    .entry(e.device.clone())
                     .or_insert(UnassimilatedDevice {
-                        device_id: e.device,
+                        device_id: e.device.clone(),
                         reservation_id: e.reservation,
                         hostname: None,
                         created_at: at,
@@ -253,7 +251,7 @@ fn close_pending(state: &mut ViewState, reservation: Uuid, request: Option<Uuid>
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Keys {
     reservations: Vec<Uuid>,
-    devices: Vec<Uuid>,
+    devices: Vec<String>,
     controls: bool,
     settings: bool,
 }
@@ -266,29 +264,23 @@ impl Keys {
                 Event::CreationRequested(e) => k.reservations.push(e.reservation),
                 Event::DeviceCreated(e) => {
                     k.reservations.push(e.reservation);
-                    k.devices.push(e.device);
+                    k.devices.push(e.device.clone());
                 }
                 Event::CreationGivenUp(e) => k.reservations.push(e.reservation),
                 Event::JobCancelled(e) => k.reservations.extend(e.reservation),
                 Event::CreationUnresolved(e) => k.reservations.push(e.reservation),
-                Event::MachineReleased(e) => {
-                    if let Ok(d) = e.provider_id.parse() {
-                        k.devices.push(d);
-                    }
-                }
+                Event::MachineReleased(e) => k.devices.push(e.provider_id.clone()),
                 Event::SettingsChanged(_) => k.settings = true,
                 Event::RaceLost(e) => k.reservations.push(e.reservation),
                 Event::ReservationPenalised(e) => k.reservations.push(e.reservation),
                 Event::PenaltyCleared(e) => k.reservations.push(e.reservation),
                 Event::MachineAssimilated(e) => {
                     k.reservations.extend(e.reservation);
-                    if let Ok(d) = e.provider_id.parse() {
-                        k.devices.push(d);
-                    }
+                    k.devices.push(e.provider_id.clone());
                 }
-                Event::AdoptionRequested(e) => k.devices.push(e.device),
-                Event::AssimilationSkipped(e) => k.devices.push(e.device),
-                Event::AssimilationRejected(e) => k.devices.push(e.device),
+                Event::AdoptionRequested(e) => k.devices.push(e.device.clone()),
+                Event::AssimilationSkipped(e) => k.devices.push(e.device.clone()),
+                Event::AssimilationRejected(e) => k.devices.push(e.device.clone()),
                 Event::CreationsPaused(_) | Event::CreationsResumed(_) => k.controls = true,
                 _ => {}
             }

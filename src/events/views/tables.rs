@@ -166,11 +166,11 @@ pub(super) async fn insert_unassimilated<'a>(
     }
     sqlx::query(
         "insert into shepherd.unassimilated_devices (device_id, reservation_id, hostname, created_at)
-         select * from unnest($1::uuid[], $2::uuid[], $3::text[], $4::timestamptz[])
+         select * from unnest($1::text[], $2::uuid[], $3::text[], $4::timestamptz[])
          on conflict (device_id) do update set reservation_id = excluded.reservation_id,
            hostname = excluded.hostname, created_at = excluded.created_at",
     )
-    .bind(rows.iter().map(|d| d.device_id).collect::<Vec<_>>())
+    .bind(rows.iter().map(|d| d.device_id.clone()).collect::<Vec<_>>())
     .bind(rows.iter().map(|d| d.reservation_id).collect::<Vec<_>>())
     .bind(rows.iter().map(|d| d.hostname.clone()).collect::<Vec<_>>())
     .bind(rows.iter().map(|d| d.created_at).collect::<Vec<_>>())
@@ -255,7 +255,7 @@ pub(super) async fn read_tables(conn: &mut PgConnection) -> Result<ViewState, sq
         .await?
     {
         let d = unassimilated_from_row(&row);
-        state.unassimilated.insert(d.device_id, d);
+        state.unassimilated.insert(d.device_id.clone(), d);
     }
     Ok(state)
 }

@@ -141,7 +141,7 @@ pub async fn enqueue(command: EnqueueCommand) -> anyhow::Result<()> {
                 &mut tx,
                 vec![shepherd::events::NewEvent::new(
                     shepherd::events::event::AssimilationRequested {
-                        device: args.device,
+                        device: args.device.to_string(),
                         requested_by: format!("cli:{}", who()),
                     },
                 )],
@@ -150,7 +150,7 @@ pub async fn enqueue(command: EnqueueCommand) -> anyhow::Result<()> {
             queue::push_assimilate(
                 &mut tx,
                 &AssimilateArgs {
-                    device: args.device,
+                    device: args.device.to_string(),
                     reservation: device.reservation_id(),
                     manual: true,
                     created: None,

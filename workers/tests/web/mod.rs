@@ -147,7 +147,7 @@ pub async fn seed(pool: &PgPool) -> Fleet {
             .into(),
             DeviceCreated {
                 reservation: fleet.managed,
-                device: fleet.device,
+                device: fleet.device.to_string(),
                 hostname: "shepherd-alpha".into(),
                 witness: "shepherd-witness:w1".into(),
                 recovered: false,
@@ -191,7 +191,7 @@ pub async fn seed(pool: &PgPool) -> Fleet {
             .into(),
             DiscrepancyFound {
                 run,
-                unknown_devices: vec![fleet.unknown_device],
+                unknown_devices: vec![fleet.unknown_device.to_string()],
                 missing_devices: vec![],
             }
             .into(),
