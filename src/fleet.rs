@@ -12,7 +12,7 @@ use crate::events::store::read_stream;
 use crate::events::views::{self, Pause};
 pub use crate::jobs::pass::Skip;
 use crate::jobs::pass::{self, compare, our_requests, read_fleet};
-use crate::metal::{MetalClient, MetalError};
+use crate::provider::{Provider, ProviderError};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct QueueRow {
@@ -254,7 +254,7 @@ pub struct Plan {
 /// The next pass, dry: the same listings and the same rules, nothing written.
 pub async fn plan(
     pool: &PgPool,
-    metal: &MetalClient,
+    provider: &dyn Provider,
     config: &crate::config::ProvisionerConfig,
 ) -> Result<Plan, PlanError> {
     let current =
@@ -262,7 +262,7 @@ pub async fn plan(
             .await?;
     let settings = current.settings;
     let before = read_fleet(pool).await?;
-    let devices = metal.list_devices().await?;
+    let devices = provider.machines().await?;
     let fleet = read_fleet(pool).await?;
     let ours = our_requests(pool, &devices).await?;
     let comparison = compare(
@@ -303,7 +303,7 @@ pub async fn plan(
         plan.at_limit = true;
         return Ok(plan);
     }
-    let reservations = metal.list_reservations(&["facility", "device"]).await?;
+    let reservations = provider.units().await?;
     plan.reservations_listed = reservations.len();
     // Paused: nothing would be admitted (queue::admit refuses every one).
     let room = if plan.paused.is_some() { Some(0) } else { room };
@@ -315,8 +315,8 @@ pub async fn plan(
 
 #[derive(Debug, thiserror::Error)]
 pub enum PlanError {
-    #[error("Metal API: {0}")]
-    Metal(#[from] MetalError),
+    #[error("provider API: {0}")]
+    Provider(#[from] ProviderError),
     #[error("database: {0}")]
     Database(#[from] sqlx::Error),
 }

@@ -12,4 +12,5 @@ pub mod jobs;
 pub mod latitude;
 pub mod limiter;
 pub mod metal;
+pub mod provider;
 pub mod secret;

@@ -134,7 +134,7 @@ fn one_of_each() -> Vec<Event> {
         .into(),
         SshKeyEnsured {
             label: "shepherd".into(),
-            key_id: Uuid::new_v4(),
+            key_id: Uuid::new_v4().to_string(),
         }
         .into(),
         AssimilationRequested {
@@ -310,7 +310,7 @@ async fn the_log_refuses_updates_deletes_and_truncates(pool: PgPool) {
         &mut tx,
         vec![NewEvent::new(SshKeyEnsured {
             label: "k".into(),
-            key_id: Uuid::new_v4(),
+            key_id: Uuid::new_v4().to_string(),
         })],
     )
     .await

@@ -274,12 +274,12 @@ async fn a_rotated_ssh_key_is_looked_up_again_not_penalised(pool: PgPool) {
     // The key is deleted and made anew at the provider (rotated): the id
     // this process cached is stale.
     let old = w.fake.ssh_keys()[0].id;
-    w.ctx.metal.delete_ssh_key(old).await.unwrap();
+    w.metal.delete_ssh_key(old).await.unwrap();
     let fresh = shepherd::metal::model::SshKeyInput {
         label: w.ctx.config.ssh_key_label.clone(),
         key: PUBLIC_KEY.into(),
     };
-    w.ctx.metal.create_ssh_key(&fresh).await.unwrap();
+    w.metal.create_ssh_key(&fresh).await.unwrap();
     sqlx::query("select shepherd.change_setting('max_machines', '3', 'one more')")
         .execute(&w.pool)
         .await

@@ -471,7 +471,7 @@ async fn a_manual_assimilate_of_a_device_in_another_project_is_rejected(pool: Pg
     let w = World::with(pool, 3, config(5, 5)).await;
     let elsewhere = Uuid::new_v4();
     let r = w.fake.reservations()[0].id;
-    w.ctx.metal.move_reservation(r, elsewhere).await.unwrap();
+    w.metal.move_reservation(r, elsewhere).await.unwrap();
     let device = w.fake.add_foreign_device(r, "shepherd-theirs", vec![]);
     sqlx::query("select shepherd.enqueue_assimilate($1)")
         .bind(device)

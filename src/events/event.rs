@@ -229,7 +229,7 @@ events! {
     /// Assimilation refused the device (unknown to the provider, or not ours).
     AssimilationRejected = "assimilation_rejected", 1 { device: String, reason: String }
     /// The managed SSH key exists with the configured public key.
-    SshKeyEnsured = "ssh_key_ensured", 1 { label: String, key_id: Uuid }
+    SshKeyEnsured = "ssh_key_ensured", 1 { label: String, key_id: String }
     /// An operator asked for a device to be assimilated (`cli:<user>` or
     /// `sql:<role>`); the outcome follows on the device's stream.
     AssimilationRequested = "assimilation_requested", 1 { device: String, requested_by: String }

@@ -11,9 +11,8 @@ use uuid::Uuid;
 use super::queue;
 use super::{AssimilateArgs, JobContext, JobError};
 use crate::events::event::*;
-use crate::events::views::PROVIDER_EQUINIX;
 use crate::events::{NewEvent, record};
-use crate::metal::{ErrorClass, MetalError};
+use crate::metal::ErrorClass;
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum AssimilateOutcome {
@@ -60,14 +59,10 @@ pub async fn assimilate(
         )
         .await;
     }
-    let Ok(metal_id) = args.device.parse::<uuid::Uuid>() else {
-        let reason = format!("{:?} is not a Metal device id (a UUID)", args.device);
-        return reject(ctx, args, job_id, reason).await;
-    };
-    let device = match ctx.metal.get_device(metal_id).await {
-        Ok(d) => d,
+    let facts = match ctx.provider.machine(&args.device).await {
+        Ok(f) => f,
         Err(e)
-            if matches!(e.class(), ErrorClass::Transient | ErrorClass::RateLimited)
+            if matches!(e.class, ErrorClass::Transient | ErrorClass::RateLimited)
                 && args.attempt < ctx.config.assimilate_retry.max_attempts =>
         {
             let next = AssimilateArgs {
@@ -88,7 +83,7 @@ pub async fn assimilate(
                 next_attempt: next.attempt,
             });
         }
-        Err(MetalError::NotFound { .. }) => {
+        Err(e) if e.not_found() => {
             return reject(
                 ctx,
                 args,
@@ -99,18 +94,15 @@ pub async fn assimilate(
         }
         Err(e) => return reject(ctx, args, job_id, e.to_string()).await,
     };
-    if let Some(project) = device.project_id()
-        && project != ctx.metal.project_id()
-    {
-        let reason = format!("the device belongs to project {project}, not to shepherd's");
+    if let Some(reason) = facts.foreign {
         return reject(ctx, args, job_id, reason).await;
     }
     record_machine(
         ctx,
         args,
         job_id,
-        device.reservation_id().or(args.reservation),
-        device.hostname.clone(),
+        facts.unit.or(args.reservation),
+        facts.hostname,
     )
     .await
 }
@@ -131,8 +123,8 @@ async fn record_machine(
     let existing: Option<Uuid> = sqlx::query_scalar(
         "select machine_id from shepherd.managed_machines where provider = $1 and provider_id = $2",
     )
-    .bind(PROVIDER_EQUINIX)
-    .bind(args.device.to_string())
+    .bind(ctx.provider.name())
+    .bind(&args.device)
     .fetch_optional(&mut *tx)
     .await?;
     let outcome = match existing {
@@ -157,8 +149,8 @@ async fn record_machine(
                 vec![
                     NewEvent::new(MachineAssimilated {
                         machine_id,
-                        provider: PROVIDER_EQUINIX.into(),
-                        provider_id: args.device.to_string(),
+                        provider: ctx.provider.name().into(),
+                        provider_id: args.device.clone(),
                         reservation,
                         hostname,
                     })

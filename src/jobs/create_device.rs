@@ -15,13 +15,14 @@ use crate::cluster::ClusterSettings;
 use crate::events::event::*;
 use crate::events::views;
 use crate::events::{NewEvent, record};
-use crate::metal::{CreateDevice, ErrorClass, MetalError, Witness};
+use crate::metal::ErrorClass;
+use crate::provider::{Created, Failure, ProviderError};
 
 /// The decision an attempt reached.
 #[derive(Debug, Clone, PartialEq)]
 pub enum CreateOutcome {
     Created {
-        device: Uuid,
+        device: String,
         recovered: bool,
     },
     /// A successor attempt is enqueued to run after `after`.
@@ -35,7 +36,7 @@ pub enum CreateOutcome {
         cause: String,
     },
     RaceLost {
-        other_device: Option<Uuid>,
+        other_device: Option<String>,
     },
     /// The outcome is unknown; a successor looks after `after`.
     Unresolved {
@@ -167,33 +168,29 @@ pub async fn create_device(
     // next one starts by looking for what this one may have made.
     let attempt = async {
         let key = ctx.ssh_key_id().await?;
-        let request = CreateDevice {
-            reservation: args.reservation,
-            hostname: ctx.config.hostname(args.reservation),
-            operating_system: ctx.config.os.clone(),
-            ssh_keys: vec![key],
-            witness: Witness::new(args.request),
-        };
-        ctx.metal
-            .create_device_paced(&request, &ctx.creation_limiter)
+        ctx.provider
+            .create(args.reservation, args.request, &key, &ctx.creation_limiter)
             .await
     };
     let result = tokio::time::timeout(ctx.config.create_retry.timeout, attempt)
         .await
-        .unwrap_or(Err(MetalError::DeadlineExceeded {
-            op: crate::metal::Operation::CreateDevice,
-        }));
+        .unwrap_or_else(|_| {
+            Err(ProviderError::new(
+                ErrorClass::Cancelled,
+                "createDevice: deadline exceeded",
+            ))
+        });
 
     match result {
-        Ok(created) => created_outcome(ctx, args, job_id, created.device, created.recovered).await,
-        Err(MetalError::RaceLost {
-            device: other_device,
+        Ok(created) => created_outcome(ctx, args, job_id, created).await,
+        Err(ProviderError {
+            failure: Failure::RaceLost { other },
             ..
-        }) => race_lost(ctx, &settings, args, job_id, other_device).await,
+        }) => race_lost(ctx, &settings, args, job_id, other).await,
         Err(e) => {
             let unknown =
-                args.unknown || matches!(e.class(), ErrorClass::Ambiguous | ErrorClass::Cancelled);
-            let key_refused = refused_for_ssh_key(&e);
+                args.unknown || matches!(e.class, ErrorClass::Ambiguous | ErrorClass::Cancelled);
+            let key_refused = e.failure == Failure::SshKeyRefused;
             if key_refused {
                 // Rotated or deleted at the provider: the next attempt
                 // looks the key up again instead of repeating a stale id.
@@ -210,16 +207,10 @@ pub async fn create_device(
                 } else {
                     e.to_string()
                 };
-                give_up(ctx, &settings, args, job_id, e.class(), cause).await
+                give_up(ctx, &settings, args, job_id, e.class, cause).await
             }
         }
     }
-}
-
-/// A 422 naming the SSH key: the key id this process cached is stale.
-fn refused_for_ssh_key(e: &MetalError) -> bool {
-    matches!(e, MetalError::Invalid { status: 422, messages, .. }
-        if messages.iter().any(|m| m.to_ascii_lowercase().contains("ssh key")))
 }
 
 /// Records the device and enqueues its assimilation, in one transaction.
@@ -227,23 +218,23 @@ async fn created_outcome(
     ctx: &JobContext,
     args: &CreateDeviceArgs,
     job_id: &str,
-    device: crate::metal::model::Device,
-    recovered: bool,
+    created: Created,
 ) -> Result<CreateOutcome, JobError> {
-    let id = device.id;
-    let hostname = device
+    let recovered = created.recovered;
+    let id = created.machine.id;
+    let hostname = created
+        .machine
         .hostname
-        .clone()
-        .unwrap_or_else(|| ctx.config.hostname(args.reservation));
+        .unwrap_or_else(|| ctx.provider.hostname(args.reservation, args.request));
     let mut tx = ctx.pool.begin().await?;
     record(
         &mut tx,
         vec![
             NewEvent::new(DeviceCreated {
                 reservation: args.reservation,
-                device: id.to_string(),
+                device: id.clone(),
                 hostname: hostname.clone(),
-                witness: Witness::new(args.request).tag(),
+                witness: ctx.provider.witness(args.request),
                 recovered,
                 request: Some(args.request),
             })
@@ -252,7 +243,7 @@ async fn created_outcome(
     )
     .await?;
     let next = AssimilateArgs {
-        device: id.to_string(),
+        device: id.clone(),
         reservation: Some(args.reservation),
         manual: false,
         created: Some(super::CreatedDeviceFacts { hostname }),
@@ -270,7 +261,7 @@ async fn retry_later(
     ctx: &JobContext,
     args: &CreateDeviceArgs,
     job_id: &str,
-    e: &MetalError,
+    e: &ProviderError,
     unknown: bool,
 ) -> Result<CreateOutcome, JobError> {
     let next_attempt = args.attempt + 1;
@@ -281,7 +272,7 @@ async fn retry_later(
         vec![
             NewEvent::new(CreationAttemptFailed {
                 reservation: args.reservation,
-                class: e.class(),
+                class: e.class,
                 message: e.to_string(),
                 attempt: args.attempt,
             })
@@ -351,22 +342,23 @@ async fn verify(
     job_id: &str,
 ) -> Result<CreateOutcome, JobError> {
     match ctx
-        .metal
-        .find_created(args.reservation, &Witness::new(args.request))
+        .provider
+        .find_created(args.reservation, args.request)
         .await
     {
-        Ok(Some(device)) => created_outcome(ctx, args, job_id, device, true).await,
+        Ok(Some(created)) => created_outcome(ctx, args, job_id, created).await,
         Ok(None) => {
             let cause = "no device of ours exists after an unknown outcome; the creation failed"
                 .to_string();
             give_up(ctx, settings, args, job_id, ErrorClass::Ambiguous, cause).await
         }
-        Err(MetalError::RaceLost { device, .. }) => {
-            race_lost(ctx, settings, args, job_id, device).await
-        }
+        Err(ProviderError {
+            failure: Failure::RaceLost { other },
+            ..
+        }) => race_lost(ctx, settings, args, job_id, other).await,
         // No device of ours can stand on a reservation the provider does not know.
-        Err(e @ MetalError::NotFound { .. }) => {
-            give_up(ctx, settings, args, job_id, e.class(), e.to_string()).await
+        Err(e) if e.not_found() => {
+            give_up(ctx, settings, args, job_id, e.class, e.to_string()).await
         }
         Err(e) => unresolved(ctx, args, job_id, &format!("looking failed: {e}")).await,
     }
@@ -377,7 +369,7 @@ async fn race_lost(
     settings: &ClusterSettings,
     args: &CreateDeviceArgs,
     job_id: &str,
-    other_device: Option<Uuid>,
+    other_device: Option<String>,
 ) -> Result<CreateOutcome, JobError> {
     let cause = "the reservation was taken by another party".to_string();
     let mut tx = ctx.pool.begin().await?;
@@ -386,7 +378,7 @@ async fn race_lost(
     }
     let mut events = vec![NewEvent::new(RaceLost {
         reservation: args.reservation,
-        other_device: other_device.map(|d| d.to_string()),
+        other_device: other_device.clone(),
         request: Some(args.request),
     })];
     events.push(
@@ -471,9 +463,9 @@ fn at(after: std::time::Duration) -> chrono::DateTime<Utc> {
 
 /// Transient answers and unknown outcomes are worth another attempt: the
 /// next one starts by looking for the device the last one may have made.
-fn retryable(e: &MetalError) -> bool {
+fn retryable(e: &ProviderError) -> bool {
     matches!(
-        e.class(),
+        e.class,
         ErrorClass::Transient
             | ErrorClass::RateLimited
             | ErrorClass::Ambiguous
@@ -507,9 +499,9 @@ async fn admit_manual(
     job_id: &str,
 ) -> Result<Option<CreateOutcome>, JobError> {
     // An unknown reservation is refused here rather than by the create.
-    match ctx.metal.get_reservation(args.reservation, &[]).await {
-        Ok(_) => {}
-        Err(MetalError::NotFound { .. }) => {
+    match ctx.provider.unit_exists(args.reservation).await {
+        Ok(true) => {}
+        Ok(false) => {
             let reason = format!(
                 "reservation {} is not known to the provider",
                 args.reservation

@@ -29,7 +29,9 @@ use crate::config::ProvisionerConfig;
 use crate::events::event::SshKeyEnsured;
 use crate::events::{NewEvent, StoreError, record};
 use crate::limiter::Limiter;
-use crate::metal::{MetalClient, MetalError};
+use crate::metal::MetalClient;
+use crate::metal::provider::MetalProvider;
+use crate::provider::{Provider, ProviderError};
 
 /// Queue names. Named here rather than derived from Rust type paths, which
 /// a rename would orphan.
@@ -129,11 +131,12 @@ pub enum JobError {
 /// What every handler needs.
 pub struct JobContext {
     pub pool: PgPool,
-    pub metal: MetalClient,
+    /// The provider every job speaks to, through the seam.
+    pub provider: Arc<dyn Provider>,
     pub config: Arc<ProvisionerConfig>,
     pub creation_limiter: Limiter,
     pub public_key: String,
-    ssh_key: Mutex<Option<Uuid>>,
+    ssh_key: Mutex<Option<String>>,
 }
 
 impl JobContext {
@@ -146,6 +149,17 @@ impl JobContext {
         config: Arc<ProvisionerConfig>,
         public_key: String,
     ) -> Self {
+        let provider = MetalProvider::new(metal, config.device_prefix.clone(), config.os.clone());
+        Self::with_provider(pool, Arc::new(provider), config, public_key)
+    }
+
+    /// The context of one process's jobs against any provider.
+    pub fn with_provider(
+        pool: PgPool,
+        provider: Arc<dyn Provider>,
+        config: Arc<ProvisionerConfig>,
+        public_key: String,
+    ) -> Self {
         let creation_limiter = Limiter::new(
             pool.clone(),
             crate::limiter::DEVICE_CREATION,
@@ -153,7 +167,7 @@ impl JobContext {
         );
         JobContext {
             pool,
-            metal,
+            provider,
             config,
             creation_limiter,
             public_key,
@@ -179,39 +193,39 @@ impl JobContext {
             ClusterSettings::from_map(stored, &fallback).map_err(sqlx::Error::Protocol)?;
         self.creation_limiter
             .set_rate(settings.device_creation_rate);
-        self.metal.set_api_rate(settings.api_rate);
+        self.provider.set_api_rate(settings.api_rate);
         Ok(settings)
     }
 
     /// The managed SSH key's id, ensured once per process (the seed listed
     /// keys before every creation: one call per machine we save).
-    pub async fn ssh_key_id(&self) -> Result<Uuid, MetalError> {
+    pub async fn ssh_key_id(&self) -> Result<String, ProviderError> {
         let mut cached = self.ssh_key.lock().await;
-        if let Some(id) = *cached {
-            return Ok(id);
+        if let Some(id) = &*cached {
+            return Ok(id.clone());
         }
         let id = self.ensure_and_record().await?;
-        *cached = Some(id);
+        *cached = Some(id.clone());
         Ok(id)
     }
 
     /// Ensures the key at the provider, whether cached or not. Called at
     /// worker start, as the seed's SSHEquinixEnsure was.
-    pub async fn ensure_ssh_key(&self) -> Result<Uuid, MetalError> {
+    pub async fn ensure_ssh_key(&self) -> Result<String, ProviderError> {
         let mut cached = self.ssh_key.lock().await;
         let id = self.ensure_and_record().await?;
-        *cached = Some(id);
+        *cached = Some(id.clone());
         Ok(id)
     }
 
-    async fn ensure_and_record(&self) -> Result<Uuid, MetalError> {
+    async fn ensure_and_record(&self) -> Result<String, ProviderError> {
         let id = self
-            .metal
+            .provider
             .ensure_ssh_key(&self.config.ssh_key_label, &self.public_key)
             .await?;
         let event = SshKeyEnsured {
             label: self.config.ssh_key_label.clone(),
-            key_id: id,
+            key_id: id.clone(),
         };
         let recorded = async {
             let mut tx = self.pool.begin().await?;

@@ -11,8 +11,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::events::event::ReservationCounts;
-use crate::metal::client::WITNESS_TAG_PREFIX;
-use crate::metal::model::{Device, HardwareReservation};
+use crate::provider::{Machine, Unit};
 
 /// What shepherd's own tables say, read in one snapshot.
 #[derive(Debug, Default)]
@@ -86,24 +85,13 @@ pub struct Comparison {
     pub missing: Vec<String>,
 }
 
-/// The request a device's witness tag names, if it carries one.
-pub fn witness_of(d: &Device) -> Option<&str> {
-    d.tags
-        .iter()
-        .find_map(|t| t.strip_prefix(WITNESS_TAG_PREFIX))
-}
-
 /// Which of the requests named by witnesses this cluster recorded: a
 /// witness proves a device is ours only when our log holds its request.
 pub async fn our_requests(
     pool: &PgPool,
-    devices: &[Device],
+    machines: &[Machine],
 ) -> Result<HashSet<String>, sqlx::Error> {
-    let named: Vec<String> = devices
-        .iter()
-        .filter_map(witness_of)
-        .map(str::to_string)
-        .collect();
+    let named: Vec<String> = machines.iter().filter_map(|m| m.witness.clone()).collect();
     if named.is_empty() {
         return Ok(HashSet::new());
     }
@@ -124,7 +112,7 @@ pub async fn our_requests(
 /// unknown only if nothing recorded it by the time the listing ended (its
 /// creation may have committed during the listing).
 pub fn compare(
-    devices: &[Device],
+    devices: &[Machine],
     before: &Fleet,
     after: &Fleet,
     prefix: &str,
@@ -132,24 +120,23 @@ pub fn compare(
     ours: &HashSet<String>,
 ) -> Comparison {
     let mut c = Comparison::default();
-    let present: HashSet<String> = devices.iter().map(|d| d.id.to_string()).collect();
+    let present: HashSet<String> = devices.iter().map(|d| d.id.clone()).collect();
     let fleet = after;
     for d in devices {
-        let id = d.id.to_string();
+        let id = d.id.clone();
         let prefixed = d.hostname.as_deref().is_some_and(|h| h.starts_with(prefix));
         // A device whose creation is still committing is in flight, not an orphan.
-        let in_flight = fleet.unassimilated.contains(&id)
-            || d.reservation_id()
-                .is_some_and(|r| fleet.pending.contains(&r));
+        let in_flight =
+            fleet.unassimilated.contains(&id) || d.unit.is_some_and(|r| fleet.pending.contains(&r));
         if !prefixed || fleet.managed.contains(&id) || in_flight {
             continue;
         }
         // Another deployment's witness is no proof: only a request in our log.
-        let witnessed = witness_of(d).is_some_and(|w| ours.contains(w));
+        let witnessed = d.witness.as_ref().is_some_and(|w| ours.contains(w));
         if witnessed || assimilate {
             c.adopt.push(Adoption {
                 device: id,
-                reservation: d.reservation_id(),
+                reservation: d.unit,
                 witnessed,
             });
         } else {
@@ -191,7 +178,7 @@ pub struct Selection {
 /// Classifies the reservations against the fleet and takes the candidates
 /// the room (`None`: no limit) and the chunk size allow.
 pub fn select(
-    reservations: &[HardwareReservation],
+    reservations: &[Unit],
     fleet: &Fleet,
     room: Option<u64>,
     chunk_size: u64,
@@ -208,7 +195,7 @@ pub fn select(
     let mut chosen = Vec::new();
     let mut skipped = Vec::new();
     for r in reservations {
-        let skip = if r.device.is_some() {
+        let skip = if r.taken {
             counts.in_use += 1;
             Skip::InUse
         } else if !r.provisionable {
@@ -241,11 +228,13 @@ pub fn select(
 mod tests {
     use super::*;
 
-    fn device(id: Uuid, tags: &[&str]) -> Device {
-        serde_json::from_value(serde_json::json!({
-            "id": id, "hostname": "shepherd-0123", "tags": tags
-        }))
-        .unwrap()
+    fn device(id: Uuid, witness: Option<&str>) -> Machine {
+        Machine {
+            id: id.to_string(),
+            hostname: Some("shepherd-0123".into()),
+            unit: None,
+            witness: witness.map(str::to_string),
+        }
     }
 
     fn fleet(managed: &[Uuid], unassimilated: &[Uuid]) -> Fleet {
@@ -286,7 +275,7 @@ mod tests {
     fn a_device_recorded_during_the_listing_is_not_unknown() {
         let d = Uuid::new_v4();
         let none = HashSet::new();
-        let listed = [device(d, &[])];
+        let listed = [device(d, None)];
         let c = compare(
             &listed,
             &fleet(&[], &[]),
@@ -311,9 +300,8 @@ mod tests {
     fn only_a_witness_our_log_holds_is_adopted() {
         let (ours, theirs) = (Uuid::new_v4(), Uuid::new_v4());
         let request = Uuid::new_v4().to_string();
-        let tag = format!("{WITNESS_TAG_PREFIX}{request}");
-        let other = format!("{WITNESS_TAG_PREFIX}{}", Uuid::new_v4());
-        let listed = [device(ours, &[&tag]), device(theirs, &[&other])];
+        let other = Uuid::new_v4().to_string();
+        let listed = [device(ours, Some(&request)), device(theirs, Some(&other))];
         let known: HashSet<String> = [request].into_iter().collect();
         let empty = fleet(&[], &[]);
         let c = compare(&listed, &empty, &empty, "shepherd-", false, &known);

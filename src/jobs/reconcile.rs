@@ -153,11 +153,11 @@ async fn run_pass(
     // reservations it listed.
     let before = read_fleet(&ctx.pool).await?;
     let full = limit.is_reached(before.managed.len() as u64 + before.in_flight());
-    let (devices, listed) = tokio::join!(ctx.metal.list_devices(), async {
+    let (devices, listed) = tokio::join!(ctx.provider.machines(), async {
         if full {
             None
         } else {
-            Some(ctx.metal.list_reservations(&["facility", "device"]).await)
+            Some(ctx.provider.units().await)
         }
     });
     let devices = match devices {
@@ -285,7 +285,7 @@ async fn run_pass(
 
     let listed = match listed {
         Some(listed) => listed,
-        None => ctx.metal.list_reservations(&["facility", "device"]).await,
+        None => ctx.provider.units().await,
     };
     let reservations = match listed {
         Ok(r) => r,

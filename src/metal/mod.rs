@@ -6,6 +6,7 @@ pub mod discipline;
 pub mod error;
 pub mod model;
 pub mod operation;
+pub mod provider;
 
 pub use client::{ClientConfig, CreateDevice, CreatedDevice, MetalClient, Witness};
 pub use discipline::{ClientMetrics, LatencyLog, LatencyMinute, LocalPacer, Pacer, RetrySettings};

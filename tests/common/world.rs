@@ -46,6 +46,8 @@ pub struct World {
     pub pool: PgPool,
     pub fake: FakeMetal,
     pub ctx: Arc<JobContext>,
+    /// The jobs' client, for a test to act at the provider as someone else.
+    pub metal: shepherd::metal::MetalClient,
 }
 
 impl World {
@@ -65,11 +67,16 @@ impl World {
         .expect("the cluster's settings are recorded");
         let ctx = Arc::new(JobContext::new(
             pool.clone(),
-            client,
+            client.clone(),
             Arc::new(config),
             PUBLIC_KEY.to_string(),
         ));
-        World { pool, fake, ctx }
+        World {
+            pool,
+            fake,
+            ctx,
+            metal: client,
+        }
     }
 
     pub async fn with(pool: PgPool, reservations: usize, config: ProvisionerConfig) -> World {

@@ -181,8 +181,13 @@ pub struct PlanArgs {
 pub async fn plan(args: PlanArgs) -> anyhow::Result<()> {
     let config = args.provisioner.config_with(&args.metal)?;
     let metal = args.metal.client(None, ClientMetrics::default())?;
+    let provider = shepherd::metal::provider::MetalProvider::new(
+        metal,
+        config.device_prefix.clone(),
+        config.os.clone(),
+    );
     let pool = args.db.connect(2).await?;
-    let plan = fleet::plan(&pool, &metal, &config).await?;
+    let plan = fleet::plan(&pool, &provider, &config).await?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&plan)?);
         return Ok(());

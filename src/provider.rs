@@ -1,0 +1,146 @@
+//! The seam between the jobs and a bare-metal provider. Above it, jobs,
+//! events and views speak of machines (by the provider's id, as text) and
+//! units of capacity (what holds at most one machine and what the sinbin
+//! penalises); below it, each provider speaks its own API: Metal's
+//! hardware reservations and devices (`metal::provider`), and next
+//! Latitude.sh's pools and servers (docs/providers.md).
+//!
+//! What a provider must get right is what the jobs rely on: a create
+//! carries a witness of its request, so that a create whose outcome was not
+//! seen is settled by looking (`find_created`), never by sending it again
+//! blindly; and every failure says what the caller should do
+//! (`ErrorClass`).
+
+use futures::future::BoxFuture;
+use uuid::Uuid;
+
+use crate::config::Rate;
+use crate::limiter::Limiter;
+use crate::metal::ErrorClass;
+
+/// A machine as a listing shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Machine {
+    /// The provider's id.
+    pub id: String,
+    pub hostname: Option<String>,
+    /// The unit it stands on, where the provider says.
+    pub unit: Option<Uuid>,
+    /// The request its witness names, if it carries one of shepherd's.
+    pub witness: Option<String>,
+}
+
+/// A unit of capacity as a listing shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Unit {
+    pub id: Uuid,
+    /// A machine stands on it.
+    pub taken: bool,
+    /// The provider would accept a create on it now.
+    pub provisionable: bool,
+}
+
+/// A machine a create made, or found after an unseen outcome.
+#[derive(Debug, Clone)]
+pub struct Created {
+    pub machine: Machine,
+    /// Found by its witness rather than returned by the create.
+    pub recovered: bool,
+}
+
+/// What assimilation needs to know of one machine.
+#[derive(Debug, Clone)]
+pub struct MachineFacts {
+    pub unit: Option<Uuid>,
+    pub hostname: Option<String>,
+    /// Why the machine is not shepherd's to manage (another project), if so.
+    pub foreign: Option<String>,
+}
+
+/// What failed, beyond its class.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Failure {
+    Other,
+    /// The provider does not know the machine or the unit.
+    NotFound,
+    /// Another party's machine stands on the unit.
+    RaceLost {
+        other: Option<String>,
+    },
+    /// The create named an SSH key the provider no longer has.
+    SshKeyRefused,
+}
+
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{message}")]
+pub struct ProviderError {
+    pub class: ErrorClass,
+    pub failure: Failure,
+    pub message: String,
+}
+
+impl ProviderError {
+    pub fn new(class: ErrorClass, message: impl Into<String>) -> Self {
+        ProviderError {
+            class,
+            failure: Failure::Other,
+            message: message.into(),
+        }
+    }
+
+    pub fn not_found(&self) -> bool {
+        self.failure == Failure::NotFound
+    }
+}
+
+pub type ProviderResult<'a, T> = BoxFuture<'a, Result<T, ProviderError>>;
+
+/// One provider, as the jobs use it.
+pub trait Provider: Send + Sync + 'static {
+    /// Its name in `managed_machines.provider` and on every assimilation.
+    fn name(&self) -> &'static str;
+
+    /// Every machine of the project.
+    fn machines(&self) -> ProviderResult<'_, Vec<Machine>>;
+
+    /// Every unit of capacity shepherd may provision.
+    fn units(&self) -> ProviderResult<'_, Vec<Unit>>;
+
+    /// Whether the provider knows the unit (a manual creation's check).
+    fn unit_exists(&self, unit: Uuid) -> ProviderResult<'_, bool>;
+
+    /// The hostname a creation for `unit` gets.
+    fn hostname(&self, unit: Uuid, request: Uuid) -> String;
+
+    /// The witness a creation carries, as the `device_created` event
+    /// records it.
+    fn witness(&self, request: Uuid) -> String;
+
+    /// Creates a machine on `unit` carrying the witness of `request`, or
+    /// finds the one an earlier attempt made. Waits for `creations`' turn
+    /// right before the create is sent.
+    fn create<'a>(
+        &'a self,
+        unit: Uuid,
+        request: Uuid,
+        ssh_key: &'a str,
+        creations: &'a Limiter,
+    ) -> ProviderResult<'a, Created>;
+
+    /// The machine a creation of `request` made on `unit`, if there is one
+    /// (`RaceLost` when another party's stands there).
+    fn find_created(&self, unit: Uuid, request: Uuid) -> ProviderResult<'_, Option<Created>>;
+
+    /// What assimilation needs to know of a machine.
+    fn machine(&self, id: &str) -> ProviderResult<'_, MachineFacts>;
+
+    /// The id of the project's key with this public key, made if missing.
+    fn ensure_ssh_key<'a>(
+        &'a self,
+        label: &'a str,
+        public_key: &'a str,
+    ) -> ProviderResult<'a, String>;
+
+    /// Adopts the cluster's API budget.
+    fn set_api_rate(&self, rate: Rate);
+}
