@@ -37,11 +37,10 @@ pub async fn read_fleet(pool: &PgPool) -> Result<Fleet, sqlx::Error> {
         .execute(&mut *tx)
         .await?;
     let ids = |sql: &'static str| sqlx::query_scalar::<_, Uuid>(sql);
-    let managed_ids: Vec<String> = sqlx::query_scalar(
-        "select provider_id from shepherd.managed_machines where provider = 'equinix'",
-    )
-    .fetch_all(&mut *tx)
-    .await?;
+    let managed_ids: Vec<String> =
+        sqlx::query_scalar("select provider_id from shepherd.managed_machines")
+            .fetch_all(&mut *tx)
+            .await?;
     let fleet = Fleet {
         managed: managed_ids.into_iter().collect(),
         pending: ids("select reservation_id from shepherd.pending_creations")
@@ -85,8 +84,10 @@ pub struct Comparison {
     pub missing: Vec<String>,
 }
 
-/// Which of the requests named by witnesses this cluster recorded: a
-/// witness proves a device is ours only when our log holds its request.
+/// Which of the witnesses machines carry name a request this cluster
+/// recorded: a witness proves a machine is ours only when our log holds
+/// its request. A witness is the whole request (Metal's tag) or its first 8
+/// hex digits (a Latitude hostname).
 pub async fn our_requests(
     pool: &PgPool,
     machines: &[Machine],
@@ -96,8 +97,13 @@ pub async fn our_requests(
         return Ok(HashSet::new());
     }
     let found: Vec<String> = sqlx::query_scalar(
-        "select body->>'request' from shepherd.events
-         where event_type = 'creation_requested' and body->>'request' = any($1)",
+        "select w from unnest($1::text[]) as w
+         where exists (select 1 from shepherd.events
+                       where event_type = 'creation_requested' and body->>'request' = w)
+            or (length(w) = 8
+                and exists (select 1 from shepherd.events
+                            where event_type = 'creation_requested'
+                              and left(body->>'request', 8) = w))",
     )
     .bind(&named)
     .fetch_all(pool)

@@ -17,6 +17,7 @@
 pub mod client;
 pub mod model;
 pub mod pools;
+pub mod provider;
 
 pub use client::{Budgets, CreateServer, Created, LatitudeClient, LatitudeConfig, LatitudeError};
 pub use model::{Phase, Server, Stock};

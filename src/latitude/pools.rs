@@ -2,11 +2,13 @@
 //! A pool is "keep `count` servers of `plan` in `site`", bounded by the
 //! plan's stock in that site and by the cluster's limit.
 //!
-//! A server belongs to a pool by its hostname, the only mark a create
-//! carries: `<prefix><pool>-<12 hex of the creation's request>`. The
-//! hostname is unique per creation (the witness), so looking it up after an
-//! unseen answer finds this creation's server and no other, and a pool's
-//! servers are recognised in a listing without tags.
+//! A server belongs to a place in a pool by its hostname, the only mark a
+//! create carries: `<prefix><pool>-<index>-<8 hex of the creation's
+//! request>`. The hostname is unique per creation (the witness), so looking
+//! it up after an unseen answer finds this creation's server and no other,
+//! and a pool's servers are recognised in a listing without tags. A place
+//! (`index` below the pool's count) is a unit of capacity: it holds at most
+//! one server, and the sinbin penalises it.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::str::FromStr;
@@ -19,9 +21,11 @@ use super::model::{Phase, Server, Stock};
 /// Latitude refuses longer hostnames (its Terraform provider checks the
 /// same bound).
 pub const HOSTNAME_MAX: usize = 32;
-/// Hex digits of the request in a hostname: 48 bits, so two creations of
-/// one pool share a hostname with odds of about 1 in 10^14.
-const REQUEST_DIGITS: usize = 12;
+/// Hex digits of the request in a hostname: 32 bits. Only creations for
+/// the same place must differ, and a place sees few.
+pub const REQUEST_DIGITS: usize = 8;
+/// Places per pool: indexes of up to three digits.
+pub const COUNT_MAX: u32 = 1000;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Pool {
@@ -101,7 +105,14 @@ pub fn validate(pools: &[Pool], prefix: &str) -> Result<(), String> {
                 p.name
             ));
         }
-        let longest = prefix.len() + p.name.len() + 1 + REQUEST_DIGITS;
+        if p.count > COUNT_MAX {
+            return Err(format!(
+                "pool {:?}: count {} is over {COUNT_MAX}",
+                p.name, p.count
+            ));
+        }
+        let digits = p.count.saturating_sub(1).max(1).to_string().len();
+        let longest = prefix.len() + p.name.len() + 1 + digits + 1 + REQUEST_DIGITS;
         if longest > HOSTNAME_MAX {
             return Err(format!(
                 "pool {:?}: its hostnames would be {longest} characters, over Latitude's \
@@ -128,25 +139,52 @@ pub fn validate(pools: &[Pool], prefix: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// The hostname, and witness, of one creation in a pool.
-pub fn hostname(prefix: &str, pool: &str, request: Uuid) -> String {
-    let hex = request.simple().to_string();
-    format!("{prefix}{pool}-{}", &hex[..REQUEST_DIGITS])
+/// The part of a creation's request its hostname carries: its witness.
+pub fn witness(request: Uuid) -> String {
+    request.simple().to_string()[..REQUEST_DIGITS].to_string()
 }
 
-/// The pool a hostname of ours names, if any: exactly
-/// `<prefix><pool>-<12 lowercase hex>`.
-pub fn pool_of<'p>(prefix: &str, pools: &'p [Pool], hostname: &str) -> Option<&'p Pool> {
+/// The hostname of one creation for place `index` of a pool.
+pub fn hostname(prefix: &str, pool: &str, index: u32, request: Uuid) -> String {
+    format!("{prefix}{pool}-{index}-{}", witness(request))
+}
+
+/// What a hostname of ours names: the pool, the place and the witness.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Named<'p> {
+    pub pool: &'p Pool,
+    pub index: u32,
+    pub witness: String,
+}
+
+/// The pool, place and witness a hostname of ours names, if it is one:
+/// exactly `<prefix><pool>-<index>-<8 lowercase hex>`, for a declared pool.
+pub fn parse<'p>(prefix: &str, pools: &'p [Pool], hostname: &str) -> Option<Named<'p>> {
     let rest = hostname.strip_prefix(prefix)?;
-    let (name, request) = rest.rsplit_once('-')?;
+    let (rest, request) = rest.rsplit_once('-')?;
+    let (name, index) = rest.rsplit_once('-')?;
     let is_request = request.len() == REQUEST_DIGITS
         && request
             .chars()
             .all(|c| c.is_ascii_digit() || ('a'..='f').contains(&c));
-    if !is_request {
+    let index_ok = !index.is_empty()
+        && index.len() <= 3
+        && index.chars().all(|c| c.is_ascii_digit())
+        && (index == "0" || !index.starts_with('0'));
+    if !is_request || !index_ok {
         return None;
     }
-    pools.iter().find(|p| p.name == name)
+    let pool = pools.iter().find(|p| p.name == name)?;
+    Some(Named {
+        pool,
+        index: index.parse().ok()?,
+        witness: request.to_string(),
+    })
+}
+
+/// The pool a hostname of ours names, if any.
+pub fn pool_of<'p>(prefix: &str, pools: &'p [Pool], hostname: &str) -> Option<&'p Pool> {
+    parse(prefix, pools, hostname).map(|n| n.pool)
 }
 
 /// Why a pool gets fewer creations than it lacks.
@@ -342,7 +380,7 @@ mod tests {
         assert!(e.contains("twice"), "{e}");
         let e = validate(&[pool("Web", 1)], "shepherd-").unwrap_err();
         assert!(e.contains("lowercase"), "{e}");
-        let e = validate(&[pool("a-rather-long-pool", 1)], "shepherd-").unwrap_err();
+        let e = validate(&[pool("a-long-pool-name", 1)], "shepherd-").unwrap_err();
         assert!(e.contains("over Latitude's 32"), "{e}");
     }
 
@@ -350,16 +388,21 @@ mod tests {
     fn a_hostname_names_its_pool_and_nothing_else() {
         let pools = [pool("web", 1), pool("db", 1)];
         let request = Uuid::new_v4();
-        let h = hostname("shepherd-", "web", request);
+        let h = hostname("shepherd-", "web", 7, request);
         assert!(h.len() <= HOSTNAME_MAX, "{h}");
-        assert_eq!(pool_of("shepherd-", &pools, &h).unwrap().name, "web");
-        assert_ne!(h, hostname("shepherd-", "web", Uuid::new_v4()));
+        let named = parse("shepherd-", &pools, &h).unwrap();
+        assert_eq!((named.pool.name.as_str(), named.index), ("web", 7));
+        assert_eq!(named.witness, witness(request));
+        assert!(request.simple().to_string().starts_with(&named.witness));
+        assert_ne!(h, hostname("shepherd-", "web", 7, Uuid::new_v4()));
         for other in [
             "shepherd-web",
-            "shepherd-web-xyz",
-            "shepherd-cache-0123456789ab",
-            "shepherd-web-0123456789AB",
-            "someone-web-0123456789ab",
+            "shepherd-web-1-xyz",
+            "shepherd-web-01234567",
+            "shepherd-web-01-01234567",
+            "shepherd-cache-1-01234567",
+            "shepherd-web-1-0123456A",
+            "someone-web-1-01234567",
         ] {
             assert!(pool_of("shepherd-", &pools, other).is_none(), "{other}");
         }
@@ -368,7 +411,7 @@ mod tests {
     #[test]
     fn a_pool_counts_its_own_servers_where_they_belong() {
         let pools = [pool("web", 4)];
-        let h = |n: u8| format!("shepherd-web-{n:012x}");
+        let h = |n: u8| format!("shepherd-web-{n}-{n:08x}");
         let servers = [
             server(&h(1), "c2-small-x86", "SAO2", "on"),
             server(&h(2), "c2-small-x86", "SAO2", "deploying"),

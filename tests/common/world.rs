@@ -92,46 +92,13 @@ impl World {
     /// Claims the next runnable CreateDevice or Assimilate job, as a worker
     /// would, and runs it. `None` when nothing is runnable.
     pub async fn run_next(&self) -> Option<Ran> {
-        let row: Option<(String, String, serde_json::Value)> = sqlx::query_as(
-            "update apalis.jobs j set status = 'Running', attempts = attempts + 1
-             from (select id from apalis.jobs
-                   where job_type in ('create_device', 'assimilate') and status = 'Pending'
-                     and run_at <= now()
-                   order by run_at, id limit 1 for update skip locked) next
-             where j.id = next.id
-             returning j.id, j.job_type, convert_from(j.job, 'UTF8')::jsonb",
-        )
-        .fetch_optional(&self.pool)
-        .await
-        .unwrap();
-        let (id, kind, args) = row?;
-        let ran = match kind.as_str() {
-            "create_device" => {
-                let args: CreateDeviceArgs = serde_json::from_value(args).unwrap();
-                Ran::Create(create_device(&self.ctx, &args, &id).await.unwrap())
-            }
-            _ => {
-                let args: AssimilateArgs = serde_json::from_value(args).unwrap();
-                Ran::Assimilate(assimilate(&self.ctx, &args, &id).await.unwrap())
-            }
-        };
-        sqlx::query("update apalis.jobs set status = 'Done', done_at = now() where id = $1")
-            .bind(&id)
-            .execute(&self.pool)
-            .await
-            .unwrap();
-        Some(ran)
+        run_next(&self.pool, &self.ctx).await
     }
 
     /// Runs jobs until none is runnable, checking the capacity invariant
     /// after every one. Returns what ran.
     pub async fn drain(&self) -> Vec<Ran> {
-        let mut ran = Vec::new();
-        while let Some(r) = self.run_next().await {
-            self.assert_within_limit().await;
-            ran.push(r);
-        }
-        ran
+        drain_with(&self.pool, &self.ctx).await
     }
 
     pub async fn count(&self, sql: &'static str) -> i64 {
@@ -150,12 +117,7 @@ impl World {
 
     /// Invariant 2: managed + in flight never exceeds max_machines.
     pub async fn assert_within_limit(&self) {
-        // The cluster's limit, which an operator may have changed mid-test.
-        let max: i64 = self.count("select shepherd.max_machines()").await;
-        if max > 0 {
-            let (m, f) = (self.managed().await, self.in_flight().await);
-            assert!(m + f <= max, "managed {m} + in flight {f} > max {max}");
-        }
+        assert_within_limit(&self.pool).await;
     }
 
     /// Invariant 1 and 3 against the fake's state: no reservation has two
@@ -228,4 +190,67 @@ impl World {
             .await
             .unwrap()
     }
+}
+
+/// Claims the next runnable CreateDevice or Assimilate job, as a worker
+/// would, and runs it with `ctx`, whichever provider it speaks to. `None`
+/// when nothing is runnable.
+pub async fn run_next(pool: &PgPool, ctx: &JobContext) -> Option<Ran> {
+    let row: Option<(String, String, serde_json::Value)> = sqlx::query_as(
+        "update apalis.jobs j set status = 'Running', attempts = attempts + 1
+         from (select id from apalis.jobs
+               where job_type in ('create_device', 'assimilate') and status = 'Pending'
+                 and run_at <= now()
+               order by run_at, id limit 1 for update skip locked) next
+         where j.id = next.id
+         returning j.id, j.job_type, convert_from(j.job, 'UTF8')::jsonb",
+    )
+    .fetch_optional(pool)
+    .await
+    .unwrap();
+    let (id, kind, args) = row?;
+    let ran = match kind.as_str() {
+        "create_device" => {
+            let args: CreateDeviceArgs = serde_json::from_value(args).unwrap();
+            Ran::Create(create_device(ctx, &args, &id).await.unwrap())
+        }
+        _ => {
+            let args: AssimilateArgs = serde_json::from_value(args).unwrap();
+            Ran::Assimilate(assimilate(ctx, &args, &id).await.unwrap())
+        }
+    };
+    sqlx::query("update apalis.jobs set status = 'Done', done_at = now() where id = $1")
+        .bind(&id)
+        .execute(pool)
+        .await
+        .unwrap();
+    Some(ran)
+}
+
+/// Invariant 2: managed + in flight never exceeds the cluster's
+/// max_machines (which an operator may have changed mid-test).
+pub async fn assert_within_limit(pool: &PgPool) {
+    let count = |sql: &'static str| async move {
+        sqlx::query_scalar::<_, i64>(sql)
+            .fetch_one(pool)
+            .await
+            .unwrap()
+    };
+    let max = count("select shepherd.max_machines()").await;
+    if max > 0 {
+        let m = count("select count(*) from shepherd.managed_machines").await;
+        let f = count("select (select count(*) from shepherd.in_flight)").await;
+        assert!(m + f <= max, "managed {m} + in flight {f} > max {max}");
+    }
+}
+
+/// Runs jobs until none is runnable, checking the capacity invariant after
+/// every one.
+pub async fn drain_with(pool: &PgPool, ctx: &JobContext) -> Vec<Ran> {
+    let mut ran = Vec::new();
+    while let Some(r) = run_next(pool, ctx).await {
+        assert_within_limit(pool).await;
+        ran.push(r);
+    }
+    ran
 }

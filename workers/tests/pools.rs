@@ -58,8 +58,8 @@ async fn a_pool_plan_counts_its_servers_and_is_bounded_by_stock_and_room() {
     };
     // Two of pool web's servers, and one of another party's.
     for name in [
-        hostname("shepherd-", "web", Uuid::new_v4()),
-        hostname("shepherd-", "web", Uuid::new_v4()),
+        hostname("shepherd-", "web", 0, Uuid::new_v4()),
+        hostname("shepherd-", "web", 1, Uuid::new_v4()),
         "their-web-1".to_string(),
     ] {
         client.create_server(&create(name)).await.unwrap();

@@ -9,8 +9,7 @@ use uuid::Uuid;
 
 use super::tables::*;
 use super::{
-    Keys, ManagedMachine, PROVIDER_EQUINIX, Penalty, PendingCreation, UnassimilatedDevice,
-    ViewState, apply,
+    Keys, ManagedMachine, Penalty, PendingCreation, UnassimilatedDevice, ViewState, apply,
 };
 use crate::events::stored::{StoreError, StoredEvent};
 
@@ -63,25 +62,23 @@ pub(super) async fn load(
            (select coalesce(json_agg(m), '[]') from (
               select machine_id, provider, provider_id, reservation_id, hostname, assimilated_at
               from shepherd.managed_machines
-              where provider = $1 and provider_id = any($2)
+              where provider_id = any($1)
               union
               select machine_id, provider, provider_id, reservation_id, hostname, assimilated_at
               from shepherd.managed_machines
-              where reservation_id = any($3) and provider = $1) m) as machines,
+              where reservation_id = any($2)) m) as machines,
            (select coalesce(json_agg(s), '[]') from (
               select reservation_id, until, cause, failures from shepherd.sinbin
-              where reservation_id = any($3)) s) as sinbin,
+              where reservation_id = any($2)) s) as sinbin,
            (select coalesce(json_agg(p), '[]') from (
               select reservation_id, request, enqueued_at, unresolved_since, last_error
-              from shepherd.pending_creations where reservation_id = any($3)) p) as pending,
+              from shepherd.pending_creations where reservation_id = any($2)) p) as pending,
            (select coalesce(json_agg(u), '[]') from (
               select device_id, reservation_id, hostname, created_at
-              from shepherd.unassimilated_devices where device_id = any($4)) u) as unassimilated",
+              from shepherd.unassimilated_devices where device_id = any($1)) u) as unassimilated",
     )
-    .bind(PROVIDER_EQUINIX)
     .bind(devices)
     .bind(reservations)
-    .bind(devices)
     .fetch_one(&mut *conn)
     .await?;
     fn rows<T: serde::de::DeserializeOwned>(
@@ -135,13 +132,10 @@ pub(super) async fn write_changes(
     write_settings(conn, changed).await?;
     let (gone, changed) = diff(&before.machines, &after.machines);
     if !gone.is_empty() {
-        sqlx::query(
-            "delete from shepherd.managed_machines where provider = $1 and provider_id = any($2)",
-        )
-        .bind(PROVIDER_EQUINIX)
-        .bind(gone.into_iter().cloned().collect::<Vec<_>>())
-        .execute(&mut *conn)
-        .await?;
+        sqlx::query("delete from shepherd.managed_machines where provider_id = any($1)")
+            .bind(gone.into_iter().cloned().collect::<Vec<_>>())
+            .execute(&mut *conn)
+            .await?;
     }
     insert_machines(conn, changed.into_iter()).await?;
 

@@ -1,0 +1,275 @@
+//! Latitude.sh behind the provider seam. A unit of capacity is a place in a
+//! pool (`web` place 3), named by a UUID derived from the project, the pool
+//! and the place, so that every process names it alike; a machine is a
+//! server; the witness is the hostname, which carries the pool, the place
+//! and the first digits of the creation's request.
+//!
+//! A place is taken when a server of ours names it, whatever its status; it
+//! is provisionable while the plan is in stock in the pool's site (a pass
+//! reads the stock once per plan and site). A create first looks its
+//! hostname up, so a second run of a job whose create was sent finds the
+//! server instead of making another; then waits for the creation limiter;
+//! then sends it, and a create whose answer was not seen is settled by the
+//! client looking the hostname up, never by sending it again.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use uuid::Uuid;
+
+use super::client::{CreateServer, LatitudeClient, LatitudeError};
+use super::model::{Server, Stock};
+use super::pools::{self, Pool};
+use crate::config::Rate;
+use crate::limiter::Limiter;
+use crate::metal::ErrorClass;
+use crate::metal::discipline::Pacer;
+use crate::provider::{
+    Created, Failure, Machine, MachineFacts, Provider, ProviderError, ProviderResult, Unit,
+};
+
+/// The name machines of this provider carry in the views.
+pub const NAME: &str = "latitude";
+
+/// Where shepherd's unit ids for Latitude places are derived from.
+const UNIT_NAMESPACE: Uuid = Uuid::from_u128(0x5e3a_77c2_1b0d_4f7e_9a61_3c2e_8d4b_0f19);
+
+#[derive(Debug, Clone)]
+pub struct LatitudeProvider {
+    client: LatitudeClient,
+    pools: Arc<Vec<Pool>>,
+    prefix: String,
+    /// Unit id → (pool, place).
+    places: Arc<BTreeMap<Uuid, (usize, u32)>>,
+}
+
+impl LatitudeProvider {
+    pub fn new(client: LatitudeClient, pools: Vec<Pool>, prefix: String) -> Result<Self, String> {
+        pools::validate(&pools, &prefix)?;
+        let mut places = BTreeMap::new();
+        for (i, p) in pools.iter().enumerate() {
+            for index in 0..p.count {
+                places.insert(unit_id(client.project(), &p.name, index), (i, index));
+            }
+        }
+        Ok(LatitudeProvider {
+            client,
+            pools: Arc::new(pools),
+            prefix,
+            places: Arc::new(places),
+        })
+    }
+
+    pub fn client(&self) -> &LatitudeClient {
+        &self.client
+    }
+
+    /// The unit id of place `index` of `pool`, as every process derives it.
+    pub fn unit(&self, pool: &str, index: u32) -> Uuid {
+        unit_id(self.client.project(), pool, index)
+    }
+
+    fn place(&self, unit: Uuid) -> Result<(&Pool, u32), ProviderError> {
+        let (pool, index) = self.places.get(&unit).ok_or_else(|| ProviderError {
+            class: ErrorClass::Permanent,
+            failure: Failure::NotFound,
+            message: format!("{unit} is not a place in any pool shepherd keeps"),
+        })?;
+        Ok((&self.pools[*pool], *index))
+    }
+
+    fn as_machine(&self, s: &Server) -> Machine {
+        let named = s
+            .hostname()
+            .and_then(|h| pools::parse(&self.prefix, &self.pools, h));
+        Machine {
+            id: s.id.clone(),
+            hostname: s.hostname().map(str::to_string),
+            unit: named.as_ref().map(|n| self.unit(&n.pool.name, n.index)),
+            witness: named.map(|n| n.witness),
+        }
+    }
+}
+
+fn unit_id(project: &str, pool: &str, index: u32) -> Uuid {
+    Uuid::new_v5(
+        &UNIT_NAMESPACE,
+        format!("latitude/{project}/{pool}/{index}").as_bytes(),
+    )
+}
+
+impl From<LatitudeError> for ProviderError {
+    fn from(e: LatitudeError) -> Self {
+        let failure = match &e {
+            LatitudeError::NotFound { .. } => Failure::NotFound,
+            LatitudeError::Refused {
+                status: 422,
+                detail,
+                ..
+            } if detail.to_ascii_lowercase().contains("ssh") => Failure::SshKeyRefused,
+            _ => Failure::Other,
+        };
+        ProviderError {
+            class: e.class(),
+            failure,
+            message: e.to_string(),
+        }
+    }
+}
+
+impl Provider for LatitudeProvider {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn machines(&self) -> ProviderResult<'_, Vec<Machine>> {
+        Box::pin(async move {
+            let servers = self.client.list_servers(None).await?;
+            Ok(servers.iter().map(|s| self.as_machine(s)).collect())
+        })
+    }
+
+    fn units(&self) -> ProviderResult<'_, Vec<Unit>> {
+        Box::pin(async move {
+            let servers = self.client.list_servers(None).await?;
+            let taken: std::collections::HashSet<Uuid> = servers
+                .iter()
+                .filter_map(|s| self.as_machine(s).unit)
+                .collect();
+            let mut stock: BTreeMap<(&str, &str), Stock> = BTreeMap::new();
+            for p in self.pools.iter() {
+                if let std::collections::btree_map::Entry::Vacant(slot) =
+                    stock.entry((p.plan.as_str(), p.site.as_str()))
+                {
+                    slot.insert(self.client.stock(&p.plan, &p.site).await?);
+                }
+            }
+            let mut units = Vec::new();
+            for p in self.pools.iter() {
+                let in_stock = matches!(stock[&(p.plan.as_str(), p.site.as_str())], Stock::Some(_));
+                for index in 0..p.count {
+                    let id = self.unit(&p.name, index);
+                    units.push(Unit {
+                        id,
+                        taken: taken.contains(&id),
+                        provisionable: in_stock,
+                    });
+                }
+            }
+            Ok(units)
+        })
+    }
+
+    fn unit_exists(&self, unit: Uuid) -> ProviderResult<'_, bool> {
+        let known = self.places.contains_key(&unit);
+        Box::pin(async move { Ok(known) })
+    }
+
+    fn hostname(&self, unit: Uuid, request: Uuid) -> String {
+        match self.place(unit) {
+            Ok((pool, index)) => pools::hostname(&self.prefix, &pool.name, index, request),
+            Err(_) => format!("{}{}", self.prefix, pools::witness(request)),
+        }
+    }
+
+    fn witness(&self, request: Uuid) -> String {
+        pools::witness(request)
+    }
+
+    fn create<'a>(
+        &'a self,
+        unit: Uuid,
+        request: Uuid,
+        ssh_key: &'a str,
+        creations: &'a Limiter,
+    ) -> ProviderResult<'a, Created> {
+        Box::pin(async move {
+            let (pool, index) = self.place(unit)?;
+            let hostname = pools::hostname(&self.prefix, &pool.name, index, request);
+            // A second run of this creation (after a crash, or a retry whose
+            // first attempt was sent) finds the server it made.
+            if let Some(server) = self.client.find_by_hostname(&hostname).await? {
+                return Ok(Created {
+                    machine: self.as_machine(&server),
+                    recovered: true,
+                });
+            }
+            creations
+                .wait_turn()
+                .await
+                .map_err(|reason| ProviderError::new(ErrorClass::Transient, reason))?;
+            let mut ssh_keys = pool.ssh_keys.clone();
+            if !ssh_key.is_empty() && !ssh_keys.iter().any(|k| k == ssh_key) {
+                ssh_keys.push(ssh_key.to_string());
+            }
+            let created = self
+                .client
+                .create_server(&CreateServer {
+                    plan: pool.plan.clone(),
+                    site: pool.site.clone(),
+                    operating_system: pool.operating_system.clone(),
+                    hostname,
+                    ssh_keys,
+                })
+                .await?;
+            Ok(Created {
+                machine: self.as_machine(&created.server),
+                recovered: created.recovered,
+            })
+        })
+    }
+
+    fn find_created(&self, unit: Uuid, request: Uuid) -> ProviderResult<'_, Option<Created>> {
+        Box::pin(async move {
+            let (pool, index) = self.place(unit)?;
+            let hostname = pools::hostname(&self.prefix, &pool.name, index, request);
+            Ok(self
+                .client
+                .find_by_hostname(&hostname)
+                .await?
+                .map(|server| Created {
+                    machine: self.as_machine(&server),
+                    recovered: true,
+                }))
+        })
+    }
+
+    fn machine(&self, id: &str) -> ProviderResult<'_, MachineFacts> {
+        let id = id.to_string();
+        Box::pin(async move {
+            let server = self.client.get_server(&id).await?;
+            let project = server.attributes.project.as_ref();
+            let ours = project.is_none_or(|p| {
+                [p.id.as_deref(), p.slug.as_deref()]
+                    .into_iter()
+                    .flatten()
+                    .any(|p| p == self.client.project())
+            });
+            let machine = self.as_machine(&server);
+            Ok(MachineFacts {
+                unit: machine.unit,
+                hostname: machine.hostname,
+                foreign: (!ours).then(|| {
+                    format!(
+                        "the server belongs to project {}, not to shepherd's",
+                        project
+                            .and_then(|p| p.id.clone().or(p.slug.clone()))
+                            .unwrap_or_default()
+                    )
+                }),
+            })
+        })
+    }
+
+    fn ensure_ssh_key<'a>(
+        &'a self,
+        label: &'a str,
+        public_key: &'a str,
+    ) -> ProviderResult<'a, String> {
+        Box::pin(async move { Ok(self.client.ensure_ssh_key(label, public_key).await?) })
+    }
+
+    /// Latitude's budgets are the provider's own (the client's window
+    /// limiters), not the cluster's `api_rate`.
+    fn set_api_rate(&self, _rate: Rate) {}
+}

@@ -1,0 +1,280 @@
+//! The jobs provisioning Latitude.sh pools through the provider seam: the
+//! same handlers, events and views as for Metal, against the fake Latitude
+//! API over HTTP, calm and under its faults (5xx on create, creates that
+//! succeed and answer 500, 429 with `meta.retry_after`, stock running out
+//! mid-run, another party creating in the project).
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::assert_rebuild_equals_live;
+use common::world::{PUBLIC_KEY, drain_with, fast_config};
+use shepherd::config::{ProvisionerConfig, Rate};
+use shepherd::jobs::JobContext;
+use shepherd::jobs::reconcile::{ReconcileOutcome, reconcile};
+use shepherd::latitude::pools::{self, Pool};
+use shepherd::latitude::provider::LatitudeProvider;
+use shepherd::latitude::{LatitudeClient, LatitudeConfig};
+use shepherd::metal::{LocalPacer, RetrySettings};
+use shepherd::secret::ApiToken;
+use shepherd_fakes::latitude::{Call, FakeConfig, FakeLatitude, FaultKind, FaultRule, Faults};
+use sqlx::PgPool;
+
+const KEY: &str = "latitude-provisioning-key";
+const PREFIX: &str = "shepherd-";
+
+struct World {
+    pool: PgPool,
+    fake: FakeLatitude,
+    ctx: Arc<JobContext>,
+    pools: Vec<Pool>,
+}
+
+fn pool(name: &str, site: &str, count: u32) -> Pool {
+    format!("name={name},plan=c2-small-x86,site={site},count={count},os=ubuntu_24_04_x64_lts")
+        .parse()
+        .unwrap()
+}
+
+impl World {
+    async fn new(db: PgPool, max_machines: u64, pools: Vec<Pool>) -> World {
+        common::migrated(&db).await;
+        let fake = FakeLatitude::start(
+            FakeConfig {
+                token: KEY.into(),
+                reads_per_window: 100_000,
+                writes_per_window: 100_000,
+                ..FakeConfig::default()
+            },
+            "127.0.0.1:0".parse().unwrap(),
+        )
+        .await
+        .unwrap();
+        let mut config = LatitudeConfig::new(fake.base_url(), fake.project(), ApiToken::new(KEY));
+        config.attempt_timeout = Duration::from_secs(2);
+        config.retry = RetrySettings {
+            initial_interval: Duration::from_millis(10),
+            max_interval: Duration::from_millis(100),
+            max_elapsed: Duration::from_secs(5),
+            ..RetrySettings::default()
+        };
+        // The key's budgets are another test's subject (tests/latitude_client.rs).
+        let free = || Arc::new(LocalPacer::new(Rate::UNLIMITED));
+        let client = LatitudeClient::with_pacers(config, free(), free()).unwrap();
+        let provider = LatitudeProvider::new(client, pools.clone(), PREFIX.into()).unwrap();
+        let config = ProvisionerConfig {
+            max_machines,
+            chunk_size: max_machines.max(1),
+            ..fast_config()
+        };
+        shepherd::cluster::establish(
+            &db,
+            &shepherd::cluster::ClusterSettings::proposed_by(&config),
+            &[],
+            "test",
+        )
+        .await
+        .unwrap();
+        let ctx = Arc::new(JobContext::with_provider(
+            db.clone(),
+            Arc::new(provider),
+            Arc::new(config),
+            PUBLIC_KEY.into(),
+        ));
+        World {
+            pool: db,
+            fake,
+            ctx,
+            pools,
+        }
+    }
+
+    async fn pass(&self) -> ReconcileOutcome {
+        reconcile(&self.ctx, "test-reconcile").await.unwrap()
+    }
+
+    async fn count(&self, sql: &'static str) -> i64 {
+        sqlx::query_scalar(sql).fetch_one(&self.pool).await.unwrap()
+    }
+
+    async fn make_due(&self) {
+        sqlx::query("update apalis.jobs set run_at = now() where status = 'Pending'")
+            .execute(&self.pool)
+            .await
+            .unwrap();
+    }
+
+    /// Passes and jobs until nothing is in flight and a pass admits nothing.
+    async fn settle(&self, rounds: usize) {
+        for _ in 0..rounds {
+            let pass = self.pass().await;
+            drain_with(&self.pool, &self.ctx).await;
+            self.make_due().await;
+            drain_with(&self.pool, &self.ctx).await;
+            let left = self
+                .count(
+                    "select (select count(*) from shepherd.in_flight)
+                          + (select count(*) from apalis.jobs
+                             where job_type <> 'reconcile' and status = 'Pending')",
+                )
+                .await;
+            if pass.enqueued.is_empty() && pass.refused.is_none() && left == 0 {
+                return;
+            }
+        }
+        panic!("not settled after {rounds} rounds");
+    }
+
+    /// The invariants, against the fake's own servers: no pool over its
+    /// count and no place twice, one server per witness, every server of
+    /// ours managed and every managed machine a server, another party's
+    /// servers never ours, the limit kept, and the views equal to the log.
+    async fn assert_invariants(&self) {
+        let servers = self.fake.servers();
+        let mut per_pool: HashMap<String, u32> = HashMap::new();
+        let mut places = HashSet::new();
+        let mut hostnames = HashSet::new();
+        let mut ours = HashSet::new();
+        for s in &servers {
+            assert!(
+                hostnames.insert(s.hostname.clone()),
+                "two servers named {}",
+                s.hostname
+            );
+            if let Some(named) = pools::parse(PREFIX, &self.pools, &s.hostname) {
+                assert!(!s.created_by_other);
+                *per_pool.entry(named.pool.name.clone()).or_default() += 1;
+                assert!(
+                    named.index < named.pool.count,
+                    "{} beyond its pool",
+                    s.hostname
+                );
+                assert!(
+                    places.insert((named.pool.name.clone(), named.index)),
+                    "two servers on place {} of {}",
+                    named.index,
+                    named.pool.name
+                );
+                ours.insert(s.id.clone());
+            }
+        }
+        for p in &self.pools {
+            assert!(per_pool.get(&p.name).copied().unwrap_or(0) <= p.count);
+        }
+        let managed: HashSet<String> = sqlx::query_scalar(
+            "select provider_id from shepherd.managed_machines where provider = 'latitude'",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .unwrap()
+        .into_iter()
+        .collect();
+        assert_eq!(managed, ours, "managed machines and our servers differ");
+        let max = self.count("select shepherd.max_machines()").await;
+        assert!(managed.len() as i64 <= max);
+        assert_rebuild_equals_live(&self.pool).await;
+    }
+}
+
+#[sqlx::test(migrations = false)]
+async fn pools_are_kept_full_through_the_seam(db: PgPool) {
+    let w = World::new(db, 10, vec![pool("web", "DAL", 3), pool("db", "ASH", 2)]).await;
+    let first = w.pass().await;
+    assert_eq!(first.enqueued.len(), 5, "{first:?}");
+    drain_with(&w.pool, &w.ctx).await;
+    assert_eq!(w.fake.servers().len(), 5);
+    let providers: Vec<String> =
+        sqlx::query_scalar("select distinct provider from shepherd.managed_machines")
+            .fetch_all(&w.pool)
+            .await
+            .unwrap();
+    assert_eq!(providers, vec!["latitude"]);
+    // A second pass finds every place taken, and nothing to say.
+    let second = w.pass().await;
+    assert!(second.enqueued.is_empty(), "{second:?}");
+    assert!(second.refused.is_none(), "{second:?}");
+    assert!(second.unknown_devices.is_empty() && second.missing_devices.is_empty());
+    w.assert_invariants().await;
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_pool_without_stock_waits_and_the_limit_holds(db: PgPool) {
+    // CHI has the plan and none in stock; the limit leaves room for 4 of 5.
+    let w = World::new(db, 4, vec![pool("web", "DAL", 3), pool("cold", "CHI", 2)]).await;
+    let pass = w.pass().await;
+    assert_eq!(pass.enqueued.len(), 3, "{pass:?}");
+    drain_with(&w.pool, &w.ctx).await;
+    let cold = w.fake.servers().iter().filter(|s| s.site == "CHI").count();
+    assert_eq!(cold, 0, "a create was sent where there is no stock");
+    // Stock arrives: the next pass fills what the limit allows.
+    assert!(w.fake.set_stock("c2-small-x86", "CHI", 5));
+    let pass = w.pass().await;
+    assert_eq!(pass.enqueued.len(), 1, "{pass:?}");
+    assert!(pass.at_limit);
+    drain_with(&w.pool, &w.ctx).await;
+    assert_eq!(w.fake.servers().len(), 4);
+    w.assert_invariants().await;
+}
+
+#[sqlx::test(migrations = false)]
+async fn under_latitudes_faults_no_pool_overfills_and_nothing_is_lost(db: PgPool) {
+    let w = World::new(db, 9, vec![pool("web", "DAL", 6), pool("db", "ASH", 4)]).await;
+    // ASH holds 2 of the plan: a pass sees it in stock and admits db's 4
+    // places, and the stock runs out under the creates.
+    assert!(w.fake.set_stock("c2-small-x86", "ASH", 2));
+    w.fake.set_faults(Faults {
+        rules: vec![
+            FaultRule::on(Call::CreateServer, FaultKind::OtherPartyCreates).times(2),
+            FaultRule::on(
+                Call::CreateServer,
+                FaultKind::AcceptThenFail { status: 500 },
+            )
+            .times(2),
+            FaultRule::on(Call::CreateServer, FaultKind::Status { status: 503 }).times(2),
+            FaultRule::on(Call::GetServers, FaultKind::Status { status: 502 })
+                .with_probability(0.1),
+            FaultRule::new(FaultKind::RateLimited {
+                retry_after_secs: 1,
+            })
+            .times(2),
+        ],
+        ..Faults::default()
+    });
+    for _ in 0..8 {
+        w.pass().await;
+        drain_with(&w.pool, &w.ctx).await;
+        w.make_due().await;
+        drain_with(&w.pool, &w.ctx).await;
+    }
+    // The faults stop; what is left in flight settles.
+    w.fake.set_faults(Faults::default());
+    w.settle(10).await;
+    w.assert_invariants().await;
+    let servers = w.fake.servers();
+    let others = servers.iter().filter(|s| s.created_by_other).count();
+    assert_eq!(others, 2, "another party's servers are part of the world");
+    let ours = servers.len() - others;
+    // 6 of web, and of db what ASH's stock allowed: the limit is 9.
+    assert!((6..=9).contains(&ours), "{ours} servers of ours");
+    let web = servers
+        .iter()
+        .filter(|s| s.hostname.starts_with("shepherd-web-"))
+        .count();
+    assert_eq!(web, 6, "web is not full");
+    // The creates that were made and answered 500 were found by their
+    // hostname, not sent again.
+    let recovered = w
+        .count(
+            "select count(*) from shepherd.events
+             where event_type = 'device_created' and (body->>'recovered')::boolean",
+        )
+        .await;
+    assert_eq!(recovered, 2);
+    // Stock ran out under db's creates: the places that met it are
+    // penalised, none holds a server.
+    let penalised = w.count("select count(*) from shepherd.sinbin").await;
+    assert!(penalised >= 1, "no place met the empty stock");
+}
