@@ -342,3 +342,95 @@ mod tests {
         assert_eq!(flags.metal.metal_api_url, BASE_URL_DEFAULT);
     }
 }
+
+/// Which provider the jobs speak to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ProviderKind {
+    /// Equinix Metal (closed on 2026-06-30: its fake, `shepherd fake-metal`)
+    Metal,
+    /// Latitude.sh: pools of a plan in a site (`--pool`)
+    Latitude,
+}
+
+/// Where and what to provision at Latitude.sh.
+#[derive(Debug, Clone, Args)]
+pub struct LatitudeArgs {
+    /// Base URL of the Latitude.sh API
+    #[arg(long, env = "LATITUDE_API_URL", default_value = shepherd::latitude::client::BASE_URL_DEFAULT)]
+    pub latitude_api_url: String,
+
+    /// Project (id or slug) whose servers shepherd keeps
+    #[arg(long, env = "LATITUDE_PROJECT")]
+    pub latitude_project: Option<String>,
+
+    /// File holding the API key (else LATITUDE_API_KEY is read)
+    #[arg(long, env = "LATITUDE_API_KEY_FILE")]
+    pub latitude_key_file: Option<PathBuf>,
+
+    /// A pool: name=NAME,plan=PLAN,site=SITE,count=N,os=OS[,ssh_keys=ID+ID];
+    /// repeat the flag for more (or separate them with ';' in the variable)
+    #[arg(long = "pool", env = "SHEPHERD_LATITUDE_POOLS", value_delimiter = ';', value_parser = clap::value_parser!(shepherd::latitude::Pool))]
+    pub pools: Vec<shepherd::latitude::Pool>,
+}
+
+impl LatitudeArgs {
+    pub fn key(&self) -> anyhow::Result<ApiToken> {
+        let key = match &self.latitude_key_file {
+            Some(path) => std::fs::read_to_string(path)
+                .with_context(|| format!("LATITUDE_API_KEY_FILE: cannot read {}", path.display()))?,
+            None => std::env::var("LATITUDE_API_KEY").map_err(|_| {
+                anyhow::anyhow!(
+                    "LATITUDE_API_KEY: not set (set it, or point LATITUDE_API_KEY_FILE at a file holding the key)"
+                )
+            })?,
+        };
+        let key = ApiToken::new(key.trim());
+        if key.is_empty() {
+            bail!("LATITUDE_API_KEY: the key is empty");
+        }
+        Ok(key)
+    }
+
+    pub fn client_config(&self) -> anyhow::Result<shepherd::latitude::LatitudeConfig> {
+        let project = self.latitude_project.clone().context(
+            "LATITUDE_PROJECT (--latitude-project): not set; shepherd needs the project",
+        )?;
+        Ok(shepherd::latitude::LatitudeConfig::new(
+            &self.latitude_api_url,
+            project,
+            self.key()?,
+        ))
+    }
+
+    /// A client for this process alone (a command).
+    pub fn client(&self) -> anyhow::Result<shepherd::latitude::LatitudeClient> {
+        Ok(shepherd::latitude::LatitudeClient::new(
+            self.client_config()?,
+        )?)
+    }
+
+    /// The provider the jobs of a worker speak to: the key's budgets shared
+    /// with every process of the cluster through `pool`.
+    pub fn provider(
+        &self,
+        pool: &PgPool,
+        device_prefix: &str,
+    ) -> anyhow::Result<shepherd::latitude::provider::LatitudeProvider> {
+        if self.pools.is_empty() {
+            bail!(
+                "--provider latitude needs at least one --pool name=...,plan=...,site=...,count=N,os=..."
+            );
+        }
+        let client = shepherd::latitude::LatitudeClient::for_cluster(
+            self.client_config()?,
+            pool.clone(),
+            shepherd::latitude::Budgets::default(),
+        )?;
+        shepherd::latitude::provider::LatitudeProvider::new(
+            client,
+            self.pools.clone(),
+            device_prefix.to_string(),
+        )
+        .map_err(anyhow::Error::msg)
+    }
+}

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use shepherd_workers::commands::demo::{DemoArgs, run};
 use shepherd_workers::services::runtime::Stop;
+use shepherd_workers::settings::ProviderKind;
 use sqlx::PgPool;
 
 #[tokio::test]
@@ -19,6 +20,7 @@ async fn the_demo_settles_and_its_summary_matches_the_views() {
         workers: 2,
         timeout: Duration::from_secs(60),
         progress: false,
+        provider: ProviderKind::Metal,
     };
     let (_keep, stop) = Stop::new();
     let summary = run(args, stop).await.expect("the demo runs");
@@ -51,6 +53,56 @@ async fn the_demo_settles_and_its_summary_matches_the_views() {
     sqlx::query(sqlx::AssertSqlSafe(format!(
         "drop database if exists shepherd_demo_test_{} with (force)",
         std::process::id()
+    )))
+    .execute(&admin)
+    .await
+    .unwrap();
+}
+
+/// The Latitude demo: its pools fill where the plans are in stock (28
+/// places), the pool in a site without stock waits, every server of ours is
+/// managed once, and the views equal the log.
+#[tokio::test]
+async fn the_latitude_demo_fills_its_pools_and_its_summary_matches_the_views() {
+    let base = std::env::var("DATABASE_URL").expect("DATABASE_URL is set for tests");
+    let (server, _) = base.rsplit_once('/').unwrap();
+    let name = format!("shepherd_demo_latitude_test_{}", std::process::id());
+    let url = format!("{server}/{name}");
+    let args = DemoArgs {
+        database_url: url.clone(),
+        reservations: 0,
+        max_machines: 30,
+        workers: 2,
+        timeout: Duration::from_secs(60),
+        progress: false,
+        provider: ProviderKind::Latitude,
+    };
+    let (_keep, stop) = Stop::new();
+    let summary = run(args, stop).await.expect("the demo runs");
+    assert!(!summary.interrupted);
+    assert_eq!(summary.machines, 28, "{summary:?}");
+    assert_eq!(summary.in_flight, 0);
+
+    let pool = PgPool::connect(&url).await.unwrap();
+    let (managed, distinct_hostnames, cold): (i64, i64, i64) = sqlx::query_as(
+        "select count(*), count(distinct hostname),
+                count(*) filter (where hostname like 'shepherd-cold-%')
+         from shepherd.managed_machines where provider = 'latitude'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!((managed, distinct_hostnames, cold), (28, 28, 0));
+    let report = shepherd::events::views::rebuild(&pool, false)
+        .await
+        .unwrap();
+    assert!(report.differences.is_empty(), "{:?}", report.differences);
+    pool.close().await;
+    let admin = PgPool::connect(&format!("{server}/postgres"))
+        .await
+        .unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "drop database if exists {name} with (force)"
     )))
     .execute(&admin)
     .await

@@ -8,9 +8,15 @@ const TOKEN: &str = "sekrit-TOKEN-4f1c9e2a-do-not-leak";
 
 #[test]
 fn the_token_leaks_nowhere_in_a_whole_demo_at_trace_level() {
+    for provider in ["metal", "latitude"] {
+        the_token_leaks_nowhere_with(provider);
+    }
+}
+
+fn the_token_leaks_nowhere_with(provider: &str) {
     let base = std::env::var("DATABASE_URL").expect("DATABASE_URL is set for tests");
     let (server, _) = base.rsplit_once('/').unwrap();
-    let db = format!("shepherd_secrecy_{}", std::process::id());
+    let db = format!("shepherd_secrecy_{provider}_{}", std::process::id());
     let url = format!("{server}/{db}");
     for format in ["human", "json"] {
         let out = Command::new(env!("CARGO_BIN_EXE_shepherd"))
@@ -26,6 +32,8 @@ fn the_token_leaks_nowhere_in_a_whole_demo_at_trace_level() {
                 "6",
                 "--workers",
                 "2",
+                "--provider",
+                provider,
             ])
             .env("SHEPHERD_DEMO_DATABASE_URL", &url)
             .env("SHEPHERD_DEMO_TOKEN", TOKEN)
@@ -33,16 +41,16 @@ fn the_token_leaks_nowhere_in_a_whole_demo_at_trace_level() {
             .unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout);
         let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "{stderr}");
+        assert!(out.status.success(), "{provider}: {stderr}");
         assert!(stdout.contains("machines managed:   6"), "{stdout}");
         assert!(stderr.lines().count() > 1000, "expected trace logs");
         assert!(
             !stdout.contains(TOKEN) && !stderr.contains(TOKEN),
-            "the token leaked ({format})"
+            "the token leaked ({provider}, {format})"
         );
         assert!(
             !stderr.contains("TOKEN-4f1c9e2a"),
-            "part of the token leaked ({format})"
+            "part of the token leaked ({provider}, {format})"
         );
     }
     // Nor is it stored anywhere.

@@ -1,5 +1,6 @@
 //! `shepherd demo`: a whole shepherd cluster in one process, against the
-//! fake Metal API, in under a minute.
+//! fake Metal API (or, with `--provider latitude`, the fake Latitude.sh
+//! API), in under a minute.
 //!
 //! It starts the fake with a realistic project (two metros, two plans, some
 //! reservations not provisionable, a few creations that fail for good,
@@ -21,6 +22,7 @@ use shepherd_fakes::metal::{FakeConfig, FakeMetal, FaultKind, FaultRule, Faults}
 use sqlx::PgPool;
 
 use crate::services::runtime::{self, RuntimeOptions, Stop};
+use crate::settings::ProviderKind;
 
 #[derive(Debug, Clone, Args)]
 pub struct DemoArgs {
@@ -51,6 +53,78 @@ pub struct DemoArgs {
     /// Print progress lines
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub progress: bool,
+
+    /// The provider to fake: Metal's reservations, or Latitude.sh's pools
+    /// (four pools, one in a site without stock)
+    #[arg(long, value_enum, default_value_t = ProviderKind::Metal)]
+    pub provider: ProviderKind,
+}
+
+/// The fake the demo runs against.
+enum Fake {
+    Metal(FakeMetal),
+    Latitude(shepherd_fakes::latitude::FakeLatitude),
+}
+
+impl Fake {
+    fn total_calls(&self) -> u64 {
+        match self {
+            Fake::Metal(f) => f.total_calls(),
+            Fake::Latitude(f) => f.total_calls(),
+        }
+    }
+
+    fn errors(&self) -> u64 {
+        match self {
+            Fake::Metal(f) => f.request_log().iter().filter(|r| r.status >= 400).count() as u64,
+            Fake::Latitude(f) => f.request_log().iter().filter(|r| r.status >= 400).count() as u64,
+        }
+    }
+}
+
+/// Latitude's demo: its faults, and budgets ten times the real ones (20
+/// writes a minute would keep a 30-machine demo waiting for a minute and a
+/// half; the budgets' own behaviour is tested in tests/latitude_client.rs).
+fn latitude_fake(token: &str) -> shepherd_fakes::latitude::FakeConfig {
+    use shepherd_fakes::latitude::{Call, FakeConfig, FaultKind, FaultRule, Faults};
+    FakeConfig {
+        token: token.into(),
+        deploy_delay: Duration::from_secs(2),
+        reads_per_window: 600,
+        writes_per_window: 200,
+        faults: Faults {
+            latency_ms: 20,
+            latency_jitter_ms: 40,
+            rules: vec![
+                FaultRule::on(Call::CreateServer, FaultKind::OtherPartyCreates).times(1),
+                FaultRule::on(
+                    Call::CreateServer,
+                    FaultKind::AcceptThenFail { status: 500 },
+                )
+                .with_probability(0.08),
+                FaultRule::new(FaultKind::Status { status: 503 }).with_probability(0.04),
+                FaultRule::new(FaultKind::RateLimited {
+                    retry_after_secs: 1,
+                })
+                .with_probability(0.01),
+            ],
+        },
+        ..FakeConfig::default()
+    }
+}
+
+/// The demo's pools: 28 places where the plans are in stock, and 2 in a
+/// site with none (they wait).
+fn latitude_pools() -> Vec<shepherd::latitude::Pool> {
+    [
+        "name=web,plan=c2-small-x86,site=DAL,count=12,os=ubuntu_24_04_x64_lts",
+        "name=batch,plan=c2-small-x86,site=ASH,count=10,os=ubuntu_24_04_x64_lts",
+        "name=db,plan=c3-medium-x86,site=SAO,count=6,os=ubuntu_24_04_x64_lts",
+        "name=cold,plan=c2-small-x86,site=CHI,count=2,os=ubuntu_24_04_x64_lts",
+    ]
+    .iter()
+    .map(|p| p.parse().expect("the demo's pools read"))
+    .collect()
 }
 
 /// What the demo ended with, as read from the views.
@@ -130,21 +204,10 @@ fn demo_faults() -> Faults {
         )
 }
 
-pub async fn run(args: DemoArgs, stop: Stop) -> anyhow::Result<DemoSummary> {
-    let started = Instant::now();
-    shepherd::db::recreate_database(&args.database_url).await?;
-    let pool = shepherd::db::connect(&args.database_url, 24).await?;
-    shepherd::db::migrate(&pool).await?;
-
-    // A fresh token per run; SHEPHERD_DEMO_TOKEN sets a recognisable one (the
-    // secrecy test greps every output for it).
-    let token = std::env::var("SHEPHERD_DEMO_TOKEN")
-        .ok()
-        .filter(|t| !t.trim().is_empty())
-        .unwrap_or_else(|| format!("demo-{}", uuid::Uuid::new_v4()));
-    let fake = FakeMetal::start(
+async fn start_metal(args: &DemoArgs, token: &str) -> anyhow::Result<FakeMetal> {
+    FakeMetal::start(
         FakeConfig {
-            token: token.clone(),
+            token: token.to_string(),
             reservations: args.reservations,
             not_provisionable_every: 8,
             spare_every: 10,
@@ -157,8 +220,37 @@ pub async fn run(args: DemoArgs, stop: Stop) -> anyhow::Result<DemoSummary> {
         "127.0.0.1:0".parse().expect("a literal address"),
     )
     .await
-    .context("cannot start the fake Metal API")?;
+    .context("cannot start the fake Metal API")
+}
 
+pub async fn run(args: DemoArgs, stop: Stop) -> anyhow::Result<DemoSummary> {
+    let started = Instant::now();
+    shepherd::db::recreate_database(&args.database_url).await?;
+    let pool = shepherd::db::connect(&args.database_url, 24).await?;
+    shepherd::db::migrate(&pool).await?;
+
+    // A fresh token per run; SHEPHERD_DEMO_TOKEN sets a recognisable one (the
+    // secrecy test greps every output for it).
+    let token = std::env::var("SHEPHERD_DEMO_TOKEN")
+        .ok()
+        .filter(|t| !t.trim().is_empty())
+        .unwrap_or_else(|| format!("demo-{}", uuid::Uuid::new_v4()));
+    let fake = match args.provider {
+        ProviderKind::Metal => Fake::Metal(start_metal(&args, &token).await?),
+        ProviderKind::Latitude => Fake::Latitude(
+            shepherd_fakes::latitude::FakeLatitude::start(
+                latitude_fake(&token),
+                "127.0.0.1:0".parse().expect("a literal address"),
+            )
+            .await
+            .context("cannot start the fake Latitude API")?,
+        ),
+    };
+
+    let max_machines = match &fake {
+        Fake::Metal(_) => args.max_machines,
+        Fake::Latitude(_) => args.max_machines.min(30),
+    };
     let quick = JobRetry {
         max_attempts: 4,
         initial_backoff: Duration::from_secs(1),
@@ -167,7 +259,7 @@ pub async fn run(args: DemoArgs, stop: Stop) -> anyhow::Result<DemoSummary> {
         timeout: Duration::from_secs(20),
     };
     let config = Arc::new(ProvisionerConfig {
-        max_machines: args.max_machines,
+        max_machines,
         chunk_size: 8,
         reconcile_rate: Rate {
             interval: Duration::from_secs(2),
@@ -191,12 +283,7 @@ pub async fn run(args: DemoArgs, stop: Stop) -> anyhow::Result<DemoSummary> {
         "demo",
     )
     .await?;
-    let mut client_config =
-        ClientConfig::new(fake.base_url(), fake.project_id(), ApiToken::new(&token));
-    client_config.api_rate = Rate::UNLIMITED;
-    client_config.parallelism = 4;
-    client_config.attempt_timeout = Duration::from_secs(5);
-    client_config.retry = RetrySettings {
+    let retry = RetrySettings {
         initial_interval: Duration::from_millis(100),
         max_interval: Duration::from_secs(1),
         max_elapsed: Duration::from_secs(5),
@@ -207,13 +294,51 @@ pub async fn run(args: DemoArgs, stop: Stop) -> anyhow::Result<DemoSummary> {
     let (stop_workers, workers_stop) = Stop::new();
     let mut tasks = Vec::new();
     for n in 0..args.workers.max(1) {
-        let metal = MetalClient::new(client_config.clone(), ClientMetrics::default())?;
-        let ctx = Arc::new(JobContext::new(
-            pool.clone(),
-            metal,
-            config.clone(),
-            "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHNoZXBoZXJkLWRlbW8ta2V5 demo".into(),
-        ));
+        let public_key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHNoZXBoZXJkLWRlbW8ta2V5 demo";
+        let ctx = Arc::new(match &fake {
+            Fake::Metal(fake) => {
+                let mut client_config =
+                    ClientConfig::new(fake.base_url(), fake.project_id(), ApiToken::new(&token));
+                client_config.api_rate = Rate::UNLIMITED;
+                client_config.parallelism = 4;
+                client_config.attempt_timeout = Duration::from_secs(5);
+                client_config.retry = retry.clone();
+                let metal = MetalClient::new(client_config, ClientMetrics::default())?;
+                JobContext::new(pool.clone(), metal, config.clone(), public_key.into())
+            }
+            Fake::Latitude(fake) => {
+                let mut client_config = shepherd::latitude::LatitudeConfig::new(
+                    fake.base_url(),
+                    fake.project(),
+                    ApiToken::new(&token),
+                );
+                client_config.attempt_timeout = Duration::from_secs(5);
+                client_config.retry = retry.clone();
+                // Every worker shares the key's budgets through Postgres,
+                // as real workers do.
+                let client = shepherd::latitude::LatitudeClient::for_cluster(
+                    client_config,
+                    pool.clone(),
+                    shepherd::latitude::Budgets {
+                        reads: 600,
+                        writes: 200,
+                        per: Duration::from_secs(60),
+                    },
+                )?;
+                let provider = shepherd::latitude::provider::LatitudeProvider::new(
+                    client,
+                    latitude_pools(),
+                    config.device_prefix.clone(),
+                )
+                .map_err(anyhow::Error::msg)?;
+                JobContext::with_provider(
+                    pool.clone(),
+                    Arc::new(provider),
+                    config.clone(),
+                    public_key.into(),
+                )
+            }
+        });
         ctx.ensure_ssh_key()
             .await
             .context("the demo cannot ensure its SSH key")?;
@@ -254,7 +379,7 @@ pub async fn run(args: DemoArgs, stop: Stop) -> anyhow::Result<DemoSummary> {
                 "[{:>4.1}s] managed {:>3}/{} | in flight {:>2} | penalised {:>2} | jobs waiting {:>2} | API calls {:>4}",
                 started.elapsed().as_secs_f64(),
                 c.managed,
-                args.max_machines,
+                max_machines,
                 c.in_flight,
                 c.penalised,
                 c.pending_jobs,
@@ -262,7 +387,7 @@ pub async fn run(args: DemoArgs, stop: Stop) -> anyhow::Result<DemoSummary> {
             );
         }
         let nothing_left = c.in_flight == 0 && c.last_pass_idle;
-        if (c.managed as u64 >= args.max_machines && c.in_flight == 0) || nothing_left {
+        if (c.managed as u64 >= max_machines && c.in_flight == 0) || nothing_left {
             break;
         }
         if started.elapsed() > args.timeout {
@@ -279,12 +404,12 @@ pub async fn run(args: DemoArgs, stop: Stop) -> anyhow::Result<DemoSummary> {
     if drained.is_err() {
         tracing::warn!("workers did not drain within 10 s");
     }
-    finish(&pool, &fake, args.max_machines, started, interrupted).await
+    finish(&pool, &fake, max_machines, started, interrupted).await
 }
 
 async fn finish(
     pool: &PgPool,
-    fake: &FakeMetal,
+    fake: &Fake,
     max_machines: u64,
     started: Instant,
     interrupted: bool,
@@ -300,7 +425,6 @@ async fn finish(
     )
     .fetch_one(pool)
     .await?;
-    let log = fake.request_log();
     Ok(DemoSummary {
         elapsed: started.elapsed(),
         machines: c.managed,
@@ -308,7 +432,7 @@ async fn finish(
         in_flight: c.in_flight,
         penalised,
         api_calls: fake.total_calls(),
-        api_errors: log.iter().filter(|r| r.status >= 400).count() as u64,
+        api_errors: fake.errors(),
         failed_attempts,
         interrupted,
     })

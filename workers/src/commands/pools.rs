@@ -7,11 +7,10 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
-use shepherd::latitude::client::BASE_URL_DEFAULT;
-use shepherd::latitude::pools::{self, Pool, Shortfall};
-use shepherd::latitude::{LatitudeClient, LatitudeConfig, Stock};
-use shepherd::secret::ApiToken;
+use shepherd::latitude::Stock;
+use shepherd::latitude::pools::{self, Shortfall};
 
+use crate::settings::LatitudeArgs;
 use crate::table::Table;
 
 #[derive(Debug, Subcommand)]
@@ -22,60 +21,13 @@ pub enum PoolsCommand {
 }
 
 #[derive(Debug, Args)]
-pub struct LatitudeArgs {
-    /// Base URL of the Latitude.sh API
-    #[arg(long, env = "LATITUDE_API_URL", default_value = BASE_URL_DEFAULT)]
-    pub latitude_api_url: String,
-
-    /// Project (id or slug) whose servers shepherd keeps
-    #[arg(long, env = "LATITUDE_PROJECT")]
-    pub latitude_project: Option<String>,
-
-    /// File holding the API key (else LATITUDE_API_KEY is read)
-    #[arg(long, env = "LATITUDE_API_KEY_FILE")]
-    pub latitude_key_file: Option<std::path::PathBuf>,
-
-    /// A pool: name=NAME,plan=PLAN,site=SITE,count=N,os=OS[,ssh_keys=ID+ID];
-    /// repeat the flag for more (or separate them with ';' in the variable)
-    #[arg(long = "pool", env = "SHEPHERD_LATITUDE_POOLS", value_delimiter = ';', value_parser = clap::value_parser!(Pool))]
-    pub pools: Vec<Pool>,
-
-    /// Hostname prefix of shepherd's servers
-    #[arg(long, env = "SHEPHERD_DEVICE_PREFIX", default_value = "shepherd-")]
-    pub device_prefix: String,
-}
-
-impl LatitudeArgs {
-    fn key(&self) -> anyhow::Result<ApiToken> {
-        let key = match &self.latitude_key_file {
-            Some(path) => std::fs::read_to_string(path)
-                .with_context(|| format!("LATITUDE_API_KEY_FILE: cannot read {}", path.display()))?,
-            None => std::env::var("LATITUDE_API_KEY").map_err(|_| {
-                anyhow::anyhow!(
-                    "LATITUDE_API_KEY: not set (set it, or point LATITUDE_API_KEY_FILE at a file holding the key)"
-                )
-            })?,
-        };
-        let key = ApiToken::new(key.trim());
-        if key.is_empty() {
-            bail!("LATITUDE_API_KEY: the key is empty");
-        }
-        Ok(key)
-    }
-
-    fn client(&self) -> anyhow::Result<LatitudeClient> {
-        let project = self.latitude_project.clone().context(
-            "LATITUDE_PROJECT (--latitude-project): not set; shepherd needs the project",
-        )?;
-        let config = LatitudeConfig::new(&self.latitude_api_url, project, self.key()?);
-        Ok(LatitudeClient::new(config)?)
-    }
-}
-
-#[derive(Debug, Args)]
 pub struct PoolsPlanArgs {
     #[command(flatten)]
     latitude: LatitudeArgs,
+
+    /// Hostname prefix of shepherd's servers
+    #[arg(long, env = "SHEPHERD_DEVICE_PREFIX", default_value = "shepherd-")]
+    device_prefix: String,
 
     /// Room left under the cluster's limit (default: unbounded)
     #[arg(long)]
@@ -92,7 +44,7 @@ pub async fn run(command: PoolsCommand) -> anyhow::Result<()> {
     if latitude.pools.is_empty() {
         bail!("no pools: give at least one --pool name=...,plan=...,site=...,count=N,os=...");
     }
-    pools::validate(&latitude.pools, &latitude.device_prefix).map_err(anyhow::Error::msg)?;
+    pools::validate(&latitude.pools, &args.device_prefix).map_err(anyhow::Error::msg)?;
     let client = latitude.client()?;
     let servers = client
         .list_servers(None)
@@ -111,7 +63,7 @@ pub async fn run(command: PoolsCommand) -> anyhow::Result<()> {
         }
     }
     let plans = pools::plan(
-        &latitude.device_prefix,
+        &args.device_prefix,
         &latitude.pools,
         &servers,
         &stock,

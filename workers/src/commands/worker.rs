@@ -12,14 +12,20 @@ use shepherd::metal::ClientMetrics;
 
 use crate::commands::database::DatabaseArgs;
 use crate::services::runtime::{self, RuntimeOptions, Stop};
-use crate::settings::{MetalArgs, ProvisionerArgs};
+use crate::settings::{LatitudeArgs, MetalArgs, ProviderKind, ProvisionerArgs};
 
 #[derive(Debug, Args)]
 pub struct WorkerArgs {
     #[command(flatten)]
     pub db: DatabaseArgs,
+    /// Which provider the jobs provision: every worker of a cluster must
+    /// name the same one
+    #[arg(long, env = "SHEPHERD_PROVIDER", value_enum, default_value_t = ProviderKind::Metal)]
+    pub provider: ProviderKind,
     #[command(flatten)]
     pub metal: MetalArgs,
+    #[command(flatten)]
+    pub latitude: LatitudeArgs,
     #[command(flatten)]
     pub provisioner: ProvisionerArgs,
 
@@ -167,7 +173,21 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
     // Every setting is checked before anything touches the API or the database.
     let config = Arc::new(args.provisioner.config_with(&args.metal)?);
     let public_key = args.provisioner.public_key()?;
-    args.metal.client_config()?;
+    match args.provider {
+        ProviderKind::Metal => {
+            args.metal.client_config()?;
+        }
+        ProviderKind::Latitude => {
+            args.latitude.client_config()?;
+            if args.latitude.pools.is_empty() {
+                anyhow::bail!(
+                    "--provider latitude needs at least one --pool name=...,plan=...,site=...,count=N,os=..."
+                );
+            }
+            shepherd::latitude::pools::validate(&args.latitude.pools, &config.device_prefix)
+                .map_err(anyhow::Error::msg)?;
+        }
+    }
     args.check_connections()?;
     shepherd::db::check_url(&args.db.database_url)?;
     let operator = operator_token(args.operator_token_file.as_deref())?;
@@ -187,16 +207,27 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
     .context("cannot read or record the cluster's settings")?;
     report_settings(&established);
     let client_metrics = ClientMetrics::default();
-    let metal = args.metal.client(Some(&pool), client_metrics.clone())?;
     let listener = tokio::net::TcpListener::bind(args.metrics_listen)
         .await
         .with_context(|| format!("--metrics-listen: cannot listen on {}", args.metrics_listen))?;
-    let ctx = Arc::new(JobContext::new(
-        pool.clone(),
-        metal,
-        config.clone(),
-        public_key,
-    ));
+    let ctx = Arc::new(match args.provider {
+        ProviderKind::Metal => JobContext::new(
+            pool.clone(),
+            args.metal.client(Some(&pool), client_metrics.clone())?,
+            config.clone(),
+            public_key,
+        ),
+        ProviderKind::Latitude => JobContext::with_provider(
+            pool.clone(),
+            Arc::new(args.latitude.provider(&pool, &config.device_prefix)?),
+            config.clone(),
+            public_key,
+        ),
+    });
+    tracing::info!(
+        provider = ctx.provider.name(),
+        "provisioning through this provider"
+    );
     let key = ctx
         .ensure_ssh_key()
         .await
