@@ -100,9 +100,41 @@ pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, DbError>
     PgPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(Duration::from_secs(10))
+        .after_release(|conn, _| Box::pin(end_stray_transaction(conn)))
         .connect_with(options)
         .await
         .map_err(|e| unreachable(url, &e))
+}
+
+/// Ends a transaction a connection was returned to the pool inside of.
+///
+/// sqlx 0.9 does not roll back a `BEGIN` whose future was dropped before
+/// the server answered (transact-rs/sqlx#4393): the connection goes back to
+/// the pool with the server in a transaction that sqlx does not know of, and
+/// the next borrower's statements run inside it, never committed, holding
+/// their locks. Futures are dropped in the normal course of things: a
+/// browser leaving a page, a job abandoned at the end of a drain, apalis's
+/// own fetches at shutdown. Seen in the Latitude chaos run: a limiter row
+/// locked by such a connection stopped every process's API calls.
+///
+/// The check costs one round trip per release: inside a transaction that
+/// began earlier, the transaction's start (`now()`) precedes the
+/// statement's; in the statement's own transaction they are equal. A
+/// connection whose transaction failed answers the check with an error and
+/// is closed.
+async fn end_stray_transaction(conn: &mut sqlx::PgConnection) -> Result<bool, sqlx::Error> {
+    if sqlx::Connection::is_in_transaction(conn) {
+        // A transaction sqlx knows of is rolled back by sqlx itself.
+        return Ok(true);
+    }
+    let stray: bool = sqlx::query_scalar("select now() <> statement_timestamp()")
+        .fetch_one(&mut *conn)
+        .await?;
+    if stray {
+        tracing::warn!("a pooled connection came back inside a transaction; rolling it back");
+        sqlx::raw_sql("rollback").execute(&mut *conn).await?;
+    }
+    Ok(true)
 }
 
 /// shepherd's own migrations, tracked in their own table so they live beside

@@ -64,7 +64,9 @@ impl World {
         // The key's budgets are another test's subject (tests/latitude_client.rs).
         let free = || Arc::new(LocalPacer::new(Rate::UNLIMITED));
         let client = LatitudeClient::with_pacers(config, free(), free()).unwrap();
-        let provider = LatitudeProvider::new(client, pools.clone(), PREFIX.into()).unwrap();
+        let provider = LatitudeProvider::new(client, pools.clone(), PREFIX.into())
+            .unwrap()
+            .with_locks(db.clone());
         let config = ProvisionerConfig {
             max_machines,
             chunk_size: max_machines.max(1),
@@ -277,4 +279,40 @@ async fn under_latitudes_faults_no_pool_overfills_and_nothing_is_lost(db: PgPool
     // penalised, none holds a server.
     let penalised = w.count("select count(*) from shepherd.sinbin").await;
     assert!(penalised >= 1, "no place met the empty stock");
+}
+
+/// Two runs of one creation at once (a worker presumed dead while it was
+/// still creating, and the run that replaced it): Latitude would accept two
+/// creates with one hostname, so the place's lock lets one send while the
+/// other waits its turn, and one server stands on the place.
+#[sqlx::test(migrations = false)]
+async fn two_runs_of_one_creation_make_one_server(db: PgPool) {
+    use shepherd::jobs::CreateDeviceArgs;
+    use shepherd::jobs::create_device::create_device;
+    let w = World::new(db, 5, vec![pool("web", "DAL", 1)]).await;
+    // Slow answers, so the two runs overlap.
+    w.fake.set_faults(Faults {
+        latency_ms: 200,
+        ..Faults::default()
+    });
+    let pass = w.pass().await;
+    assert_eq!(pass.enqueued.len(), 1);
+    let (id, args): (String, serde_json::Value) = sqlx::query_as(
+        "select id, convert_from(job, 'UTF8')::jsonb from apalis.jobs
+         where job_type = 'create_device'",
+    )
+    .fetch_one(&w.pool)
+    .await
+    .unwrap();
+    let args: CreateDeviceArgs = serde_json::from_value(args).unwrap();
+    let (a, b) = tokio::join!(
+        create_device(&w.ctx, &args, &id),
+        create_device(&w.ctx, &args, &id)
+    );
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert_eq!(w.fake.servers().len(), 1, "{a:?} / {b:?}");
+    w.fake.set_faults(Faults::default());
+    w.settle(5).await;
+    assert_eq!(w.fake.servers().len(), 1);
+    w.assert_invariants().await;
 }

@@ -174,3 +174,45 @@ async fn a_window_lets_at_most_its_calls_through_any_window(pool: PgPool) {
         times[3].duration_since(times[0])
     );
 }
+
+/// A connection that comes back to the pool inside a transaction sqlx does
+/// not know of (a `BEGIN` whose future was dropped before the answer, as
+/// sqlx 0.9 leaves it) is rolled back on release: the next borrower's
+/// limiter slot is committed at once, and no lock outlives it.
+#[sqlx::test(migrations = false)]
+async fn a_connection_back_inside_a_stray_transaction_holds_no_lock(pool: PgPool) {
+    use shepherd::limiter::WindowLimiter;
+    common::migrated(&pool).await;
+    let name: String = sqlx::query_scalar("select current_database()")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let base = std::env::var("DATABASE_URL").unwrap();
+    let url = format!("{}/{name}", base.rsplit_once('/').unwrap().0);
+    // One connection, so the next borrower gets the same one.
+    let shepherds = shepherd::db::connect(&url, 1).await.unwrap();
+    let mut conn = shepherds.acquire().await.unwrap();
+    // What a dropped `Pool::begin` leaves: the server in a transaction, and
+    // sqlx unaware of it.
+    sqlx::raw_sql("begin").execute(&mut *conn).await.unwrap();
+    assert!(!sqlx::Connection::is_in_transaction(&*conn));
+    drop(conn);
+    let limiter = WindowLimiter::new(shepherds.clone(), "stray", 5, Duration::from_secs(60));
+    limiter.acquire().await.unwrap();
+    // Another session can lock the row at once: the slot was committed.
+    let locked =
+        sqlx::query("select 1 from shepherd.limiters where name = 'stray' for update nowait")
+            .execute(&pool)
+            .await;
+    assert!(
+        locked.is_ok(),
+        "the limiter row is still locked: {locked:?}"
+    );
+    let kept: i32 = sqlx::query_scalar(
+        "select cardinality(starts) from shepherd.limiters where name = 'stray'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(kept, 1, "the slot was not committed");
+}

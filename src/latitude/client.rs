@@ -563,6 +563,22 @@ impl LatitudeClient {
     /// retry budget spent on unseen answers ends as `Ambiguous`: the
     /// caller must look again later.
     pub async fn create_server(&self, req: &CreateServer) -> Result<Created, LatitudeError> {
+        self.create_server_fenced(req, || async { Ok(()) }).await
+    }
+
+    /// [`LatitudeClient::create_server`], asking `fence` before every POST
+    /// whether this caller may still send one (it still holds the lock
+    /// that makes it the only sender for the hostname). A refusal ends the
+    /// call: as unknown if an earlier POST's answer was not seen.
+    pub async fn create_server_fenced<F, Fut>(
+        &self,
+        req: &CreateServer,
+        fence: F,
+    ) -> Result<Created, LatitudeError>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<(), String>>,
+    {
         let call = "create-server";
         let body = json!({"data": {"type": "servers", "attributes": {
             "project": self.inner.project,
@@ -585,6 +601,14 @@ impl LatitudeClient {
                 });
             }
             let ambiguous = |reason: String| LatitudeError::Ambiguous { call, reason };
+            if let Err(reason) = fence().await {
+                let reason = format!("no longer the only sender for this hostname: {reason}");
+                return Err(if unseen {
+                    ambiguous(reason)
+                } else {
+                    LatitudeError::Transient { call, reason }
+                });
+            }
             let err = match self
                 .attempt(call, Method::POST, "/servers", &[], Some(&body))
                 .await

@@ -37,6 +37,8 @@ const UNIT_NAMESPACE: Uuid = Uuid::from_u128(0x5e3a_77c2_1b0d_4f7e_9a61_3c2e_8d4
 #[derive(Debug, Clone)]
 pub struct LatitudeProvider {
     client: LatitudeClient,
+    /// Where creations lock their place, cluster-wide (see `create`).
+    locks: Option<sqlx::PgPool>,
     pools: Arc<Vec<Pool>>,
     prefix: String,
     /// Unit id → (pool, place).
@@ -54,6 +56,7 @@ impl LatitudeProvider {
         }
         Ok(LatitudeProvider {
             client,
+            locks: None,
             pools: Arc::new(pools),
             prefix,
             places: Arc::new(places),
@@ -62,6 +65,15 @@ impl LatitudeProvider {
 
     pub fn client(&self) -> &LatitudeClient {
         &self.client
+    }
+
+    /// Creations lock their place in this database for as long as they
+    /// may send a create. Latitude lets two creates carry one hostname, so
+    /// two runs of one creation (a worker presumed dead while it was still
+    /// creating) would otherwise both find nothing and both create.
+    pub fn with_locks(mut self, pool: sqlx::PgPool) -> Self {
+        self.locks = Some(pool);
+        self
     }
 
     /// The unit id of place `index` of `pool`, as every process derives it.
@@ -184,38 +196,44 @@ impl Provider for LatitudeProvider {
         creations: &'a Limiter,
     ) -> ProviderResult<'a, Created> {
         Box::pin(async move {
-            let (pool, index) = self.place(unit)?;
-            let hostname = pools::hostname(&self.prefix, &pool.name, index, request);
-            // A second run of this creation (after a crash, or a retry whose
-            // first attempt was sent) finds the server it made.
-            if let Some(server) = self.client.find_by_hostname(&hostname).await? {
-                return Ok(Created {
-                    machine: self.as_machine(&server),
-                    recovered: true,
-                });
+            let Some(locks) = &self.locks else {
+                return self
+                    .create_holding(unit, request, ssh_key, creations, None)
+                    .await;
+            };
+            // A session lock on a connection of its own: it dies with this
+            // process's connection (a crash, a database restart), and the
+            // fence below stops sending creates once it may have.
+            let transient = |e: sqlx::Error| {
+                ProviderError::new(
+                    ErrorClass::Transient,
+                    format!("the creation's place could not be locked: {e}"),
+                )
+            };
+            let mut conn = locks.acquire().await.map_err(transient)?;
+            let key = format!("latitude/place/{unit}");
+            let got: bool =
+                sqlx::query_scalar("select pg_try_advisory_lock(hashtextextended($1, 0))")
+                    .bind(&key)
+                    .fetch_one(&mut *conn)
+                    .await
+                    .map_err(transient)?;
+            if !got {
+                return Err(ProviderError::new(
+                    ErrorClass::Transient,
+                    "another run of this creation holds its place; it is looked at again later",
+                ));
             }
-            creations
-                .wait_turn()
-                .await
-                .map_err(|reason| ProviderError::new(ErrorClass::Transient, reason))?;
-            let mut ssh_keys = pool.ssh_keys.clone();
-            if !ssh_key.is_empty() && !ssh_keys.iter().any(|k| k == ssh_key) {
-                ssh_keys.push(ssh_key.to_string());
-            }
-            let created = self
-                .client
-                .create_server(&CreateServer {
-                    plan: pool.plan.clone(),
-                    site: pool.site.clone(),
-                    operating_system: pool.operating_system.clone(),
-                    hostname,
-                    ssh_keys,
-                })
-                .await?;
-            Ok(Created {
-                machine: self.as_machine(&created.server),
-                recovered: created.recovered,
-            })
+            let conn = tokio::sync::Mutex::new(conn);
+            let result = self
+                .create_holding(unit, request, ssh_key, creations, Some(&conn))
+                .await;
+            let mut conn = conn.into_inner();
+            let _ = sqlx::query("select pg_advisory_unlock(hashtextextended($1, 0))")
+                .bind(&key)
+                .execute(&mut *conn)
+                .await;
+            result
         })
     }
 
@@ -235,7 +253,85 @@ impl Provider for LatitudeProvider {
     }
 
     fn machine(&self, id: &str) -> ProviderResult<'_, MachineFacts> {
-        let id = id.to_string();
+        self.facts(id.to_string())
+    }
+
+    fn ensure_ssh_key<'a>(
+        &'a self,
+        label: &'a str,
+        public_key: &'a str,
+    ) -> ProviderResult<'a, String> {
+        Box::pin(async move { Ok(self.client.ensure_ssh_key(label, public_key).await?) })
+    }
+
+    /// Latitude's budgets are the provider's own (the client's window
+    /// limiters), not the cluster's `api_rate`.
+    fn set_api_rate(&self, _rate: Rate) {}
+}
+
+type LockConnection = tokio::sync::Mutex<sqlx::pool::PoolConnection<sqlx::Postgres>>;
+
+impl LatitudeProvider {
+    /// The create proper, while `lock` (if any) holds the place: look the
+    /// hostname up, wait for the creation limiter, send.
+    async fn create_holding(
+        &self,
+        unit: Uuid,
+        request: Uuid,
+        ssh_key: &str,
+        creations: &Limiter,
+        lock: Option<&LockConnection>,
+    ) -> Result<Created, ProviderError> {
+        {
+            let (pool, index) = self.place(unit)?;
+            let hostname = pools::hostname(&self.prefix, &pool.name, index, request);
+            // A second run of this creation (after a crash, or a retry whose
+            // first attempt was sent) finds the server it made.
+            if let Some(server) = self.client.find_by_hostname(&hostname).await? {
+                return Ok(Created {
+                    machine: self.as_machine(&server),
+                    recovered: true,
+                });
+            }
+            creations
+                .wait_turn()
+                .await
+                .map_err(|reason| ProviderError::new(ErrorClass::Transient, reason))?;
+            let mut ssh_keys = pool.ssh_keys.clone();
+            if !ssh_key.is_empty() && !ssh_keys.iter().any(|k| k == ssh_key) {
+                ssh_keys.push(ssh_key.to_string());
+            }
+            let req = CreateServer {
+                plan: pool.plan.clone(),
+                site: pool.site.clone(),
+                operating_system: pool.operating_system.clone(),
+                hostname,
+                ssh_keys,
+            };
+            // The lock's connection still open means the lock is still
+            // held: a database restart ends both.
+            let fence = || async {
+                match lock {
+                    None => Ok(()),
+                    Some(conn) => {
+                        let mut conn = conn.lock().await;
+                        sqlx::query("select 1")
+                            .execute(&mut **conn)
+                            .await
+                            .map(drop)
+                            .map_err(|e| format!("the place's lock is lost: {e}"))
+                    }
+                }
+            };
+            let created = self.client.create_server_fenced(&req, fence).await?;
+            Ok(Created {
+                machine: self.as_machine(&created.server),
+                recovered: created.recovered,
+            })
+        }
+    }
+
+    fn facts(&self, id: String) -> ProviderResult<'_, MachineFacts> {
         Box::pin(async move {
             let server = self.client.get_server(&id).await?;
             let project = server.attributes.project.as_ref();
@@ -260,16 +356,4 @@ impl Provider for LatitudeProvider {
             })
         })
     }
-
-    fn ensure_ssh_key<'a>(
-        &'a self,
-        label: &'a str,
-        public_key: &'a str,
-    ) -> ProviderResult<'a, String> {
-        Box::pin(async move { Ok(self.client.ensure_ssh_key(label, public_key).await?) })
-    }
-
-    /// Latitude's budgets are the provider's own (the client's window
-    /// limiters), not the cluster's `api_rate`.
-    fn set_api_rate(&self, _rate: Rate) {}
 }

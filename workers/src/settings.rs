@@ -371,6 +371,14 @@ pub struct LatitudeArgs {
     /// repeat the flag for more (or separate them with ';' in the variable)
     #[arg(long = "pool", env = "SHEPHERD_LATITUDE_POOLS", value_delimiter = ';', value_parser = clap::value_parser!(shepherd::latitude::Pool))]
     pub pools: Vec<shepherd::latitude::Pool>,
+
+    /// Reads the key may start per minute, cluster-wide (Latitude: 60)
+    #[arg(long, env = "LATITUDE_READS_PER_MINUTE", default_value_t = 60, value_parser = clap::value_parser!(u32).range(1..))]
+    pub latitude_reads_per_minute: u32,
+
+    /// Writes the key may start per minute, cluster-wide (Latitude: 20)
+    #[arg(long, env = "LATITUDE_WRITES_PER_MINUTE", default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..))]
+    pub latitude_writes_per_minute: u32,
 }
 
 impl LatitudeArgs {
@@ -424,13 +432,18 @@ impl LatitudeArgs {
         let client = shepherd::latitude::LatitudeClient::for_cluster(
             self.client_config()?,
             pool.clone(),
-            shepherd::latitude::Budgets::default(),
+            shepherd::latitude::Budgets {
+                reads: self.latitude_reads_per_minute,
+                writes: self.latitude_writes_per_minute,
+                per: std::time::Duration::from_secs(60),
+            },
         )?;
-        shepherd::latitude::provider::LatitudeProvider::new(
+        Ok(shepherd::latitude::provider::LatitudeProvider::new(
             client,
             self.pools.clone(),
             device_prefix.to_string(),
         )
-        .map_err(anyhow::Error::msg)
+        .map_err(anyhow::Error::msg)?
+        .with_locks(pool.clone()))
     }
 }

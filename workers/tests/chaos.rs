@@ -4,7 +4,7 @@
 //! is its own test binary, so it runs alone: timing-sensitive work beside
 //! it would measure the machine, not shepherd.
 
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use shepherd_fakes::metal::{FaultKind, FaultRule, Faults};
@@ -13,57 +13,6 @@ use uuid::Uuid;
 
 mod common;
 use common::*;
-
-/// The local cluster DATABASE_URL points at, if this machine can stop and
-/// start it (`pg_ctlcluster`, as on Debian and Ubuntu).
-fn local_cluster() -> Option<String> {
-    let url = std::env::var("DATABASE_URL").ok()?;
-    if !(url.contains("@127.0.0.1") || url.contains("@localhost")) {
-        return None;
-    }
-    Command::new("pg_ctlcluster").arg("--help").output().ok()?;
-    let mut versions: Vec<String> = std::fs::read_dir("/etc/postgresql")
-        .ok()?
-        .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .collect();
-    versions.sort_by_key(|v| v.parse::<u32>().unwrap_or(0));
-    versions.pop()
-}
-
-fn pg_ctl(version: &str, action: &str) {
-    let mut c = Command::new("pg_ctlcluster");
-    c.args(["--skip-systemctl-redirect", version, "main", action]);
-    if action == "stop" {
-        c.args(["-m", "fast"]);
-    }
-    let out = c.output().unwrap();
-    assert!(
-        out.status.success(),
-        "pg_ctlcluster {action}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// Starts the cluster again if a test dies while it is down, so the rest of
-/// the suite does not fail for it.
-struct RestartGuard(Option<String>);
-
-impl Drop for RestartGuard {
-    fn drop(&mut self) {
-        if let Some(v) = self.0.take() {
-            let _ = Command::new("pg_ctlcluster")
-                .args(["--skip-systemctl-redirect", &v, "main", "start"])
-                .status();
-        }
-    }
-}
-
-fn env_or(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 /// The chaos run: mixed API faults, workers SIGKILLed and replaced every
 /// few seconds, Postgres stopped for seconds and started again, manual

@@ -226,7 +226,7 @@ async fn start_metal(args: &DemoArgs, token: &str) -> anyhow::Result<FakeMetal> 
 pub async fn run(args: DemoArgs, stop: Stop) -> anyhow::Result<DemoSummary> {
     let started = Instant::now();
     shepherd::db::recreate_database(&args.database_url).await?;
-    let pool = shepherd::db::connect(&args.database_url, 24).await?;
+    let pool = shepherd::db::connect(&args.database_url, 32).await?;
     shepherd::db::migrate(&pool).await?;
 
     // A fresh token per run; SHEPHERD_DEMO_TOKEN sets a recognisable one (the
@@ -330,7 +330,8 @@ pub async fn run(args: DemoArgs, stop: Stop) -> anyhow::Result<DemoSummary> {
                     latitude_pools(),
                     config.device_prefix.clone(),
                 )
-                .map_err(anyhow::Error::msg)?;
+                .map_err(anyhow::Error::msg)?
+                .with_locks(pool.clone());
                 JobContext::with_provider(
                     pool.clone(),
                     Arc::new(provider),

@@ -105,9 +105,14 @@ const CONNECTIONS_BESIDE_JOBS: u32 = 5;
 impl WorkerArgs {
     /// The least `--db-connections` the configured concurrency can run with.
     pub fn connections_needed(&self) -> u32 {
-        // A pass holds two: its lock's transaction and its work.
+        // A pass holds two: its lock's transaction and its work. A
+        // Latitude creation holds its place's lock beside its work.
+        let per_create = match self.provider {
+            ProviderKind::Metal => 1,
+            ProviderKind::Latitude => 2,
+        };
         2 * self.reconcile_concurrency
-            + self.create_concurrency
+            + per_create * self.create_concurrency
             + self.assimilate_concurrency
             + CONNECTIONS_BESIDE_JOBS
     }

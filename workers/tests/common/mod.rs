@@ -316,3 +316,80 @@ pub async fn assert_rebuild_equals_live(pool: &sqlx::PgPool) {
         .expect("the log replays");
     assert_eq!(report.differences, Vec::<String>::new());
 }
+
+/// The fake Latitude API on a runtime of its own, as [`start_fake`] does
+/// for Metal.
+pub fn start_latitude(
+    config: shepherd_fakes::latitude::FakeConfig,
+) -> shepherd_fakes::latitude::FakeLatitude {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let fake = shepherd_fakes::latitude::FakeLatitude::start(
+                config,
+                "127.0.0.1:0".parse().unwrap(),
+            )
+            .await
+            .unwrap();
+            tx.send(fake).unwrap();
+            std::future::pending::<()>().await;
+        });
+    });
+    rx.recv().unwrap()
+}
+
+/// The local cluster DATABASE_URL points at, if this machine can stop and
+/// start it (`pg_ctlcluster`, as on Debian and Ubuntu).
+pub fn local_cluster() -> Option<String> {
+    let url = std::env::var("DATABASE_URL").ok()?;
+    if !(url.contains("@127.0.0.1") || url.contains("@localhost")) {
+        return None;
+    }
+    Command::new("pg_ctlcluster").arg("--help").output().ok()?;
+    let mut versions: Vec<String> = std::fs::read_dir("/etc/postgresql")
+        .ok()?
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .collect();
+    versions.sort_by_key(|v| v.parse::<u32>().unwrap_or(0));
+    versions.pop()
+}
+
+pub fn pg_ctl(version: &str, action: &str) {
+    let mut c = Command::new("pg_ctlcluster");
+    c.args(["--skip-systemctl-redirect", version, "main", action]);
+    if action == "stop" {
+        c.args(["-m", "fast"]);
+    }
+    let out = c.output().unwrap();
+    assert!(
+        out.status.success(),
+        "pg_ctlcluster {action}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Starts the cluster again if a test dies while it is down, so the rest of
+/// the suite does not fail for it.
+pub struct RestartGuard(pub Option<String>);
+
+impl Drop for RestartGuard {
+    fn drop(&mut self) {
+        if let Some(v) = self.0.take() {
+            let _ = Command::new("pg_ctlcluster")
+                .args(["--skip-systemctl-redirect", &v, "main", "start"])
+                .status();
+        }
+    }
+}
+
+pub fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}

@@ -1,0 +1,271 @@
+//! The chaos run against the fake Latitude.sh: three worker processes
+//! keeping pools under Latitude's faults (5xx, 429 with `meta.retry_after`,
+//! creates that succeed and answer 500, another party creating in the
+//! project, stock that runs out under the creates), SIGKILLs, a Postgres
+//! restart, and operators enqueueing passes; then the invariants, from the
+//! fake's servers and shepherd's views: no pool over its count and no place
+//! with two servers, one server per hostname witness, every server of ours
+//! managed, the limit never exceeded, nothing left in flight, and the views
+//! equal to the log. Its own test binary, so it runs alone.
+
+use std::collections::HashSet;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use shepherd::latitude::pools::{self, Pool};
+use shepherd_fakes::latitude::{Call, FakeConfig, FaultKind, FaultRule, Faults};
+use sqlx::PgPool;
+
+mod common;
+use common::*;
+
+const KEY: &str = "latitude-chaos-key-51c0";
+
+#[sqlx::test(migrations = false)]
+async fn latitude_chaos_breaks_no_invariant(pool: PgPool) {
+    let pools_flag = "name=web,plan=c2-small-x86,site=DAL,count=30,os=ubuntu_24_04_x64_lts;\
+                      name=batch,plan=c2-small-x86,site=ASH,count=20,os=ubuntu_24_04_x64_lts;\
+                      name=cold,plan=c2-small-x86,site=CHI,count=5,os=ubuntu_24_04_x64_lts";
+    let pools: Vec<Pool> = pools_flag.split(';').map(|p| p.parse().unwrap()).collect();
+    let max: i64 = 45;
+    let kill_every = Duration::from_millis(env_or("SHEPHERD_CHAOS_KILL_EVERY_MS", 3000));
+    let fake = start_latitude(FakeConfig {
+        token: KEY.into(),
+        // Ten times Latitude's budgets, and the workers told so: the run
+        // would otherwise wait minutes on 20 writes a minute.
+        reads_per_window: 600,
+        writes_per_window: 200,
+        deploy_delay: Duration::from_millis(500),
+        faults: Faults {
+            latency_ms: 0,
+            latency_jitter_ms: 150,
+            rules: vec![
+                FaultRule::on(Call::CreateServer, FaultKind::OtherPartyCreates).times(3),
+                FaultRule::on(
+                    Call::CreateServer,
+                    FaultKind::AcceptThenFail { status: 500 },
+                )
+                .with_probability(0.05),
+                FaultRule::new(FaultKind::RateLimited {
+                    retry_after_secs: 1,
+                })
+                .with_probability(0.03),
+                FaultRule::new(FaultKind::Status { status: 503 }).with_probability(0.15),
+            ],
+        },
+        ..FakeConfig::default()
+    });
+    // ASH has 12 of the plan for batch's 20 places: its stock runs out
+    // under the creates. CHI has none: cold waits.
+    assert!(fake.set_stock("c2-small-x86", "ASH", 12));
+    let mut c = Cluster::new(pool, 0, shepherd_fakes::metal::Faults::none()).await;
+    migrate(&c).await;
+    let env = [
+        ("SHEPHERD_PROVIDER", "latitude"),
+        ("LATITUDE_API_URL", &fake.base_url()),
+        ("LATITUDE_PROJECT", fake.project()),
+        ("LATITUDE_API_KEY", KEY),
+        ("SHEPHERD_LATITUDE_POOLS", pools_flag),
+        ("LATITUDE_READS_PER_MINUTE", "600"),
+        ("LATITUDE_WRITES_PER_MINUTE", "200"),
+    ]
+    .map(|(k, v)| (k, v.to_string()));
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let max_arg = max.to_string();
+    let worker_args = [
+        "--scheduler",
+        "--max-machines",
+        &max_arg,
+        "--chunk-size",
+        "20",
+        "--device-creation-rate",
+        "10ms,1",
+        "--create-attempts",
+        "6",
+        "--sweep-interval",
+        "2s",
+        "--penalty",
+        "1h",
+        // A creation holds its place's lock beside its work.
+        "--db-connections",
+        "20",
+    ];
+    for _ in 0..3 {
+        c.spawn_worker_with_env(&worker_args, &env);
+    }
+    let cluster = local_cluster();
+    let mut guard = RestartGuard(None);
+    let started = Instant::now();
+    let mut seed = u64::from(std::process::id()) ^ 0x2545_f491_4f6c_dd1d;
+    let mut random = move |n: usize| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed % n as u64) as usize
+    };
+    let (mut kills, mut manual, mut highest) = (0u32, 0u32, 0i64);
+    let mut last_kill = Instant::now();
+    let mut restarted: Option<Duration> = None;
+    let mut passes = vec![];
+    let timeout = Duration::from_secs(env_or("SHEPHERD_CHAOS_TIMEOUT_SECS", 240));
+    let web_full = |fake: &shepherd_fakes::latitude::FakeLatitude| {
+        fake.servers()
+            .iter()
+            .filter(|s| s.hostname.starts_with("shepherd-web-"))
+            .count()
+            == 30
+    };
+    loop {
+        let elapsed = started.elapsed();
+        if elapsed >= timeout {
+            let mut names: Vec<String> = fake
+                .servers()
+                .iter()
+                .map(|s| format!("{} {} {}", s.hostname, s.site, s.status))
+                .collect();
+            names.sort();
+            let sinbin: Vec<(uuid::Uuid, String)> =
+                sqlx::query_as("select reservation_id, cause from shepherd.sinbin")
+                    .fetch_all(&c.pool)
+                    .await
+                    .unwrap_or_default();
+            panic!(
+                "Latitude chaos run not settled after {timeout:?} (last sample {:?}); logs in {}\nservers: {names:#?}\nsinbin: {sinbin:?}",
+                sqlx::query_as::<_, (i64, i64)>(
+                    "select (select count(*) from shepherd.managed_machines),
+                            (select count(*) from shepherd.in_flight)"
+                )
+                .fetch_one(&c.pool)
+                .await
+                .ok(),
+                c.dir.display()
+            );
+        }
+        let sample: Option<(i64, i64, i64)> = sqlx::query_as(
+            "select (select count(*) from shepherd.managed_machines),
+                    (select count(*) from shepherd.in_flight),
+                    (select count(*) from apalis.jobs
+                      where job_type in ('create_device', 'assimilate')
+                        and (status in ('Pending', 'Queued', 'Running')
+                             or (status = 'Failed' and attempts < max_attempts)))",
+        )
+        .fetch_one(&c.pool)
+        .await
+        .ok();
+        if let Some((m, f, _)) = sample {
+            highest = highest.max(m + f);
+            assert!(m + f <= max, "managed {m} + in flight {f} > {max}");
+        }
+        let settled = matches!(sample, Some((_, 0, 0))) && web_full(&fake);
+        if settled && restarted.is_some() && elapsed > Duration::from_secs(15) {
+            break;
+        }
+        if restarted.is_none() && elapsed > Duration::from_secs(6) {
+            match &cluster {
+                Some(v) => {
+                    guard.0 = Some(v.clone());
+                    let down = Instant::now();
+                    pg_ctl(v, "stop");
+                    tokio::time::sleep(Duration::from_secs(4)).await;
+                    pg_ctl(v, "start");
+                    guard.0 = None;
+                    restarted = Some(down.elapsed());
+                }
+                None => restarted = Some(Duration::ZERO),
+            }
+        }
+        if !settled && last_kill.elapsed() >= kill_every {
+            let alive: Vec<usize> = (0..c.workers.len())
+                .filter(|&i| c.workers[i].try_wait().unwrap().is_none())
+                .collect();
+            let victim = alive[random(alive.len())];
+            signal(&c.workers[victim], "KILL");
+            let _ = c.workers[victim].wait();
+            kills += 1;
+            c.spawn_worker_with_env(&worker_args, &env);
+            last_kill = Instant::now();
+        }
+        if manual < 6 && elapsed > Duration::from_secs(2 + 4 * u64::from(manual / 2)) {
+            for _ in 0..2 {
+                passes.push(
+                    c.command(&["enqueue", "reconcile"])
+                        .envs(env.iter().copied())
+                        .stdout(Stdio::null())
+                        .stderr(Stdio::null())
+                        .spawn()
+                        .unwrap(),
+                );
+                manual += 1;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let elapsed = started.elapsed();
+    for mut p in passes {
+        let _ = p.wait();
+    }
+    c.stop_all();
+
+    // The provider's side, from the fake's own servers.
+    let servers = fake.servers();
+    let mut hostnames = HashSet::new();
+    let mut places = HashSet::new();
+    let mut ours = HashSet::new();
+    for s in &servers {
+        assert!(
+            hostnames.insert(s.hostname.clone()),
+            "two servers named {}",
+            s.hostname
+        );
+        if let Some(named) = pools::parse("shepherd-", &pools, &s.hostname) {
+            assert!(!s.created_by_other, "{} is another party's", s.hostname);
+            assert!(named.index < named.pool.count);
+            assert!(
+                places.insert((named.pool.name.clone(), named.index)),
+                "place {} of {} holds two servers",
+                named.index,
+                named.pool.name
+            );
+            ours.insert(s.id.clone());
+        }
+    }
+    for p in &pools {
+        let n = places.iter().filter(|(name, _)| *name == p.name).count();
+        assert!(n as u32 <= p.count, "pool {} overfilled: {n}", p.name);
+    }
+    let cold = places.iter().filter(|(name, _)| name == "cold").count();
+    assert_eq!(cold, 0, "a server in a site without stock");
+    let managed: HashSet<String> = c.managed_ids().await.into_iter().collect();
+    assert_eq!(managed, ours, "managed machines and our servers differ");
+    assert!(managed.len() as i64 <= max);
+    assert_eq!(c.in_flight().await, 0, "something is left in flight");
+    let report = shepherd::events::views::rebuild(&c.pool, false)
+        .await
+        .unwrap();
+    assert!(report.differences.is_empty(), "{:?}", report.differences);
+    let recovered = c
+        .count(
+            "select count(*) from shepherd.events
+             where event_type = 'device_created' and (body->>'recovered')::bool",
+        )
+        .await;
+    let penalised = c.count("select count(*) from shepherd.sinbin").await;
+    let log = fake.request_log();
+    let (errors, limited) = (
+        log.iter().filter(|r| r.status >= 500).count(),
+        log.iter().filter(|r| r.status == 429).count(),
+    );
+    let batch = places.iter().filter(|(name, _)| name == "batch").count();
+    eprintln!(
+        "latitude chaos: {} servers of ours (web 30, batch {batch} on ASH's stock, cold 0), \
+         {} of another party's, limit {max} (highest managed + in flight {highest}), \
+         {penalised} places penalised, {} API calls ({errors} answered 5xx, {limited} 429), \
+         {kills} workers SIGKILLed, Postgres down {:.1?}, {manual} manual passes, \
+         {recovered} servers found by their hostname after a lost answer, {:.1?}",
+        ours.len(),
+        servers.iter().filter(|s| s.created_by_other).count(),
+        fake.total_calls(),
+        restarted.unwrap_or_default(),
+        elapsed
+    );
+}
