@@ -117,3 +117,61 @@ async fn a_pool_plan_counts_its_servers_and_is_bounded_by_stock_and_room() {
     assert!(!ok);
     assert!(err.contains("no pools"), "{err}");
 }
+
+/// `shepherd plan --provider latitude`: the same dry run as for Metal,
+/// through the seam, reading the pools' places and the stock and changing
+/// nothing.
+#[sqlx::test(migrations = false)]
+async fn plan_reads_the_pools_through_the_seam(pool: sqlx::PgPool) {
+    shepherd::db::migrate(&pool).await.unwrap();
+    let name: String = sqlx::query_scalar("select current_database()")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let base = std::env::var("DATABASE_URL").unwrap();
+    let url = format!("{}/{name}", base.rsplit_once('/').unwrap().0);
+    let fake = FakeLatitude::start(
+        FakeConfig {
+            token: KEY.into(),
+            ..FakeConfig::default()
+        },
+        "127.0.0.1:0".parse().unwrap(),
+    )
+    .await
+    .unwrap();
+    let web = format!("name=web,plan=c2-small-x86,site=DAL,count=3,os={OS}");
+    let cold = format!("name=cold,plan=c2-small-x86,site=CHI,count=2,os={OS}");
+    let out = tokio::task::spawn_blocking({
+        let (base_url, project) = (fake.base_url(), fake.project().to_string());
+        let (web, cold) = (web.clone(), cold.clone());
+        move || {
+            Command::new(env!("CARGO_BIN_EXE_shepherd"))
+                .args(["plan", "--provider", "latitude", "--json"])
+                .args(["--pool", &web, "--pool", &cold])
+                .env("DATABASE_URL", &url)
+                .env("LATITUDE_API_URL", base_url)
+                .env("LATITUDE_PROJECT", project)
+                .env("LATITUDE_API_KEY", KEY)
+                .env("SHEPHERD_LOG", "warn")
+                .output()
+                .unwrap()
+        }
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(plan["reservations_listed"], 5, "{plan}");
+    assert_eq!(plan["would_create"].as_array().unwrap().len(), 3, "{plan}");
+    let skipped = plan["skipped"].as_array().unwrap();
+    assert_eq!(skipped.len(), 2, "{plan}");
+    assert!(
+        skipped.iter().all(|s| s[1] == "not_provisionable"),
+        "{plan}"
+    );
+    assert!(fake.servers().is_empty(), "a dry run created");
+}

@@ -169,8 +169,13 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
 pub struct PlanArgs {
     #[command(flatten)]
     db: DatabaseArgs,
+    /// The provider the cluster provisions
+    #[arg(long, env = "SHEPHERD_PROVIDER", value_enum, default_value_t = crate::settings::ProviderKind::Metal)]
+    provider: crate::settings::ProviderKind,
     #[command(flatten)]
     metal: MetalArgs,
+    #[command(flatten)]
+    latitude: crate::settings::LatitudeArgs,
     #[command(flatten)]
     provisioner: ProvisionerArgs,
     /// Print JSON instead of a report
@@ -180,14 +185,32 @@ pub struct PlanArgs {
 
 pub async fn plan(args: PlanArgs) -> anyhow::Result<()> {
     let config = args.provisioner.config_with(&args.metal)?;
-    let metal = args.metal.client(None, ClientMetrics::default())?;
-    let provider = shepherd::metal::provider::MetalProvider::new(
-        metal,
-        config.device_prefix.clone(),
-        config.os.clone(),
-    );
+    let provider: Box<dyn shepherd::provider::Provider> = match args.provider {
+        crate::settings::ProviderKind::Metal => {
+            Box::new(shepherd::metal::provider::MetalProvider::new(
+                args.metal.client(None, ClientMetrics::default())?,
+                config.device_prefix.clone(),
+                config.os.clone(),
+            ))
+        }
+        crate::settings::ProviderKind::Latitude => {
+            if args.latitude.pools.is_empty() {
+                bail!(
+                    "--provider latitude needs at least one --pool name=...,plan=...,site=...,count=N,os=..."
+                );
+            }
+            Box::new(
+                shepherd::latitude::provider::LatitudeProvider::new(
+                    args.latitude.client()?,
+                    args.latitude.pools.clone(),
+                    config.device_prefix.clone(),
+                )
+                .map_err(anyhow::Error::msg)?,
+            )
+        }
+    };
     let pool = args.db.connect(2).await?;
-    let plan = fleet::plan(&pool, &provider, &config).await?;
+    let plan = fleet::plan(&pool, provider.as_ref(), &config).await?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&plan)?);
         return Ok(());
