@@ -119,17 +119,21 @@ pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, DbError>
 ///
 /// The check costs one round trip per release: inside a transaction that
 /// began earlier, the transaction's start (`now()`) precedes the
-/// statement's; in the statement's own transaction they are equal. A
-/// connection whose transaction failed answers the check with an error and
-/// is closed.
+/// statement's; in the statement's own transaction, sent as one simple
+/// query, they are equal. A connection whose transaction failed answers the
+/// check with an error and is closed.
 async fn end_stray_transaction(conn: &mut sqlx::PgConnection) -> Result<bool, sqlx::Error> {
     if sqlx::Connection::is_in_transaction(conn) {
         // A transaction sqlx knows of is rolled back by sqlx itself.
         return Ok(true);
     }
-    let stray: bool = sqlx::query_scalar("select now() <> statement_timestamp()")
+    // The simple protocol, one message: a prepared statement's Parse, Bind
+    // and Execute arrive apart, and the statement's time is the last one's,
+    // which would read as a transaction begun earlier.
+    let row = sqlx::raw_sql("select now() <> statement_timestamp()")
         .fetch_one(&mut *conn)
         .await?;
+    let stray: bool = sqlx::Row::try_get(&row, 0)?;
     if stray {
         tracing::warn!("a pooled connection came back inside a transaction; rolling it back");
         sqlx::raw_sql("rollback").execute(&mut *conn).await?;

@@ -7,6 +7,7 @@
 //! timed was not done correctly.
 
 mod events;
+mod latitude;
 mod pipeline;
 mod rate;
 mod reconcile;
@@ -42,6 +43,8 @@ pub enum BenchCommand {
     Latency(reconcile::LatencyBench),
     /// 8: three workers against a provider answering 429 to a share of calls
     Throttle(pipeline::ThrottleBench),
+    /// 9: Latitude.sh pools filled against the key's real budgets
+    Latitude(latitude::LatitudeBench),
     /// A bare apalis worker with a no-op job (scenario 1's baseline)
     #[command(hide = true)]
     NoopWorker(pipeline::NoopWorker),
@@ -107,6 +110,7 @@ pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Economy(args) => pipeline::economy(args).await,
         BenchCommand::Latency(args) => reconcile::latency(args).await,
         BenchCommand::Throttle(args) => pipeline::throttle(args).await,
+        BenchCommand::Latitude(args) => latitude::run(args).await,
         BenchCommand::NoopWorker(args) => pipeline::noop_worker(args).await,
         BenchCommand::ReconcileOnce(args) => reconcile::once(args).await,
     }
@@ -172,11 +176,17 @@ async fn all(args: AllBench) -> anyhow::Result<()> {
     })
     .await?;
     pipeline::throttle(pipeline::ThrottleBench {
-        server,
+        server: server.clone(),
         reservations: if q { 30 } else { 100 },
         probability: 0.2,
         retry_after_secs: 1,
         repetitions: 1,
+    })
+    .await?;
+    latitude::run(latitude::LatitudeBench {
+        server,
+        machines: if q { 18 } else { 38 },
+        workers: 3,
     })
     .await?;
     println!("\nall scenarios in {:.0?}", started.elapsed());
@@ -334,10 +344,16 @@ impl Stage {
     /// Starts `shepherd ARGS` with the stage's database and fake in its
     /// environment; its output goes to a log file in the stage's directory.
     pub fn spawn(&mut self, args: &[&str]) -> anyhow::Result<()> {
+        self.spawn_with_env(args, &[])
+    }
+
+    /// [`Stage::spawn`] with more environment.
+    pub fn spawn_with_env(&mut self, args: &[&str], env: &[(&str, &str)]) -> anyhow::Result<()> {
         let n = self.children.len();
         let log = std::fs::File::create(self.dir.join(format!("process-{n}.log")))?;
         let child = self
             .command(args)?
+            .envs(env.iter().copied())
             .stdout(log.try_clone()?)
             .stderr(log)
             .spawn()
