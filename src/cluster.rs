@@ -275,6 +275,47 @@ pub async fn establish(
     })
 }
 
+/// The setting that names the provider a cluster provisions.
+pub const PROVIDER_KEY: &str = "provider";
+
+/// Records `provider` as the cluster's if it has none yet (the first
+/// worker's, or the first of a release that knows the setting), and refuses
+/// a worker started for another: one cluster's passes, views and sinbin
+/// speak of one provider's machines and units, and a worker cannot adopt a
+/// provider it has no credentials for. Not a setting `change_setting()`
+/// takes: a cluster changes provider by starting anew.
+pub async fn establish_provider(pool: &PgPool, provider: &str, by: &str) -> Result<(), StoreError> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("select pg_advisory_xact_lock(hashtextextended('operator/settings', 0))")
+        .execute(&mut *tx)
+        .await?;
+    let map = stored(&mut tx).await?;
+    match map.get(PROVIDER_KEY).and_then(Value::as_str) {
+        Some(recorded) if recorded == provider => {}
+        Some(recorded) => {
+            return Err(StoreError::Invalid(format!(
+                "this cluster provisions {recorded}, and this worker was started with --provider \
+                 {provider}: start it with --provider {recorded} (SHEPHERD_PROVIDER), or give the \
+                 other provider a database of its own"
+            )));
+        }
+        None => {
+            let settings = BTreeMap::from([(PROVIDER_KEY.to_string(), Value::from(provider))]);
+            record(
+                &mut tx,
+                vec![NewEvent::new(SettingsChanged {
+                    by: by.to_string(),
+                    reason: "the provider of the first worker to start".into(),
+                    settings,
+                })],
+            )
+            .await?;
+        }
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
 /// Changes one setting through `shepherd.change_setting()`, which validates
 /// it and records who and why. The error names what was wrong.
 pub async fn change(

@@ -175,3 +175,59 @@ async fn plan_reads_the_pools_through_the_seam(pool: sqlx::PgPool) {
     );
     assert!(fake.servers().is_empty(), "a dry run created");
 }
+
+/// A cluster provisions one provider: the first worker records it, and a
+/// worker started for another refuses to start, saying which.
+#[sqlx::test(migrations = false)]
+async fn a_worker_for_another_provider_is_refused(pool: sqlx::PgPool) {
+    shepherd::db::migrate(&pool).await.unwrap();
+    shepherd::cluster::establish_provider(&pool, "equinix", "test")
+        .await
+        .unwrap();
+    // Recorded once: a second Metal worker starts as before.
+    shepherd::cluster::establish_provider(&pool, "equinix", "test")
+        .await
+        .unwrap();
+    let name: String = sqlx::query_scalar("select current_database()")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let base = std::env::var("DATABASE_URL").unwrap();
+    let url = format!("{}/{name}", base.rsplit_once('/').unwrap().0);
+    let dir = std::env::temp_dir().join(format!("shepherd-provider-{}", Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("key.pub"),
+        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGNsdXN0ZXItdGVzdC1rZXk t\n",
+    )
+    .unwrap();
+    let pool_flag = format!("name=web,plan=c2-small-x86,site=DAL,count=1,os={OS}");
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(env!("CARGO_BIN_EXE_shepherd"))
+            .args(["worker", "--provider", "latitude", "--pool", &pool_flag])
+            .args(["--metrics-listen", "127.0.0.1:0"])
+            .env("DATABASE_URL", &url)
+            .env("LATITUDE_PROJECT", "proj_x")
+            .env("LATITUDE_API_KEY", KEY)
+            .env("SHEPHERD_SSH_PUBLIC_KEY_FILE", dir.join("key.pub"))
+            .env("SHEPHERD_LOG", "warn")
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("this cluster provisions equinix")
+            && stderr.contains("--provider latitude"),
+        "{stderr}"
+    );
+    let providers: Vec<String> = sqlx::query_scalar(
+        "select value #>> '{}' from shepherd.cluster_settings where key = 'provider'",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(providers, vec!["equinix"]);
+}

@@ -85,10 +85,12 @@ pub struct WorkerArgs {
     #[arg(long, env = "SHEPHERD_SKIP_MIGRATIONS")]
     pub skip_migrations: bool,
 
-    /// Database connections this process may hold (at least twice the
-    /// reconcile concurrency plus the other two plus 5; checked at start)
-    #[arg(long, env = "SHEPHERD_DB_CONNECTIONS", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
-    pub db_connections: u32,
+    /// Database connections this process may hold (default: what its
+    /// concurrency needs, and at least 16: twice the reconcile concurrency,
+    /// the create concurrency (twice for Latitude), the assimilate
+    /// concurrency, plus 5; a smaller value is refused at start)
+    #[arg(long, env = "SHEPHERD_DB_CONNECTIONS", value_parser = clap::value_parser!(u32).range(1..))]
+    pub db_connections: Option<u32>,
 
     /// How often this worker looks for work in flight that no job will end
     #[arg(long, env = "SHEPHERD_SWEEP_INTERVAL", default_value = "30s", value_parser = parse_duration)]
@@ -117,12 +119,18 @@ impl WorkerArgs {
             + CONNECTIONS_BESIDE_JOBS
     }
 
+    /// The pool's size: the flag, or what the concurrency needs.
+    pub fn db_connections(&self) -> u32 {
+        self.db_connections
+            .unwrap_or_else(|| self.connections_needed().max(16))
+    }
+
     fn check_connections(&self) -> anyhow::Result<()> {
         let needed = self.connections_needed();
-        if self.db_connections < needed {
+        if self.db_connections() < needed {
             anyhow::bail!(
                 "--db-connections {}: too few for this worker; it runs {} reconcile, {} create and {} assimilate jobs at once and needs at least {needed} (raise --db-connections, or lower the --*-concurrency flags)",
-                self.db_connections,
+                self.db_connections(),
                 self.reconcile_concurrency,
                 self.create_concurrency,
                 self.assimilate_concurrency
@@ -198,9 +206,9 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
     let operator = operator_token(args.operator_token_file.as_deref())?;
 
     let pool = if args.skip_migrations {
-        args.db.connect(args.db_connections).await?
+        args.db.connect(args.db_connections()).await?
     } else {
-        args.db.prepare(args.db_connections).await?
+        args.db.prepare(args.db_connections()).await?
     };
     let established = shepherd::cluster::establish(
         &pool,
@@ -211,6 +219,17 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
     .await
     .context("cannot read or record the cluster's settings")?;
     report_settings(&established);
+    let provider_name = match args.provider {
+        ProviderKind::Metal => shepherd::metal::provider::NAME,
+        ProviderKind::Latitude => shepherd::latitude::provider::NAME,
+    };
+    shepherd::cluster::establish_provider(
+        &pool,
+        provider_name,
+        &format!("worker:{}", process_name()),
+    )
+    .await
+    .context("cannot start this worker for this cluster")?;
     let client_metrics = ClientMetrics::default();
     let listener = tokio::net::TcpListener::bind(args.metrics_listen)
         .await
