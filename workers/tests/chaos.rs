@@ -62,13 +62,7 @@ async fn chaos_breaks_no_invariant(pool: PgPool) {
     let cluster = local_cluster();
     let mut guard = RestartGuard(None);
     let started = Instant::now();
-    let mut seed = u64::from(std::process::id()) ^ 0x9e37_79b9_7f4a_7c15;
-    let mut random = move |n: usize| {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        (seed % n as u64) as usize
-    };
+    let mut random = picker(u64::from(std::process::id()) ^ 0x9e37_79b9_7f4a_7c15);
     let (mut kills, mut manual, mut samples, mut highest) = (0u32, 0u32, 0u64, 0i64);
     let (mut manual_creates, mut manual_admitted) = (0u32, 0u32);
     let mut last_kill = Instant::now();

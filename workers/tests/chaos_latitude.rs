@@ -96,13 +96,7 @@ async fn latitude_chaos_breaks_no_invariant(pool: PgPool) {
     let cluster = local_cluster();
     let mut guard = RestartGuard(None);
     let started = Instant::now();
-    let mut seed = u64::from(std::process::id()) ^ 0x2545_f491_4f6c_dd1d;
-    let mut random = move |n: usize| {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        (seed % n as u64) as usize
-    };
+    let mut random = picker(u64::from(std::process::id()) ^ 0x2545_f491_4f6c_dd1d);
     let (mut kills, mut manual, mut highest) = (0u32, 0u32, 0i64);
     let mut last_kill = Instant::now();
     let mut restarted: Option<Duration> = None;

@@ -8,11 +8,37 @@ use shepherd_workers::services::runtime::Stop;
 use shepherd_workers::settings::ProviderKind;
 use sqlx::PgPool;
 
-#[tokio::test]
-async fn the_demo_settles_and_its_summary_matches_the_views() {
+/// The server part of DATABASE_URL, and a demo database's URL on it.
+fn demo_database(name: &str) -> (String, String) {
     let base = std::env::var("DATABASE_URL").expect("DATABASE_URL is set for tests");
     let (server, _) = base.rsplit_once('/').unwrap();
-    let url = format!("{server}/shepherd_demo_test_{}", std::process::id());
+    let name = format!("{name}_{}", std::process::id());
+    (server.to_string(), format!("{server}/{name}"))
+}
+
+/// Checks the views against the log, then drops the demo's database.
+async fn rebuild_and_drop(url: &str, server: &str) {
+    let pool = PgPool::connect(url).await.unwrap();
+    let report = shepherd::events::views::rebuild(&pool, false)
+        .await
+        .unwrap();
+    assert!(report.differences.is_empty(), "{:?}", report.differences);
+    pool.close().await;
+    let name = url.rsplit_once('/').unwrap().1;
+    let admin = PgPool::connect(&format!("{server}/postgres"))
+        .await
+        .unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "drop database if exists {name} with (force)"
+    )))
+    .execute(&admin)
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn the_demo_settles_and_its_summary_matches_the_views() {
+    let (server, url) = demo_database("shepherd_demo_test");
     let args = DemoArgs {
         database_url: url.clone(),
         reservations: 20,
@@ -42,21 +68,8 @@ async fn the_demo_settles_and_its_summary_matches_the_views() {
     .await
     .unwrap();
     assert_eq!(penalised, summary.penalised);
-    let report = shepherd::events::views::rebuild(&pool, false)
-        .await
-        .unwrap();
-    assert!(report.differences.is_empty(), "{:?}", report.differences);
     pool.close().await;
-    let admin = PgPool::connect(&format!("{server}/postgres"))
-        .await
-        .unwrap();
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "drop database if exists shepherd_demo_test_{} with (force)",
-        std::process::id()
-    )))
-    .execute(&admin)
-    .await
-    .unwrap();
+    rebuild_and_drop(&url, &server).await;
 }
 
 /// The Latitude demo: its pools fill where the plans are in stock (28
@@ -64,10 +77,7 @@ async fn the_demo_settles_and_its_summary_matches_the_views() {
 /// managed once, and the views equal the log.
 #[tokio::test]
 async fn the_latitude_demo_fills_its_pools_and_its_summary_matches_the_views() {
-    let base = std::env::var("DATABASE_URL").expect("DATABASE_URL is set for tests");
-    let (server, _) = base.rsplit_once('/').unwrap();
-    let name = format!("shepherd_demo_latitude_test_{}", std::process::id());
-    let url = format!("{server}/{name}");
+    let (server, url) = demo_database("shepherd_demo_latitude_test");
     let args = DemoArgs {
         database_url: url.clone(),
         reservations: 0,
@@ -93,18 +103,6 @@ async fn the_latitude_demo_fills_its_pools_and_its_summary_matches_the_views() {
     .await
     .unwrap();
     assert_eq!((managed, distinct_hostnames, cold), (28, 28, 0));
-    let report = shepherd::events::views::rebuild(&pool, false)
-        .await
-        .unwrap();
-    assert!(report.differences.is_empty(), "{:?}", report.differences);
     pool.close().await;
-    let admin = PgPool::connect(&format!("{server}/postgres"))
-        .await
-        .unwrap();
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "drop database if exists {name} with (force)"
-    )))
-    .execute(&admin)
-    .await
-    .unwrap();
+    rebuild_and_drop(&url, &server).await;
 }

@@ -4,6 +4,8 @@
 
 use std::process::Command;
 
+mod common;
+
 use shepherd::latitude::pools::hostname;
 use shepherd::latitude::{CreateServer, LatitudeClient, LatitudeConfig};
 use shepherd::secret::ApiToken;
@@ -124,12 +126,7 @@ async fn a_pool_plan_counts_its_servers_and_is_bounded_by_stock_and_room() {
 #[sqlx::test(migrations = false)]
 async fn plan_reads_the_pools_through_the_seam(pool: sqlx::PgPool) {
     shepherd::db::migrate(&pool).await.unwrap();
-    let name: String = sqlx::query_scalar("select current_database()")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    let base = std::env::var("DATABASE_URL").unwrap();
-    let url = format!("{}/{name}", base.rsplit_once('/').unwrap().0);
+    let url = common::database_url(&pool).await;
     let fake = FakeLatitude::start(
         FakeConfig {
             token: KEY.into(),
@@ -188,12 +185,7 @@ async fn a_worker_for_another_provider_is_refused(pool: sqlx::PgPool) {
     shepherd::cluster::establish_provider(&pool, "equinix", "test")
         .await
         .unwrap();
-    let name: String = sqlx::query_scalar("select current_database()")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    let base = std::env::var("DATABASE_URL").unwrap();
-    let url = format!("{}/{name}", base.rsplit_once('/').unwrap().0);
+    let url = common::database_url(&pool).await;
     let dir = std::env::temp_dir().join(format!("shepherd-provider-{}", Uuid::new_v4()));
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(

@@ -393,3 +393,15 @@ pub fn env_or(name: &str, default: u64) -> u64 {
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
 }
+
+/// A small seeded picker (xorshift): `pick(n)` is an index below `n`. The
+/// chaos runs choose their victims with it, so a run can be replayed from
+/// its process id.
+pub fn picker(mut seed: u64) -> impl FnMut(usize) -> usize {
+    move |n: usize| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed % n as u64) as usize
+    }
+}
