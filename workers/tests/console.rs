@@ -94,6 +94,27 @@ async fn the_jobs_pages_list_filter_and_show_a_job(pool: PgPool) {
         front.contains(&format!("href=\"/jobs/{marked}\"")),
         "the event does not link its job:\n{front}"
     );
+    // A job a worker has claimed reads as running, by whom.
+    sqlx::query(
+        "insert into apalis.workers (id, worker_type, storage_name, layers, last_seen)
+         values ('assimilate@host:1#0', 'assimilate', 'test', '', now())",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "update apalis.jobs set status = 'Queued', lock_by = 'assimilate@host:1#0', lock_at = now()
+         where id = $1",
+    )
+    .bind(&marked)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let (_, _, page) = server.get(&format!("/jobs/{marked}")).await;
+    assert!(
+        page.contains("Running (claimed)") && page.contains("assimilate@host:1#0"),
+        "{page}"
+    );
     server.stop().await;
 }
 

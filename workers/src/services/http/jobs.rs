@@ -121,7 +121,7 @@ pub(super) async fn jobs_page(
                         tr {
                             td.id { a href={ "/jobs/" (j.id) } { (j.id) } }
                             td { (j.job_type) }
-                            td { (j.status) }
+                            td { (shown_state(&j.status, j.lock_by.is_some())) }
                             td.n { (j.attempts) "/" (j.max_attempts) }
                             td { (Time(j.run_at).to_string()) }
                             td { @if let Some(d) = j.done_at { (Time(d).to_string()) } }
@@ -138,6 +138,17 @@ pub(super) async fn jobs_page(
         }
     };
     Ok(page("shepherd · jobs", body))
+}
+
+/// A job's state as a person reads it. Workers claim jobs without apalis's
+/// separate `Running` step (one transaction less per job), so a job a worker
+/// is running stays `Queued` with its claimer set.
+fn shown_state(status: &str, claimed: bool) -> String {
+    if status == "Queued" && claimed {
+        "Running (claimed)".into()
+    } else {
+        status.to_string()
+    }
 }
 
 /// A result cut to a table cell's worth.
@@ -206,7 +217,7 @@ pub(super) async fn job_page(
         h1 { a href="/" { "shepherd" } " · " a href="/jobs" { "jobs" } " · " span.id { (job.id) } }
         table.facts {
             tr { th { "Kind" } td { a href={ "/jobs?kind=" (job.job_type) } { (job.job_type) } } }
-            tr { th { "State" } td { (job.status) } }
+            tr { th { "State" } td { (shown_state(&job.status, job.lock_by.is_some())) } }
             tr { th { "Attempts" } td { (job.attempts) " of " (job.max_attempts) } }
             tr { th { "Run at" } td { (Time(job.run_at).to_string()) } }
             @if let Some(at) = job.lock_at {
