@@ -1,5 +1,6 @@
-//! The status page, the history pages, the metrics and the probes, served
-//! over a real socket against a known event log.
+//! The status page, the history pages, the event log, the charts, the
+//! metrics and the probes, served over a real socket against a known event
+//! log.
 
 mod web;
 
@@ -420,4 +421,137 @@ async fn the_status_page_warns_and_tells_live_workers_from_gone(pool: PgPool) {
     let recent = &page[page.find("Recent events").unwrap()..];
     assert!(!recent.contains("reconcile_finished"), "{recent}");
     assert!(recent.contains("creation_unresolved"), "{recent}");
+}
+
+/// The charts count what the log and the queue hold: creations, failures
+/// and give-ups in the bar of the moment they were recorded, the queue's
+/// depth by kind, and this process's API latency by minute.
+#[sqlx::test(migrations = false)]
+async fn charts_draw_what_the_log_and_the_queue_hold(pool: PgPool) {
+    use shepherd::events::event::*;
+    seed(&pool).await;
+    let r = Uuid::new_v4();
+    let mut events: Vec<shepherd::events::Event> = Vec::new();
+    for n in 0..3 {
+        events.push(
+            DeviceCreated {
+                reservation: r,
+                device: Uuid::new_v4().to_string(),
+                hostname: format!("shepherd-chart-{n}"),
+                witness: format!("shepherd-witness:c{n}"),
+                recovered: false,
+                request: None,
+            }
+            .into(),
+        );
+    }
+    events.push(
+        CreationGivenUp {
+            reservation: r,
+            class: shepherd::metal::ErrorClass::Permanent,
+            message: "no".into(),
+            request: None,
+        }
+        .into(),
+    );
+    append(&pool, events).await;
+    for _ in 0..2 {
+        sqlx::query("select shepherd.enqueue_create_device($1)")
+            .bind(Uuid::new_v4())
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+    let server = Server::start(pool.clone()).await;
+    let (status, _, page) = server.get("/charts").await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    // seed() created one device too: four in all, all in the last bar.
+    assert!(page.contains("<title>4 devices created from"), "{page}");
+    assert!(page.contains("<title>1 creations given up from"), "{page}");
+    assert!(page.contains("<title>2 create_device from"), "{page}");
+    assert!(page.contains("<title>150 ms mean from"), "{page}");
+    assert!(!page.contains("<title>0 "), "empty bars are not drawn");
+    let (status, _, page) = server.get("/charts?window=24h").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(page.contains("<title>4 devices created from"), "{page}");
+    let (status, _, page) = server.get("/charts?window=1y").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(page.contains("1h, 24h, 7d"), "{page}");
+    server.stop().await;
+}
+
+/// The event log, filtered by stream (one, or a kind) and type, a page of
+/// 100 at a time, newest first.
+#[sqlx::test(migrations = false)]
+async fn the_event_log_filters_by_stream_and_type_and_pages(pool: PgPool) {
+    use shepherd::events::event::*;
+    let fleet = seed(&pool).await;
+    let server = Server::start(pool.clone()).await;
+
+    // The table only: the type filter's choices name every type.
+    let table = |page: &str| match (page.find("<table"), page.find("</table>")) {
+        (Some(a), Some(b)) => page[a..b].to_string(),
+        _ => String::new(),
+    };
+    let (status, _, page) = server.get("/events?type=reservation_penalised").await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    let page = table(&page);
+    assert!(page.contains(&fleet.penalised.to_string()), "{page}");
+    assert!(!page.contains("reconcile_started"), "{page}");
+
+    let (_, _, page) = server.get("/events?stream=reservation/").await;
+    let page = table(&page);
+    assert!(
+        page.contains("creation_requested") && page.contains("device_created"),
+        "{page}"
+    );
+    assert!(!page.contains("reconcile_started"), "{page}");
+    let (_, _, page) = server
+        .get(&format!("/events?stream=reservation/{}", fleet.penalised))
+        .await;
+    let page = table(&page);
+    assert!(page.contains("reservation_penalised"), "{page}");
+    assert!(!page.contains("creation_requested"), "{page}");
+    // A prefix's wildcards are taken literally.
+    let (_, _, page) = server.get("/events?stream=%25/").await;
+    assert!(page.contains("No events match."), "{page}");
+
+    let (status, _, page) = server.get("/events?type=machine_teleported").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(page.contains("not an event type"), "{page}");
+
+    // 120 pauses and resumes: the first page holds 100, newest first, and
+    // links the rest.
+    let mut many: Vec<shepherd::events::Event> = Vec::new();
+    for n in 0..60 {
+        many.push(
+            CreationsPaused {
+                by: "ops".into(),
+                reason: format!("p{n:03}"),
+            }
+            .into(),
+        );
+        many.push(
+            CreationsResumed {
+                by: "ops".into(),
+                reason: format!("r{n:03}"),
+            }
+            .into(),
+        );
+    }
+    append(&pool, many).await;
+    let (_, _, page) = server.get("/events?stream=operator/controls").await;
+    assert!(page.contains("r059") && page.contains("p010"), "{page}");
+    assert!(!page.contains("p009"), "the first page holds 100");
+    let older = page
+        .split("href=\"")
+        .filter_map(|s| s.split('"').next())
+        .find(|href| href.starts_with("/events?before="))
+        .expect("a link to older events")
+        .replace("&amp;", "&");
+    let (_, _, page) = server.get(&older).await;
+    assert!(page.contains("p009") && page.contains("p000"), "{page}");
+    assert!(!page.contains("r059"), "{page}");
+    assert!(!page.contains("older →"), "{page}");
+    server.stop().await;
 }
