@@ -249,6 +249,8 @@ pub struct Plan {
     pub reservations_listed: usize,
     pub would_create: Vec<Uuid>,
     pub skipped: Vec<(Uuid, Skip)>,
+    /// How each pool stands (a provider with pools).
+    pub pools: Vec<crate::provider::PoolReport>,
 }
 
 /// The next pass, dry: the same listings and the same rules, nothing written.
@@ -262,7 +264,9 @@ pub async fn plan(
             .await?;
     let settings = current.settings;
     let before = read_fleet(pool).await?;
-    let devices = provider.machines().await?;
+    // As a pass reads them, in one survey (Latitude lists its servers once).
+    let survey = provider.survey(true).await;
+    let devices = survey.machines?;
     let fleet = read_fleet(pool).await?;
     let ours = our_requests(pool, &devices).await?;
     let comparison = compare(
@@ -289,6 +293,7 @@ pub async fn plan(
         reservations_listed: 0,
         would_create: vec![],
         skipped: vec![],
+        pools: vec![],
     };
     if !comparison.unknown.is_empty() || !comparison.missing.is_empty() {
         plan.discrepancy = Some(DiscrepancyFound {
@@ -303,11 +308,15 @@ pub async fn plan(
         plan.at_limit = true;
         return Ok(plan);
     }
-    let reservations = provider.units().await?;
-    plan.reservations_listed = reservations.len();
+    let inventory = match survey.units {
+        Some(units) => units?,
+        None => provider.units().await?,
+    };
+    plan.reservations_listed = inventory.units.len();
+    plan.pools = inventory.pools;
     // Paused: nothing would be admitted (queue::admit refuses every one).
     let room = if plan.paused.is_some() { Some(0) } else { room };
-    let selection = pass::select(&reservations, &fleet, room, settings.chunk_size);
+    let selection = pass::select(&inventory.units, &fleet, room, settings.chunk_size);
     plan.would_create = selection.chosen;
     plan.skipped = selection.skipped;
     Ok(plan)

@@ -38,6 +38,39 @@ pub struct Unit {
     pub taken: bool,
     /// The provider would accept a create on it now.
     pub provisionable: bool,
+    /// The stock it draws on, where units share one (Latitude: a plan at a
+    /// site). A creation refused for want of stock penalises the scope, so
+    /// a pass takes none of the units that draw on it until the penalty
+    /// ends.
+    pub scope: Option<String>,
+}
+
+/// The units of capacity shepherd may provision, and how each pool of them
+/// stands (empty for a provider without pools).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Inventory {
+    pub units: Vec<Unit>,
+    pub pools: Vec<PoolReport>,
+}
+
+/// How one pool an operator declared stands at the provider, as a listing
+/// saw it: recorded with the pass, shown on the status page and in
+/// `/metrics`.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct PoolReport {
+    pub name: String,
+    pub plan: String,
+    pub site: String,
+    /// Places declared.
+    pub count: u32,
+    /// Places a machine of ours stands on.
+    pub taken: u32,
+    /// The site offers the plan at all.
+    pub offered: bool,
+    pub in_stock: bool,
+    /// Machines in stock, when the provider says how many.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stock: Option<u32>,
 }
 
 /// A machine a create made, or found after an unseen outcome.
@@ -63,6 +96,11 @@ pub enum Failure {
     Other,
     /// The provider does not know the machine or the unit.
     NotFound,
+    /// The provider has none of the unit's kind in stock; `scope` is the
+    /// stock the unit draws on (`Unit::scope`).
+    OutOfStock {
+        scope: Option<String>,
+    },
     /// Another party's machine stands on the unit.
     RaceLost {
         other: Option<String>,
@@ -93,6 +131,12 @@ impl ProviderError {
     }
 }
 
+/// What one pass read: its machines, and its units when asked for.
+pub struct Survey {
+    pub machines: Result<Vec<Machine>, ProviderError>,
+    pub units: Option<Result<Inventory, ProviderError>>,
+}
+
 pub type ProviderResult<'a, T> = BoxFuture<'a, Result<T, ProviderError>>;
 
 /// One provider, as the jobs use it.
@@ -104,7 +148,25 @@ pub trait Provider: Send + Sync + 'static {
     fn machines(&self) -> ProviderResult<'_, Vec<Machine>>;
 
     /// Every unit of capacity shepherd may provision.
-    fn units(&self) -> ProviderResult<'_, Vec<Unit>>;
+    fn units(&self) -> ProviderResult<'_, Inventory>;
+
+    /// The machines and, when `with_units`, the units, as one pass reads
+    /// them. By default both listings run side by side so their round trips
+    /// overlap; a provider whose units are derived from its machines lists
+    /// them once.
+    fn survey(&self, with_units: bool) -> BoxFuture<'_, Survey> {
+        Box::pin(async move {
+            let (machines, units) = futures::future::join(self.machines(), async {
+                if with_units {
+                    Some(self.units().await)
+                } else {
+                    None
+                }
+            })
+            .await;
+            Survey { machines, units }
+        })
+    }
 
     /// Whether the provider knows the unit (a manual creation's check).
     fn unit_exists(&self, unit: Uuid) -> ProviderResult<'_, bool>;

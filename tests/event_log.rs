@@ -38,6 +38,16 @@ fn one_of_each() -> Vec<Event> {
                 penalised: 1,
                 in_flight: 0,
             },
+            pools: vec![shepherd::provider::PoolReport {
+                name: "web".into(),
+                plan: "c2-small-x86".into(),
+                site: "SAO".into(),
+                count: 4,
+                taken: 3,
+                offered: true,
+                in_stock: true,
+                stock: Some(12),
+            }],
         }
         .into(),
         DiscrepancyFound {
@@ -106,6 +116,7 @@ fn one_of_each() -> Vec<Event> {
             until: Utc::now(),
             cause: "c".into(),
             class: Some(ErrorClass::RaceLost),
+            scope: None,
         }
         .into(),
         PenaltyCleared {
@@ -475,6 +486,7 @@ async fn penalise(pool: &PgPool, r: Uuid, until: chrono::DateTime<Utc>) {
             until,
             cause: "test".into(),
             class: None,
+            scope: None,
         })],
     )
     .await
@@ -645,6 +657,7 @@ fn random_event(rng: &mut impl Rng, reservations: &[Uuid], devices: &[Uuid]) -> 
             until: Utc::now() + offset,
             cause: format!("c{}", rng.random::<u8>()),
             class: None,
+            scope: None,
         }
         .into(),
         6 => PenaltyCleared {

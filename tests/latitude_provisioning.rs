@@ -316,3 +316,79 @@ async fn two_runs_of_one_creation_make_one_server(db: PgPool) {
     assert_eq!(w.fake.servers().len(), 1);
     w.assert_invariants().await;
 }
+
+/// A create refused for want of stock penalises the plan at the site: the
+/// pool's places that never met the refusal wait with the ones that did,
+/// while a pool drawing on other stock goes on. A pass lists the servers
+/// once, and records how each pool stood.
+#[sqlx::test(migrations = false)]
+async fn out_of_stock_penalises_the_plan_at_its_site(db: PgPool) {
+    use shepherd::events::event::Event;
+    use shepherd::jobs::pass::Skip;
+    let w = World::new(db, 3, vec![pool("db", "ASH", 4), pool("web", "DAL", 1)]).await;
+    // ASH says it has the plan, and holds one: the pass takes three of db's
+    // places, one is made and two are refused.
+    assert!(w.fake.set_stock("c2-small-x86", "ASH", 1));
+    let listings = w.fake.calls(Call::GetServers);
+    let first = w.pass().await;
+    assert_eq!(
+        w.fake.calls(Call::GetServers) - listings,
+        1,
+        "a pass lists the servers once"
+    );
+    assert_eq!(first.enqueued.len(), 3, "{first:?}");
+    drain_with(&w.pool, &w.ctx).await;
+    assert_eq!(w.fake.servers().len(), 1);
+    let scoped: Vec<(Option<String>, String)> =
+        sqlx::query_as("select scope, cause from shepherd.sinbin order by reservation_id")
+            .fetch_all(&w.pool)
+            .await
+            .unwrap();
+    assert_eq!(scoped.len(), 2, "{scoped:?}");
+    for (scope, cause) in &scoped {
+        assert_eq!(scope.as_deref(), Some("c2-small-x86@ASH"), "{cause}");
+        assert!(cause.contains("SERVERS_OUT_OF_STOCK"), "{cause}");
+    }
+
+    // Stock comes back, but the penalty holds for the plan at ASH: db's
+    // fourth place, never refused itself, waits; web at DAL is taken.
+    assert!(w.fake.set_stock("c2-small-x86", "ASH", 5));
+    let second = w.pass().await;
+    assert_eq!(second.enqueued.len(), 1, "{second:?}");
+    let plan = shepherd::fleet::plan(&w.pool, w.ctx.provider.as_ref(), &w.ctx.config)
+        .await
+        .unwrap();
+    let penalised = plan
+        .skipped
+        .iter()
+        .filter(|(_, why)| *why == Skip::Penalised)
+        .count();
+    assert_eq!(penalised, 3, "{:?}", plan.skipped);
+    drain_with(&w.pool, &w.ctx).await;
+    let sites: Vec<String> = w.fake.servers().iter().map(|s| s.site.clone()).collect();
+    assert_eq!(sites.iter().filter(|s| *s == "DAL").count(), 1, "{sites:?}");
+    assert_eq!(sites.iter().filter(|s| *s == "ASH").count(), 1, "{sites:?}");
+
+    // The pass recorded the pools as it saw them: ASH's stock and db's one
+    // server.
+    let (version, body): (i32, serde_json::Value) = sqlx::query_as(
+        "select schema_version, body from shepherd.events
+         where event_type = 'reservations_listed' order by position desc limit 1",
+    )
+    .fetch_one(&w.pool)
+    .await
+    .unwrap();
+    let Event::ReservationsListed(listed) =
+        Event::decode("reservations_listed", version, body).unwrap()
+    else {
+        panic!("not a listing");
+    };
+    let db = listed.pools.iter().find(|p| p.name == "db").unwrap();
+    assert_eq!(
+        (db.count, db.taken, db.in_stock, db.stock, db.site.as_str()),
+        (4, 1, true, Some(5), "ASH")
+    );
+    let web = listed.pools.iter().find(|p| p.name == "web").unwrap();
+    assert_eq!((web.count, web.taken), (1, 0));
+    w.assert_invariants().await;
+}

@@ -47,6 +47,7 @@ async fn appends(pool: &PgPool, writers: usize, for_how_long: Duration) -> anyho
                         until: Utc::now() + TimeDelta::hours(1),
                         cause: "bench".into(),
                         class: None,
+                        scope: None,
                     };
                     let mut tx = pool.begin().await?;
                     record(&mut tx, vec![NewEvent::new(event)]).await?;

@@ -124,8 +124,14 @@ events! {
         #[serde(default)]
         requested_by: Option<String>,
     }
-    /// What the pass listed, by class.
-    ReservationsListed = "reservations_listed", 1 { run: Uuid, counts: ReservationCounts }
+    /// What the pass listed, by class, and how each pool stood (a provider
+    /// with pools; absent before 2026-12).
+    ReservationsListed = "reservations_listed", 1 {
+        run: Uuid,
+        counts: ReservationCounts,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        pools: Vec<crate::provider::PoolReport>,
+    }
     /// Provider and shepherd disagree about which machines exist.
     DiscrepancyFound = "discrepancy_found", 1 {
         run: Uuid,
@@ -195,8 +201,17 @@ events! {
         #[serde(default)]
         request: Option<Uuid>,
     }
-    /// The reservation is skipped until `until`.
-    ReservationPenalised = "reservation_penalised", 2 { reservation: Uuid, until: DateTime<Utc>, cause: String, class: Option<ErrorClass> }
+    /// The reservation is skipped until `until`. With a `scope` (the stock
+    /// it draws on, after the provider had none), so is every unit that
+    /// draws on the same stock.
+    ReservationPenalised = "reservation_penalised", 2 {
+        reservation: Uuid,
+        until: DateTime<Utc>,
+        cause: String,
+        class: Option<ErrorClass>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        scope: Option<String>,
+    }
     /// An operator lifted a penalty early.
     PenaltyCleared = "penalty_cleared", 1 { reservation: Uuid, by: String, reason: String }
     /// An operator stopped new creations cluster-wide.

@@ -207,7 +207,11 @@ pub async fn create_device(
                 } else {
                     e.to_string()
                 };
-                give_up(ctx, &settings, args, job_id, e.class, cause).await
+                let scope = match e.failure {
+                    Failure::OutOfStock { scope } => scope,
+                    _ => None,
+                };
+                give_up_on(ctx, &settings, args, job_id, e.class, cause, scope).await
             }
         }
     }
@@ -388,6 +392,7 @@ async fn race_lost(
             args.reservation,
             &cause,
             ErrorClass::RaceLost,
+            None,
         )
         .await?,
     );
@@ -410,6 +415,20 @@ async fn give_up(
     class: ErrorClass,
     cause: String,
 ) -> Result<CreateOutcome, JobError> {
+    give_up_on(ctx, settings, args, job_id, class, cause, None).await
+}
+
+/// `give_up`, penalising `scope` with the reservation when the provider
+/// had none of its stock.
+async fn give_up_on(
+    ctx: &JobContext,
+    settings: &ClusterSettings,
+    args: &CreateDeviceArgs,
+    job_id: &str,
+    class: ErrorClass,
+    cause: String,
+    scope: Option<String>,
+) -> Result<CreateOutcome, JobError> {
     let mut tx = ctx.pool.begin().await?;
     if !still_owns(&mut tx, args).await? {
         return Ok(not_owner());
@@ -420,7 +439,7 @@ async fn give_up(
         message: cause.clone(),
         request: Some(args.request),
     })];
-    events.push(penalty(settings, &mut tx, args.reservation, &cause, class).await?);
+    events.push(penalty(settings, &mut tx, args.reservation, &cause, class, scope).await?);
     record(
         &mut tx,
         events.into_iter().map(|e| e.caused_by(job_id)).collect(),
@@ -479,6 +498,7 @@ async fn penalty(
     reservation: Uuid,
     cause: &str,
     class: ErrorClass,
+    scope: Option<String>,
 ) -> Result<NewEvent, JobError> {
     let failures = views::penalty(conn, reservation)
         .await?
@@ -489,6 +509,7 @@ async fn penalty(
         until: Utc::now() + TimeDelta::from_std(duration).unwrap_or(TimeDelta::MAX),
         cause: cause.to_string(),
         class: Some(class),
+        scope,
     }))
 }
 

@@ -23,6 +23,8 @@ pub struct Fleet {
     /// Machines made and not yet assimilated, by their provider's id.
     pub unassimilated: HashSet<String>,
     pub penalised: HashSet<Uuid>,
+    /// Stock under a penalty (`Unit::scope`): no unit drawing on it is taken.
+    pub penalised_scopes: HashSet<String>,
 }
 
 impl Fleet {
@@ -60,6 +62,13 @@ pub async fn read_fleet(pool: &PgPool) -> Result<Fleet, sqlx::Error> {
             .await?
             .into_iter()
             .collect(),
+        penalised_scopes: sqlx::query_scalar::<_, String>(
+            "select distinct scope from shepherd.sinbin where scope is not null and now() <= until",
+        )
+        .fetch_all(&mut *tx)
+        .await?
+        .into_iter()
+        .collect(),
     };
     tx.commit().await?;
     Ok(fleet)
@@ -210,7 +219,11 @@ pub fn select(
         } else if fleet.pending.contains(&r.id) {
             counts.in_flight += 1;
             Skip::InFlight
-        } else if fleet.penalised.contains(&r.id) {
+        } else if fleet.penalised.contains(&r.id)
+            || r.scope
+                .as_ref()
+                .is_some_and(|s| fleet.penalised_scopes.contains(s))
+        {
             counts.penalised += 1;
             Skip::Penalised
         } else {

@@ -146,20 +146,15 @@ async fn run_pass(
     .await?;
 
     // The fleet first: the database answers at once, and a pass already at
-    // the limit lists no reservations. Otherwise both listings run side by
-    // side, so their round trips to the API overlap (BENCHMARKS.md, scenario
-    // 4: the listings are the whole of a large pass); a pass that then finds
-    // a discrepancy, or reaches the limit through adoptions, drops the
-    // reservations it listed.
+    // the limit lists no reservations. Otherwise the provider surveys both
+    // at once (Metal's two listings overlap their round trips, BENCHMARKS.md
+    // scenario 4; Latitude's units come from the one server listing); a pass
+    // that then finds a discrepancy, or reaches the limit through
+    // adoptions, drops the reservations it listed.
     let before = read_fleet(&ctx.pool).await?;
     let full = limit.is_reached(before.managed.len() as u64 + before.in_flight());
-    let (devices, listed) = tokio::join!(ctx.provider.machines(), async {
-        if full {
-            None
-        } else {
-            Some(ctx.provider.units().await)
-        }
-    });
+    let survey = ctx.provider.survey(!full).await;
+    let (devices, listed) = (survey.machines, survey.units);
     let devices = match devices {
         Ok(d) => d,
         Err(e) => {
@@ -287,14 +282,14 @@ async fn run_pass(
         Some(listed) => listed,
         None => ctx.provider.units().await,
     };
-    let reservations = match listed {
+    let inventory = match listed {
         Ok(r) => r,
         Err(e) => {
             return refuse(
                 ctx,
                 job_id,
                 out,
-                format!("listing hardware reservations failed: {e}"),
+                format!("listing the provider's capacity failed: {e}"),
             )
             .await;
         }
@@ -302,13 +297,14 @@ async fn run_pass(
     out.listed_reservations = true;
     let mut tx = ctx.pool.begin().await?;
     let capacity = queue::lock_capacity(&mut tx).await?;
-    let selection = pass::select(&reservations, &fleet, capacity.room, settings.chunk_size);
+    let selection = pass::select(&inventory.units, &fleet, capacity.room, settings.chunk_size);
     record(
         &mut tx,
         vec![
             NewEvent::new(ReservationsListed {
                 run,
                 counts: selection.counts.clone(),
+                pools: inventory.pools.clone(),
             })
             .caused_by(job_id),
         ],

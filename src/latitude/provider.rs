@@ -6,14 +6,18 @@
 //!
 //! A place is taken when a server of ours names it, whatever its status; it
 //! is provisionable while the plan is in stock in the pool's site (a pass
-//! reads the stock once per plan and site). A create first looks its
+//! lists the servers once and reads the stock once per plan and site). A
+//! create refused for want of stock penalises the plan at the site, so the
+//! pool's other places wait with it. A create first looks its
 //! hostname up, so a second run of a job whose create was sent finds the
 //! server instead of making another; then waits for the creation limiter;
 //! then sends it, and a create whose answer was not seen is settled by the
 //! client looking the hostname up, never by sending it again.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
+
+use futures::future::BoxFuture;
 
 use uuid::Uuid;
 
@@ -25,7 +29,8 @@ use crate::limiter::Limiter;
 use crate::metal::ErrorClass;
 use crate::metal::discipline::Pacer;
 use crate::provider::{
-    Created, Failure, Machine, MachineFacts, Provider, ProviderError, ProviderResult, Unit,
+    Created, Failure, Inventory, Machine, MachineFacts, PoolReport, Provider, ProviderError,
+    ProviderResult, Survey, Unit,
 };
 
 /// The name machines of this provider carry in the views.
@@ -103,6 +108,12 @@ impl LatitudeProvider {
     }
 }
 
+/// The stock a pool's places draw on: its plan at its site. Pools that
+/// share both share it.
+pub fn scope(pool: &Pool) -> String {
+    format!("{}@{}", pool.plan, pool.site)
+}
+
 fn unit_id(project: &str, pool: &str, index: u32) -> Uuid {
     Uuid::new_v5(
         &UNIT_NAMESPACE,
@@ -141,34 +152,26 @@ impl Provider for LatitudeProvider {
         })
     }
 
-    fn units(&self) -> ProviderResult<'_, Vec<Unit>> {
+    fn units(&self) -> ProviderResult<'_, Inventory> {
         Box::pin(async move {
-            let servers = self.client.list_servers(None).await?;
-            let taken: std::collections::HashSet<Uuid> = servers
-                .iter()
-                .filter_map(|s| self.as_machine(s).unit)
-                .collect();
-            let mut stock: BTreeMap<(&str, &str), Stock> = BTreeMap::new();
-            for p in self.pools.iter() {
-                if let std::collections::btree_map::Entry::Vacant(slot) =
-                    stock.entry((p.plan.as_str(), p.site.as_str()))
-                {
-                    slot.insert(self.client.stock(&p.plan, &p.site).await?);
-                }
-            }
-            let mut units = Vec::new();
-            for p in self.pools.iter() {
-                let in_stock = matches!(stock[&(p.plan.as_str(), p.site.as_str())], Stock::Some(_));
-                for index in 0..p.count {
-                    let id = self.unit(&p.name, index);
-                    units.push(Unit {
-                        id,
-                        taken: taken.contains(&id),
-                        provisionable: in_stock,
-                    });
-                }
-            }
-            Ok(units)
+            let machines = self.machines().await?;
+            self.inventory(&machines).await
+        })
+    }
+
+    /// A place is taken when a server of ours names it, so one listing of
+    /// the servers answers both questions: read twice, it would cost a pass
+    /// twice the reads of a 60-a-minute budget, and the two readings could
+    /// disagree.
+    fn survey(&self, with_units: bool) -> BoxFuture<'_, Survey> {
+        Box::pin(async move {
+            let machines = self.machines().await;
+            let units = match (&machines, with_units) {
+                (_, false) => None,
+                (Ok(machines), true) => Some(self.inventory(machines).await),
+                (Err(e), true) => Some(Err(e.clone())),
+            };
+            Survey { machines, units }
         })
     }
 
@@ -272,6 +275,52 @@ impl Provider for LatitudeProvider {
 type LockConnection = tokio::sync::Mutex<sqlx::pool::PoolConnection<sqlx::Postgres>>;
 
 impl LatitudeProvider {
+    /// The places of every pool against the servers listed, and the stock
+    /// of each plan at each site, read once per plan and site.
+    async fn inventory(&self, machines: &[Machine]) -> Result<Inventory, ProviderError> {
+        let taken: HashSet<Uuid> = machines.iter().filter_map(|m| m.unit).collect();
+        let mut stock: BTreeMap<(&str, &str), Stock> = BTreeMap::new();
+        for p in self.pools.iter() {
+            if let std::collections::btree_map::Entry::Vacant(slot) =
+                stock.entry((p.plan.as_str(), p.site.as_str()))
+            {
+                slot.insert(self.client.stock(&p.plan, &p.site).await?);
+            }
+        }
+        let mut inventory = Inventory::default();
+        for p in self.pools.iter() {
+            let level = stock[&(p.plan.as_str(), p.site.as_str())];
+            let in_stock = matches!(level, Stock::Some(_));
+            let mut report = PoolReport {
+                name: p.name.clone(),
+                plan: p.plan.clone(),
+                site: p.site.clone(),
+                count: p.count,
+                taken: 0,
+                offered: level != Stock::Unavailable,
+                in_stock,
+                stock: match level {
+                    Stock::Some(n) => n,
+                    Stock::Empty => Some(0),
+                    Stock::Unavailable => None,
+                },
+            };
+            for index in 0..p.count {
+                let id = self.unit(&p.name, index);
+                let is_taken = taken.contains(&id);
+                report.taken += u32::from(is_taken);
+                inventory.units.push(Unit {
+                    id,
+                    taken: is_taken,
+                    provisionable: in_stock,
+                    scope: Some(scope(p)),
+                });
+            }
+            inventory.pools.push(report);
+        }
+        Ok(inventory)
+    }
+
     /// The create proper, while `lock` (if any) holds the place: look the
     /// hostname up, wait for the creation limiter, send.
     async fn create_holding(
@@ -323,7 +372,20 @@ impl LatitudeProvider {
                     }
                 }
             };
-            let created = self.client.create_server_fenced(&req, fence).await?;
+            let created = self
+                .client
+                .create_server_fenced(&req, fence)
+                .await
+                .map_err(|e| {
+                    let out_of_stock = matches!(e, LatitudeError::OutOfStock { .. });
+                    let mut e = ProviderError::from(e);
+                    if out_of_stock {
+                        e.failure = Failure::OutOfStock {
+                            scope: Some(scope(pool)),
+                        };
+                    }
+                    e
+                })?;
             Ok(Created {
                 machine: self.as_machine(&created.server),
                 recovered: created.recovered,

@@ -11,7 +11,8 @@ use super::model::{Device, HardwareReservation};
 use crate::config::Rate;
 use crate::limiter::Limiter;
 use crate::provider::{
-    Created, Failure, Machine, MachineFacts, Provider, ProviderError, ProviderResult, Unit,
+    Created, Failure, Inventory, Machine, MachineFacts, Provider, ProviderError, ProviderResult,
+    Unit,
 };
 
 /// The name machines of this provider carry in the views.
@@ -54,6 +55,8 @@ pub fn unit(r: &HardwareReservation) -> Unit {
         id: r.id,
         taken: r.device.is_some(),
         provisionable: r.provisionable,
+        // A reservation is one machine's hardware, shared with nothing.
+        scope: None,
     }
 }
 
@@ -103,13 +106,16 @@ impl Provider for MetalProvider {
         })
     }
 
-    fn units(&self) -> ProviderResult<'_, Vec<Unit>> {
+    fn units(&self) -> ProviderResult<'_, Inventory> {
         Box::pin(async move {
             let reservations = self
                 .client
                 .list_reservations(&["facility", "device"])
                 .await?;
-            Ok(reservations.iter().map(unit).collect())
+            Ok(Inventory {
+                units: reservations.iter().map(unit).collect(),
+                pools: vec![],
+            })
         })
     }
 

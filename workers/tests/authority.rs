@@ -168,6 +168,7 @@ async fn one_limit_for_the_cluster_whatever_the_flags_and_manual_paths(pool: PgP
                 until: chrono::Utc::now() + chrono::TimeDelta::hours(1),
                 cause: "createDevice: rejected as invalid (422)".into(),
                 class: None,
+                scope: None,
             })],
         )
         .await

@@ -160,6 +160,7 @@ async fn status_history_pause_resume_and_clear_on_a_known_state(pool: PgPool) {
             until: chrono::Utc::now() + chrono::TimeDelta::hours(1),
             cause: "createDevice: rejected as invalid (422): bad plan".into(),
             class: None,
+            scope: None,
         })],
     )
     .await

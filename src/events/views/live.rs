@@ -68,7 +68,7 @@ pub(super) async fn load(
               from shepherd.managed_machines
               where reservation_id = any($2)) m) as machines,
            (select coalesce(json_agg(s), '[]') from (
-              select reservation_id, until, cause, failures from shepherd.sinbin
+              select reservation_id, until, cause, failures, scope from shepherd.sinbin
               where reservation_id = any($2)) s) as sinbin,
            (select coalesce(json_agg(p), '[]') from (
               select reservation_id, request, enqueued_at, unresolved_since, last_error

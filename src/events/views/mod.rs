@@ -33,6 +33,9 @@ pub struct Penalty {
     pub until: DateTime<Utc>,
     pub cause: String,
     pub failures: i32,
+    /// The stock the penalty covers beside its own unit (`Unit::scope`).
+    #[serde(default)]
+    pub scope: Option<String>,
 }
 
 impl Penalty {
@@ -161,10 +164,13 @@ pub fn apply(state: &mut ViewState, event: &Event, at: DateTime<Utc>) {
                     until,
                     cause: e.cause.clone(),
                     failures: 0,
+                    scope: None,
                 });
             // The seed's sinbin keeps the later deadline.
             penalty.until = penalty.until.max(until);
             penalty.cause = e.cause.clone();
+            // Like the cause, the scope is the latest penalty's.
+            penalty.scope = e.scope.clone();
             penalty.failures += 1;
         }
         Event::PenaltyCleared(e) => {

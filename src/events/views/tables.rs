@@ -116,15 +116,16 @@ pub(super) async fn insert_penalties<'a>(
         return Ok(());
     }
     sqlx::query(
-        "insert into shepherd.sinbin (reservation_id, until, cause, failures)
-         select * from unnest($1::uuid[], $2::timestamptz[], $3::text[], $4::int[])
+        "insert into shepherd.sinbin (reservation_id, until, cause, failures, scope)
+         select * from unnest($1::uuid[], $2::timestamptz[], $3::text[], $4::int[], $5::text[])
          on conflict (reservation_id) do update set until = excluded.until,
-           cause = excluded.cause, failures = excluded.failures",
+           cause = excluded.cause, failures = excluded.failures, scope = excluded.scope",
     )
     .bind(rows.iter().map(|p| p.reservation_id).collect::<Vec<_>>())
     .bind(rows.iter().map(|p| p.until).collect::<Vec<_>>())
     .bind(rows.iter().map(|p| p.cause.clone()).collect::<Vec<_>>())
     .bind(rows.iter().map(|p| p.failures).collect::<Vec<_>>())
+    .bind(rows.iter().map(|p| p.scope.clone()).collect::<Vec<_>>())
     .execute(&mut *conn)
     .await?;
     Ok(())
@@ -196,6 +197,7 @@ pub(super) fn penalty_from_row(row: &sqlx::postgres::PgRow) -> Penalty {
         until: row.get("until"),
         cause: row.get("cause"),
         failures: row.get("failures"),
+        scope: row.get("scope"),
     }
 }
 
@@ -266,7 +268,7 @@ pub async fn penalty(
     reservation: Uuid,
 ) -> Result<Option<Penalty>, sqlx::Error> {
     let row = sqlx::query(
-        "select reservation_id, until, cause, failures from shepherd.sinbin where reservation_id = $1",
+        "select reservation_id, until, cause, failures, scope from shepherd.sinbin where reservation_id = $1",
     )
     .bind(reservation)
     .fetch_optional(&mut *conn)

@@ -168,6 +168,7 @@ pub async fn seed(pool: &PgPool) -> Fleet {
                 until: Utc::now() + chrono::TimeDelta::hours(1),
                 cause: CAUSE.into(),
                 class: None,
+                scope: None,
             }
             .into(),
             ReconcileStarted {
@@ -187,6 +188,7 @@ pub async fn seed(pool: &PgPool) -> Fleet {
                     penalised: 1,
                     in_flight: 1,
                 },
+                pools: vec![],
             }
             .into(),
             DiscrepancyFound {
