@@ -30,6 +30,24 @@ pub struct PenaltyRow {
     pub seconds_left: i64,
     pub failures: i32,
     pub cause: String,
+    /// The stock the penalty holds back with the reservation, if any.
+    pub scope: Option<String>,
+}
+
+/// The pools as the last pass that listed them saw them.
+#[derive(Debug, Clone, Serialize)]
+pub struct PoolsSeen {
+    pub listed_at: DateTime<Utc>,
+    pub pools: Vec<PoolState>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PoolState {
+    #[serde(flatten)]
+    pub report: crate::provider::PoolReport,
+    /// Until when a penalty for want of stock holds the pool's free places
+    /// back.
+    pub held_until: Option<DateTime<Utc>>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -71,6 +89,8 @@ pub struct Overview {
     /// Age of the oldest thing in flight (creation or assimilation).
     pub oldest_in_flight_seconds: Option<f64>,
     pub penalised: Vec<PenaltyRow>,
+    /// `None` when no pass has listed pools (a provider without them).
+    pub pools: Option<PoolsSeen>,
     pub queue: Vec<QueueRow>,
     pub last_reconcile: Option<LastReconcile>,
     /// When the last pass that ended without refusing finished.
@@ -127,21 +147,55 @@ pub async fn overview(pool: &PgPool) -> Result<Overview, sqlx::Error> {
         )
         .fetch_one(&mut *tx)
         .await?;
-    let penalised = sqlx::query_as::<_, (Uuid, DateTime<Utc>, i32, String)>(
-        "select reservation_id, until, failures, cause from shepherd.sinbin
-         where now() <= until order by until desc",
+    let penalised: Vec<PenaltyRow> =
+        sqlx::query_as::<_, (Uuid, DateTime<Utc>, i32, String, Option<String>)>(
+            "select reservation_id, until, failures, cause, scope from shepherd.sinbin
+             where now() <= until order by until desc",
+        )
+        .fetch_all(&mut *tx)
+        .await?
+        .into_iter()
+        .map(
+            |(reservation_id, until, failures, cause, scope)| PenaltyRow {
+                reservation_id,
+                until,
+                seconds_left: (until - now).num_seconds().max(0),
+                failures,
+                cause,
+                scope,
+            },
+        )
+        .collect();
+    // The last listing (a pass at the limit lists none, so this can be
+    // older than the last pass: the page says when). A cluster keeps one
+    // provider, so a listing without pools means a provider without them.
+    let listed: Option<(i32, serde_json::Value, DateTime<Utc>)> = sqlx::query_as(
+        "select schema_version, body, recorded_at from shepherd.events
+         where event_type = 'reservations_listed'
+         order by position desc limit 1",
     )
-    .fetch_all(&mut *tx)
-    .await?
-    .into_iter()
-    .map(|(reservation_id, until, failures, cause)| PenaltyRow {
-        reservation_id,
-        until,
-        seconds_left: (until - now).num_seconds().max(0),
-        failures,
-        cause,
-    })
-    .collect();
+    .fetch_optional(&mut *tx)
+    .await?;
+    let pools = listed.and_then(|(version, body, listed_at)| {
+        match Event::decode("reservations_listed", version, body) {
+            Ok(Event::ReservationsListed(e)) if !e.pools.is_empty() => Some(PoolsSeen {
+                listed_at,
+                pools: e
+                    .pools
+                    .into_iter()
+                    .map(|report| PoolState {
+                        held_until: penalised
+                            .iter()
+                            .filter(|p| p.scope.as_deref() == Some(report.scope.as_str()))
+                            .map(|p| p.until)
+                            .max(),
+                        report,
+                    })
+                    .collect(),
+            }),
+            _ => None,
+        }
+    });
     let queue = sqlx::query_as::<_, (String, String, i64, Option<f64>)>(
         "select kind, state, jobs, extract(epoch from oldest_age)::float8 from shepherd.queue_depth",
     )
@@ -223,6 +277,7 @@ pub async fn overview(pool: &PgPool) -> Result<Overview, sqlx::Error> {
         pending_creations,
         unassimilated_devices,
         penalised,
+        pools,
         queue,
         last_reconcile,
         last_successful_reconcile,

@@ -61,6 +61,9 @@ pub struct PoolReport {
     pub name: String,
     pub plan: String,
     pub site: String,
+    /// The stock its places draw on (`Unit::scope`), as a penalty names it.
+    #[serde(default)]
+    pub scope: String,
     /// Places declared.
     pub count: u32,
     /// Places a machine of ours stands on.

@@ -42,6 +42,7 @@ fn one_of_each() -> Vec<Event> {
                 name: "web".into(),
                 plan: "c2-small-x86".into(),
                 site: "SAO".into(),
+                scope: "c2-small-x86@SAO".into(),
                 count: 4,
                 taken: 3,
                 offered: true,

@@ -295,6 +295,7 @@ impl LatitudeProvider {
                 name: p.name.clone(),
                 plan: p.plan.clone(),
                 site: p.site.clone(),
+                scope: scope(p),
                 count: p.count,
                 taken: 0,
                 offered: level != Stock::Unavailable,

@@ -103,6 +103,26 @@ async fn the_latitude_demo_fills_its_pools_and_its_summary_matches_the_views() {
     .await
     .unwrap();
     assert_eq!((managed, distinct_hostnames, cold), (28, 28, 0));
+    // The status shows the four pools as the passes listed them, the cold
+    // one without stock.
+    let overview = shepherd::fleet::overview(&pool).await.unwrap();
+    let pools: Vec<(String, u32, bool)> = overview
+        .pools
+        .expect("a pass recorded the pools")
+        .pools
+        .into_iter()
+        .map(|p| (p.report.name, p.report.count, p.report.in_stock))
+        .collect();
+    assert_eq!(
+        pools,
+        [
+            ("web", 12, true),
+            ("batch", 10, true),
+            ("db", 6, true),
+            ("cold", 2, false)
+        ]
+        .map(|(n, c, s)| (n.to_string(), c, s))
+    );
     pool.close().await;
     rebuild_and_drop(&url, &server).await;
 }

@@ -275,15 +275,7 @@ fn promtool() -> std::path::PathBuf {
     })
 }
 
-/// Prometheus's own checker accepts what a scrape answers, with help and
-/// type on every family (it exits non-zero on a lint problem), and the
-/// documented alert rules load and pass their unit tests.
-#[sqlx::test(migrations = false)]
-async fn promtool_accepts_the_metrics_and_the_alert_rules(pool: PgPool) {
-    seed(&pool).await;
-    let server = Server::start(pool.clone()).await;
-    let (_, _, classic) = server.get("/metrics").await;
-    server.stop().await;
+fn promtool_check_metrics(classic: &str) {
     let mut check = std::process::Command::new(promtool())
         .args(["check", "metrics"])
         .stdin(std::process::Stdio::piped())
@@ -307,6 +299,18 @@ async fn promtool_accepts_the_metrics_and_the_alert_rules(pool: PgPool) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// Prometheus's own checker accepts what a scrape answers, with help and
+/// type on every family (it exits non-zero on a lint problem), and the
+/// documented alert rules load and pass their unit tests.
+#[sqlx::test(migrations = false)]
+async fn promtool_accepts_the_metrics_and_the_alert_rules(pool: PgPool) {
+    seed(&pool).await;
+    let server = Server::start(pool.clone()).await;
+    let (_, _, classic) = server.get("/metrics").await;
+    server.stop().await;
+    promtool_check_metrics(&classic);
     let deploy = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy");
     for args in [
         vec!["check", "rules", "alerts.yml"],
@@ -554,4 +558,113 @@ async fn the_event_log_filters_by_stream_and_type_and_pages(pool: PgPool) {
     assert!(!page.contains("r059"), "{page}");
     assert!(!page.contains("older →"), "{page}");
     server.stop().await;
+}
+
+/// A provider with pools: the last listing's pools, their stock and a hold
+/// for want of stock are on the status page and in `/metrics`, which
+/// promtool still accepts.
+#[sqlx::test(migrations = false)]
+async fn pools_and_their_stock_show_on_the_page_and_in_metrics(pool: PgPool) {
+    use shepherd::provider::PoolReport;
+    shepherd::db::migrate(&pool).await.unwrap();
+    let report = |name: &str, site: &str, count, taken, in_stock, stock| PoolReport {
+        name: name.into(),
+        plan: "c2-small-x86".into(),
+        site: site.into(),
+        scope: format!("c2-small-x86@{site}"),
+        count,
+        taken,
+        offered: true,
+        in_stock,
+        stock,
+    };
+    let run = Uuid::new_v4();
+    let held = Uuid::new_v4();
+    append(
+        &pool,
+        vec![
+            ReservationsListed {
+                run,
+                counts: ReservationCounts {
+                    total: 6,
+                    available: 1,
+                    in_use: 3,
+                    not_provisionable: 2,
+                    penalised: 0,
+                    in_flight: 0,
+                },
+                pools: vec![
+                    report("web", "DAL", 4, 3, true, Some(7)),
+                    report("cold", "CHI", 2, 0, false, Some(0)),
+                ],
+            }
+            .into(),
+            ReservationPenalised {
+                reservation: held,
+                until: chrono::Utc::now() + chrono::TimeDelta::minutes(10),
+                cause: "create-server: no stock of the plan in the site".into(),
+                class: None,
+                scope: Some("c2-small-x86@DAL".into()),
+            }
+            .into(),
+        ],
+    )
+    .await;
+    let server = Server::start(pool).await;
+
+    let (_, _, page) = server.get("/").await;
+    let table = page
+        .split("<table class=\"pools\">")
+        .nth(1)
+        .and_then(|t| t.split("</table>").next())
+        .unwrap_or_else(|| panic!("no pools table:\n{page}"));
+    assert!(
+        table.contains("<td>web</td><td>c2-small-x86</td><td>DAL</td><td class=\"n\">3</td><td class=\"n\">4</td><td class=\"ok\">7 in stock</td><td>out of stock until"),
+        "{table}"
+    );
+    assert!(
+        table.contains("<td>cold</td><td>c2-small-x86</td><td>CHI</td><td class=\"n\">0</td><td class=\"n\">2</td><td><strong>none in stock</strong></td><td class=\"muted\">no</td>"),
+        "{table}"
+    );
+    assert!(
+        page.contains("holds back every place drawing on c2-small-x86@DAL"),
+        "{page}"
+    );
+
+    let (_, _, classic) = server.get("/metrics").await;
+    let m = samples(&classic);
+    for (series, value) in [
+        (
+            "shepherd_pool_places{pool=\"web\",plan=\"c2-small-x86\",site=\"DAL\"}",
+            4.0,
+        ),
+        (
+            "shepherd_pool_machines{pool=\"web\",plan=\"c2-small-x86\",site=\"DAL\"}",
+            3.0,
+        ),
+        (
+            "shepherd_pool_in_stock{pool=\"web\",plan=\"c2-small-x86\",site=\"DAL\"}",
+            1.0,
+        ),
+        (
+            "shepherd_pool_stock{pool=\"web\",plan=\"c2-small-x86\",site=\"DAL\"}",
+            7.0,
+        ),
+        (
+            "shepherd_pool_held_back{pool=\"web\",plan=\"c2-small-x86\",site=\"DAL\"}",
+            1.0,
+        ),
+        (
+            "shepherd_pool_in_stock{pool=\"cold\",plan=\"c2-small-x86\",site=\"CHI\"}",
+            0.0,
+        ),
+        (
+            "shepherd_pool_held_back{pool=\"cold\",plan=\"c2-small-x86\",site=\"CHI\"}",
+            0.0,
+        ),
+    ] {
+        assert_eq!(m.get(series), Some(&value), "{series} in:\n{classic}");
+    }
+    server.stop().await;
+    promtool_check_metrics(&classic);
 }

@@ -6,6 +6,7 @@ use std::process::Command;
 
 mod common;
 
+use shepherd::events::event::{ReservationCounts, ReservationPenalised, ReservationsListed};
 use shepherd::latitude::pools::hostname;
 use shepherd::latitude::{CreateServer, LatitudeClient, LatitudeConfig};
 use shepherd::secret::ApiToken;
@@ -171,6 +172,92 @@ async fn plan_reads_the_pools_through_the_seam(pool: sqlx::PgPool) {
         "{plan}"
     );
     assert!(fake.servers().is_empty(), "a dry run created");
+    // The pools as the provider has them: DAL holds the plan, CHI has none.
+    let pools: Vec<shepherd::provider::PoolReport> =
+        serde_json::from_value(plan["pools"].clone()).unwrap();
+    let seen: Vec<_> = pools
+        .iter()
+        .map(|p| {
+            (
+                p.name.as_str(),
+                p.site.as_str(),
+                p.count,
+                p.taken,
+                p.in_stock,
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        vec![("web", "DAL", 3, 0, true), ("cold", "CHI", 2, 0, false)]
+    );
+
+    // `shepherd status` shows the pools as the last pass recorded them, and
+    // which one a penalty for want of stock holds back.
+    let mut tx = pool.begin().await.unwrap();
+    shepherd::events::record(
+        &mut tx,
+        vec![
+            shepherd::events::NewEvent::new(ReservationsListed {
+                run: Uuid::new_v4(),
+                counts: ReservationCounts {
+                    total: 5,
+                    available: 3,
+                    in_use: 0,
+                    not_provisionable: 2,
+                    penalised: 0,
+                    in_flight: 0,
+                },
+                pools,
+            }),
+            shepherd::events::NewEvent::new(ReservationPenalised {
+                reservation: Uuid::new_v4(),
+                until: chrono::Utc::now() + chrono::TimeDelta::minutes(5),
+                cause: "out of stock".into(),
+                class: None,
+                scope: Some("c2-small-x86@DAL".into()),
+            }),
+        ],
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    let url = common::database_url(&pool).await;
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(env!("CARGO_BIN_EXE_shepherd"))
+            .args(["status"])
+            .env("DATABASE_URL", &url)
+            .env("SHEPHERD_LOG", "warn")
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let status = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let row = |pool: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(pool))
+            .map(|l| l.split_whitespace().collect::<Vec<_>>())
+            .unwrap_or_else(|| panic!("no row for {pool}:\n{status}"))
+    };
+    let dal = fake.stock("c2-small-x86", "DAL").unwrap().to_string();
+    assert_eq!(
+        row("web ")[..7],
+        ["web", "c2-small-x86", "DAL", "0", "3", dal.as_str(), "out"],
+        "{status}"
+    );
+    assert_eq!(
+        row("cold ")[..7],
+        ["cold", "c2-small-x86", "CHI", "0", "2", "none", "no"],
+        "{status}"
+    );
+    assert!(status.contains("(holds back c2-small-x86@DAL)"), "{status}");
 }
 
 /// A cluster provisions one provider: the first worker records it, and a

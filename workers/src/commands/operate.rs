@@ -105,6 +105,13 @@ pub fn render_status(o: &Overview) -> String {
             }
         }
     }
+    if let Some(seen) = &o.pools {
+        out.push_str(&format!(
+            "\npools (as listed {} ago)\n",
+            crate::table::human_duration(o.now - seen.listed_at)
+        ));
+        out.push_str(&render_pools(&seen.pools, true));
+    }
     out.push_str(&format!(
         "\npenalised reservations ({})\n",
         o.penalised.len()
@@ -116,7 +123,10 @@ pub fn render_status(o: &Overview) -> String {
                 p.reservation_id.to_string(),
                 age(p.seconds_left as f64),
                 p.failures.to_string(),
-                p.cause.clone(),
+                match &p.scope {
+                    Some(scope) => format!("{} (holds back {scope})", p.cause),
+                    None => p.cause.clone(),
+                },
             ]);
         }
         out.push_str(&t.render());
@@ -152,6 +162,41 @@ pub fn render_status(o: &Overview) -> String {
         out.push_str(&t.render());
     }
     out
+}
+
+/// One line per pool: declared, standing, and the provider's stock.
+/// (`shepherd plan` shows the sinbin's hold in its skipped places instead.)
+fn render_pools(pools: &[fleet::PoolState], with_hold: bool) -> String {
+    let mut headers = vec!["POOL", "PLAN", "SITE", "MACHINES", "PLACES", "STOCK"];
+    if with_hold {
+        headers.push("HELD BACK");
+    }
+    let mut t = Table::new(&headers);
+    for p in pools {
+        let r = &p.report;
+        let mut row = vec![
+            r.name.clone(),
+            r.plan.clone(),
+            r.site.clone(),
+            r.taken.to_string(),
+            r.count.to_string(),
+            match (r.offered, r.in_stock, r.stock) {
+                (false, _, _) => "not offered".into(),
+                (true, false, _) => "none".into(),
+                (true, true, Some(n)) => n.to_string(),
+                (true, true, None) => "in stock".into(),
+            },
+        ];
+        if with_hold {
+            row.push(
+                p.held_until
+                    .map(|u| format!("out of stock until {}", u.format("%Y-%m-%d %H:%M:%S")))
+                    .unwrap_or_else(|| "no".into()),
+            );
+        }
+        t.row(row);
+    }
+    t.render()
 }
 
 pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
@@ -252,6 +297,17 @@ pub async fn plan(args: PlanArgs) -> anyhow::Result<()> {
         println!("creations are paused by {}: {}", p.by, p.reason);
     }
     println!("listed {} reservations", plan.reservations_listed);
+    if !plan.pools.is_empty() {
+        let pools: Vec<fleet::PoolState> = plan
+            .pools
+            .iter()
+            .map(|report| fleet::PoolState {
+                report: report.clone(),
+                held_until: None,
+            })
+            .collect();
+        print!("{}", render_pools(&pools, false));
+    }
     println!(
         "would create {} devices (chunk size {}):",
         plan.would_create.len(),

@@ -26,6 +26,13 @@ pub(super) struct QueueLabels {
     pub(super) state: String,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct PoolLabels {
+    pub(super) pool: String,
+    pub(super) plan: String,
+    pub(super) site: String,
+}
+
 /// Outcomes counted over the whole log.
 #[derive(sqlx::FromRow)]
 pub(super) struct Outcomes {
@@ -128,6 +135,57 @@ impl Figures {
                 "shepherd_reservations",
                 "Hardware reservations by class, as the last reconcile listed them",
                 reservations,
+            );
+        }
+
+        if let Some(seen) = &o.pools {
+            // As old as shepherd_reservations_listed_age says: the pools
+            // come from the same listing.
+            let places = Family::<PoolLabels, Gauge<u64, AtomicU64>>::default();
+            let machines = Family::<PoolLabels, Gauge<u64, AtomicU64>>::default();
+            let in_stock = Family::<PoolLabels, Gauge<u64, AtomicU64>>::default();
+            let stock = Family::<PoolLabels, Gauge<u64, AtomicU64>>::default();
+            let held = Family::<PoolLabels, Gauge<u64, AtomicU64>>::default();
+            for p in &seen.pools {
+                let r = &p.report;
+                let labels = PoolLabels {
+                    pool: r.name.clone(),
+                    plan: r.plan.clone(),
+                    site: r.site.clone(),
+                };
+                places.get_or_create(&labels).set(u64::from(r.count));
+                machines.get_or_create(&labels).set(u64::from(r.taken));
+                in_stock.get_or_create(&labels).set(u64::from(r.in_stock));
+                if let Some(n) = r.stock {
+                    stock.get_or_create(&labels).set(u64::from(n));
+                }
+                held.get_or_create(&labels)
+                    .set(u64::from(p.held_until.is_some_and(|until| until >= o.now)));
+            }
+            registry.register(
+                "shepherd_pool_places",
+                "Places an operator declared in each pool",
+                places,
+            );
+            registry.register(
+                "shepherd_pool_machines",
+                "Places of each pool a machine of ours stands on, as the last listing saw them",
+                machines,
+            );
+            registry.register(
+                "shepherd_pool_in_stock",
+                "1 while the provider has the pool's plan in stock at its site, as last listed",
+                in_stock,
+            );
+            registry.register(
+                "shepherd_pool_stock",
+                "Machines of the pool's plan in stock at its site, where the provider counts them",
+                stock,
+            );
+            registry.register(
+                "shepherd_pool_held_back",
+                "1 while a create refused for want of stock holds the pool's free places back",
+                held,
             );
         }
 

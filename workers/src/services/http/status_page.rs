@@ -1,5 +1,6 @@
-//! The status page's body: alarms, the fleet, the last pass, penalties,
-//! the queue, the workers, the newest machines and the recent events.
+//! The status page's body: alarms, the fleet, the last pass, the pools
+//! (a provider with pools), penalties, the queue, the workers, the newest
+//! machines and the recent events.
 
 use maud::{Markup, html};
 use shepherd::fleet::WorkerRow;
@@ -31,6 +32,7 @@ pub(super) fn status_page(
         @if actions { (action_forms(o)) }
         (fleet(o))
         (last_reconcile(o))
+        (pools(o))
         (penalties(o))
         (queue(o))
         (workers(o))
@@ -167,6 +169,49 @@ fn last_reconcile(o: &Overview) -> Markup {
     }
 }
 
+/// The pools as the last listing saw them: what is declared, what stands,
+/// and whether the provider has stock to fill the rest.
+fn pools(o: &Overview) -> Markup {
+    let Some(seen) = &o.pools else {
+        return html! {};
+    };
+    html! {
+        h2 { "Pools " span.muted { "(as listed " (ago(seen.listed_at, o.now)) ")" } }
+        table.pools {
+            thead { tr {
+                th { "Pool" } th { "Plan" } th { "Site" } th { "Machines" } th { "Places" }
+                th { "Stock" } th { "Held back" }
+            } }
+            tbody {
+                @for p in &seen.pools {
+                    @let r = &p.report;
+                    tr {
+                        td { (r.name) }
+                        td { (r.plan) }
+                        td { (r.site) }
+                        td.n { (r.taken) }
+                        td.n { (r.count) }
+                        @if !r.offered {
+                            td { strong { "not offered at this site" } }
+                        } @else if !r.in_stock {
+                            td { strong { "none in stock" } }
+                        } @else {
+                            @match r.stock {
+                                Some(n) => td.ok { (n) " in stock" },
+                                None => td.ok { "in stock" },
+                            }
+                        }
+                        @match p.held_until {
+                            Some(until) => td { "out of stock until " (Time(until).to_string()) },
+                            None => td.muted { "no" },
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 fn penalties(o: &Overview) -> Markup {
     html! {
         h2 { "Penalised reservations" }
@@ -182,7 +227,12 @@ fn penalties(o: &Overview) -> Markup {
                             td { (human_duration(chrono::TimeDelta::seconds(p.seconds_left))) }
                             td { (Time(p.until).to_string()) }
                             td.n { (p.failures) }
-                            td { (p.cause) }
+                            td {
+                                (p.cause)
+                                @if let Some(scope) = &p.scope {
+                                    " " span.muted { "(holds back every place drawing on " (scope) ")" }
+                                }
+                            }
                         }
                     }
                 }
