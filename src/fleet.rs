@@ -368,10 +368,10 @@ pub async fn plan(
         None => provider.units().await?,
     };
     plan.reservations_listed = inventory.units.len();
-    plan.pools = inventory.pools;
+    plan.pools = inventory.pools.clone();
     // Paused: nothing would be admitted (queue::admit refuses every one).
     let room = if plan.paused.is_some() { Some(0) } else { room };
-    let selection = pass::select(&inventory.units, &fleet, room, settings.chunk_size);
+    let selection = pass::select(&inventory, &fleet, room, settings.chunk_size);
     plan.would_create = selection.chosen;
     plan.skipped = selection.skipped;
     Ok(plan)

@@ -28,6 +28,10 @@ pub struct Machine {
     pub unit: Option<Uuid>,
     /// The request its witness names, if it carries one of shepherd's.
     pub witness: Option<String>,
+    /// The provider says its deployment failed. It still stands on its
+    /// unit: shepherd never destroys a machine, so an operator decides
+    /// (delete it at the provider, then release it).
+    pub failed: bool,
 }
 
 /// A unit of capacity as a listing shows it.
@@ -68,6 +72,9 @@ pub struct PoolReport {
     pub count: u32,
     /// Places a machine of ours stands on.
     pub taken: u32,
+    /// Of those, machines whose deployment failed.
+    #[serde(default)]
+    pub failed: u32,
     /// The site offers the plan at all.
     pub offered: bool,
     pub in_stock: bool,

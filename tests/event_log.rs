@@ -45,6 +45,7 @@ fn one_of_each() -> Vec<Event> {
                 scope: "c2-small-x86@SAO".into(),
                 count: 4,
                 taken: 3,
+                failed: 1,
                 offered: true,
                 in_stock: true,
                 stock: Some(12),

@@ -224,8 +224,8 @@ async fn a_pool_without_stock_waits_and_the_limit_holds(db: PgPool) {
 #[sqlx::test(migrations = false)]
 async fn under_latitudes_faults_no_pool_overfills_and_nothing_is_lost(db: PgPool) {
     let w = World::new(db, 9, vec![pool("web", "DAL", 6), pool("db", "ASH", 4)]).await;
-    // ASH holds 2 of the plan: a pass sees it in stock and admits db's 4
-    // places, and the stock runs out under the creates.
+    // ASH holds 2 of the plan: the first pass sees it in stock and admits
+    // two of db's places, and the stock runs out before their creates.
     assert!(w.fake.set_stock("c2-small-x86", "ASH", 2));
     w.fake.set_faults(Faults {
         rules: vec![
@@ -245,8 +245,11 @@ async fn under_latitudes_faults_no_pool_overfills_and_nothing_is_lost(db: PgPool
         ],
         ..Faults::default()
     });
-    for _ in 0..8 {
+    for round in 0..8 {
         w.pass().await;
+        if round == 0 {
+            assert!(w.fake.set_stock("c2-small-x86", "ASH", 0));
+        }
         drain_with(&w.pool, &w.ctx).await;
         w.make_due().await;
         drain_with(&w.pool, &w.ctx).await;
@@ -276,9 +279,16 @@ async fn under_latitudes_faults_no_pool_overfills_and_nothing_is_lost(db: PgPool
         .await;
     assert_eq!(recovered, 2);
     // Stock ran out under db's creates: the places that met it are
-    // penalised, none holds a server.
-    let penalised = w.count("select count(*) from shepherd.sinbin").await;
+    // penalised for the plan at ASH, and none holds a server.
+    let penalised = w
+        .count("select count(*) from shepherd.sinbin where scope = 'c2-small-x86@ASH'")
+        .await;
     assert!(penalised >= 1, "no place met the empty stock");
+    let ash = servers
+        .iter()
+        .filter(|s| s.site == "ASH" && !s.created_by_other)
+        .count();
+    assert_eq!(ash, 0, "a server of ours where the stock had run out");
 }
 
 /// Two runs of one creation at once (a worker presumed dead while it was
@@ -319,16 +329,22 @@ async fn two_runs_of_one_creation_make_one_server(db: PgPool) {
 
 /// A create refused for want of stock penalises the plan at the site: the
 /// pool's places that never met the refusal wait with the ones that did,
-/// while a pool drawing on other stock goes on. A pass lists the servers
-/// once, and records how each pool stood.
+/// while a pool drawing on other stock goes on; once lifted, a pass takes
+/// no more places than the stock the provider counts. A pass lists the
+/// servers once, and records how each pool stood.
 #[sqlx::test(migrations = false)]
 async fn out_of_stock_penalises_the_plan_at_its_site(db: PgPool) {
     use shepherd::events::event::Event;
     use shepherd::jobs::pass::Skip;
     let w = World::new(db, 3, vec![pool("db", "ASH", 4), pool("web", "DAL", 1)]).await;
-    // ASH says it has the plan, and holds one: the pass takes three of db's
-    // places, one is made and two are refused.
-    assert!(w.fake.set_stock("c2-small-x86", "ASH", 1));
+    // ASH counts 5 of the plan, and they are gone when the first create
+    // arrives: the pass takes three of db's places and all three are
+    // refused.
+    assert!(w.fake.set_stock("c2-small-x86", "ASH", 5));
+    w.fake.set_faults(
+        Faults::none()
+            .with_rule(FaultRule::on(Call::CreateServer, FaultKind::StockRunsOut).times(1)),
+    );
     let listings = w.fake.calls(Call::GetServers);
     let first = w.pass().await;
     assert_eq!(
@@ -338,13 +354,13 @@ async fn out_of_stock_penalises_the_plan_at_its_site(db: PgPool) {
     );
     assert_eq!(first.enqueued.len(), 3, "{first:?}");
     drain_with(&w.pool, &w.ctx).await;
-    assert_eq!(w.fake.servers().len(), 1);
+    assert!(w.fake.servers().is_empty());
     let scoped: Vec<(Option<String>, String)> =
         sqlx::query_as("select scope, cause from shepherd.sinbin order by reservation_id")
             .fetch_all(&w.pool)
             .await
             .unwrap();
-    assert_eq!(scoped.len(), 2, "{scoped:?}");
+    assert_eq!(scoped.len(), 3, "{scoped:?}");
     for (scope, cause) in &scoped {
         assert_eq!(scope.as_deref(), Some("c2-small-x86@ASH"), "{cause}");
         assert!(cause.contains("SERVERS_OUT_OF_STOCK"), "{cause}");
@@ -363,14 +379,26 @@ async fn out_of_stock_penalises_the_plan_at_its_site(db: PgPool) {
         .iter()
         .filter(|(_, why)| *why == Skip::Penalised)
         .count();
-    assert_eq!(penalised, 3, "{:?}", plan.skipped);
+    assert_eq!(penalised, 4, "{:?}", plan.skipped);
     drain_with(&w.pool, &w.ctx).await;
     let sites: Vec<String> = w.fake.servers().iter().map(|s| s.site.clone()).collect();
-    assert_eq!(sites.iter().filter(|s| *s == "DAL").count(), 1, "{sites:?}");
-    assert_eq!(sites.iter().filter(|s| *s == "ASH").count(), 1, "{sites:?}");
+    assert_eq!(sites, vec!["DAL".to_string()]);
 
-    // The pass recorded the pools as it saw them: ASH's stock and db's one
-    // server.
+    // Lifted early, the places are taken again, as far as the stock the
+    // provider counts: ASH now has 2, so two of db's four are taken.
+    assert!(w.fake.set_stock("c2-small-x86", "ASH", 2));
+    sqlx::query("select shepherd.clear_penalty(reservation_id, 'restocked') from shepherd.sinbin")
+        .execute(&w.pool)
+        .await
+        .unwrap();
+    let third = w.pass().await;
+    assert_eq!(third.enqueued.len(), 2, "{third:?}");
+    drain_with(&w.pool, &w.ctx).await;
+    let ash = w.fake.servers().iter().filter(|s| s.site == "ASH").count();
+    assert_eq!(ash, 2);
+
+    // The third pass recorded the pools as it saw them: ASH's count, db
+    // empty, web's one server.
     let (version, body): (i32, serde_json::Value) = sqlx::query_as(
         "select schema_version, body from shepherd.events
          where event_type = 'reservations_listed' order by position desc limit 1",
@@ -386,9 +414,54 @@ async fn out_of_stock_penalises_the_plan_at_its_site(db: PgPool) {
     let db = listed.pools.iter().find(|p| p.name == "db").unwrap();
     assert_eq!(
         (db.count, db.taken, db.in_stock, db.stock, db.site.as_str()),
-        (4, 1, true, Some(5), "ASH")
+        (4, 0, true, Some(2), "ASH")
     );
     let web = listed.pools.iter().find(|p| p.name == "web").unwrap();
-    assert_eq!((web.count, web.taken), (1, 0));
+    assert_eq!((web.count, web.taken), (1, 1));
+    w.assert_invariants().await;
+}
+
+/// A server whose deployment failed is managed and holds its place: shepherd
+/// destroys nothing and makes no second server on the place; the pass
+/// records it as failed in its pool, for an operator to act on.
+#[sqlx::test(migrations = false)]
+async fn a_failed_deployment_holds_its_place_and_is_reported(db: PgPool) {
+    use shepherd::events::event::Event;
+    let w = World::new(db, 10, vec![pool("web", "DAL", 3)]).await;
+    w.fake.set_faults(
+        Faults::none()
+            .with_rule(FaultRule::on(Call::CreateServer, FaultKind::FailDeployment).times(1)),
+    );
+    w.settle(5).await;
+    let servers = w.fake.servers();
+    assert_eq!(servers.len(), 3, "one server per place");
+    assert_eq!(
+        servers
+            .iter()
+            .filter(|s| s.status == "failed_deployment")
+            .count(),
+        1
+    );
+    // Another pass takes nothing: the failed server stands on its place.
+    let pass = w.pass().await;
+    assert!(pass.enqueued.is_empty(), "{pass:?}");
+    assert_eq!(w.fake.calls(Call::DestroyServer), 0);
+    let (version, body): (i32, serde_json::Value) = sqlx::query_as(
+        "select schema_version, body from shepherd.events
+         where event_type = 'reservations_listed' order by position desc limit 1",
+    )
+    .fetch_one(&w.pool)
+    .await
+    .unwrap();
+    let Event::ReservationsListed(listed) =
+        Event::decode("reservations_listed", version, body).unwrap()
+    else {
+        panic!("not a listing");
+    };
+    assert_eq!(
+        (listed.pools[0].taken, listed.pools[0].failed),
+        (3, 1),
+        "{listed:?}"
+    );
     w.assert_invariants().await;
 }

@@ -4,14 +4,14 @@
 //! and the dry-run `shepherd plan` both call them, so the plan cannot drift
 //! from what a pass does.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use serde::Serialize;
 use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::events::event::ReservationCounts;
-use crate::provider::{Machine, Unit};
+use crate::provider::{Inventory, Machine};
 
 /// What shepherd's own tables say, read in one snapshot.
 #[derive(Debug, Default)]
@@ -179,6 +179,9 @@ pub enum Skip {
     InFlight,
     /// A candidate beyond what the limit or the chunk size allows.
     BeyondLimit,
+    /// A candidate beyond the stock the provider counts for its scope: the
+    /// create would be refused.
+    BeyondStock,
 }
 
 /// What a pass takes from a listing of reservations.
@@ -191,14 +194,22 @@ pub struct Selection {
 }
 
 /// Classifies the reservations against the fleet and takes the candidates
-/// the room (`None`: no limit) and the chunk size allow.
+/// the room (`None`: no limit), the chunk size and the stock the provider
+/// counts allow.
 pub fn select(
-    reservations: &[Unit],
+    inventory: &Inventory,
     fleet: &Fleet,
     room: Option<u64>,
     chunk_size: u64,
 ) -> Selection {
+    let reservations = &inventory.units;
     let take = room.unwrap_or(u64::MAX).min(chunk_size);
+    // What each scope's stock still allows this pass, where it is counted.
+    let mut stock: HashMap<&str, u32> = inventory
+        .pools
+        .iter()
+        .filter_map(|p| Some((p.scope.as_str(), p.stock?)))
+        .collect();
     let mut counts = ReservationCounts {
         total: reservations.len() as u64,
         available: 0,
@@ -228,11 +239,18 @@ pub fn select(
             Skip::Penalised
         } else {
             counts.available += 1;
-            if (chosen.len() as u64) < take {
+            let left = r.scope.as_deref().and_then(|s| stock.get_mut(s));
+            if left.as_deref() == Some(&0) {
+                Skip::BeyondStock
+            } else if (chosen.len() as u64) < take {
+                if let Some(left) = left {
+                    *left -= 1;
+                }
                 chosen.push(r.id);
                 continue;
+            } else {
+                Skip::BeyondLimit
             }
-            Skip::BeyondLimit
         };
         skipped.push((r.id, skip));
     }
@@ -253,6 +271,7 @@ mod tests {
             hostname: Some("shepherd-0123".into()),
             unit: None,
             witness: witness.map(str::to_string),
+            failed: false,
         }
     }
 
@@ -313,6 +332,52 @@ mod tests {
             &none,
         );
         assert_eq!(c.unknown, vec![d.to_string()]);
+    }
+
+    #[test]
+    fn a_pass_takes_no_more_of_a_scope_than_its_stock_and_none_of_a_penalised_one() {
+        use crate::provider::{PoolReport, Unit};
+        let unit = |scope: &str| Unit {
+            id: Uuid::new_v4(),
+            taken: false,
+            provisionable: true,
+            scope: Some(scope.to_string()),
+        };
+        let report = |scope: &str, stock| PoolReport {
+            name: scope.into(),
+            plan: "p".into(),
+            site: "s".into(),
+            scope: scope.into(),
+            count: 3,
+            taken: 0,
+            failed: 0,
+            offered: true,
+            in_stock: true,
+            stock,
+        };
+        let inventory = Inventory {
+            // Counted 2, counted 5 but penalised, in stock without a count.
+            units: ["a", "a", "a", "b", "b", "c", "c", "c"].map(unit).to_vec(),
+            pools: vec![
+                report("a", Some(2)),
+                report("b", Some(5)),
+                report("c", None),
+            ],
+        };
+        let fleet = Fleet {
+            penalised_scopes: ["b".to_string()].into_iter().collect(),
+            ..Fleet::default()
+        };
+        let s = select(&inventory, &fleet, None, 100);
+        let u = &inventory.units;
+        assert_eq!(s.chosen, vec![u[0].id, u[1].id, u[5].id, u[6].id, u[7].id]);
+        assert!(s.skipped.contains(&(u[2].id, Skip::BeyondStock)));
+        assert!(s.skipped.contains(&(u[3].id, Skip::Penalised)));
+        assert_eq!((s.counts.available, s.counts.penalised), (6, 2));
+        // The chunk size ends the pass before the stock does.
+        let s = select(&inventory, &Fleet::default(), None, 1);
+        assert_eq!(s.chosen, vec![u[0].id]);
+        assert!(s.skipped.contains(&(u[1].id, Skip::BeyondLimit)));
     }
 
     #[test]

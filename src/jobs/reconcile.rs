@@ -297,7 +297,7 @@ async fn run_pass(
     out.listed_reservations = true;
     let mut tx = ctx.pool.begin().await?;
     let capacity = queue::lock_capacity(&mut tx).await?;
-    let selection = pass::select(&inventory.units, &fleet, capacity.room, settings.chunk_size);
+    let selection = pass::select(&inventory, &fleet, capacity.room, settings.chunk_size);
     record(
         &mut tx,
         vec![

@@ -22,7 +22,7 @@ use futures::future::BoxFuture;
 use uuid::Uuid;
 
 use super::client::{CreateServer, LatitudeClient, LatitudeError};
-use super::model::{Server, Stock};
+use super::model::{Phase, Server, Stock};
 use super::pools::{self, Pool};
 use crate::config::Rate;
 use crate::limiter::Limiter;
@@ -104,6 +104,7 @@ impl LatitudeProvider {
             hostname: s.hostname().map(str::to_string),
             unit: named.as_ref().map(|n| self.unit(&n.pool.name, n.index)),
             witness: named.map(|n| n.witness),
+            failed: s.phase() == Phase::Failed,
         }
     }
 }
@@ -279,6 +280,11 @@ impl LatitudeProvider {
     /// of each plan at each site, read once per plan and site.
     async fn inventory(&self, machines: &[Machine]) -> Result<Inventory, ProviderError> {
         let taken: HashSet<Uuid> = machines.iter().filter_map(|m| m.unit).collect();
+        let failed: HashSet<Uuid> = machines
+            .iter()
+            .filter(|m| m.failed)
+            .filter_map(|m| m.unit)
+            .collect();
         let mut stock: BTreeMap<(&str, &str), Stock> = BTreeMap::new();
         for p in self.pools.iter() {
             if let std::collections::btree_map::Entry::Vacant(slot) =
@@ -298,6 +304,7 @@ impl LatitudeProvider {
                 scope: scope(p),
                 count: p.count,
                 taken: 0,
+                failed: 0,
                 offered: level != Stock::Unavailable,
                 in_stock,
                 stock: match level {
@@ -310,6 +317,7 @@ impl LatitudeProvider {
                 let id = self.unit(&p.name, index);
                 let is_taken = taken.contains(&id);
                 report.taken += u32::from(is_taken);
+                report.failed += u32::from(failed.contains(&id));
                 inventory.units.push(Unit {
                     id,
                     taken: is_taken,

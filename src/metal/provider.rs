@@ -47,6 +47,7 @@ pub fn machine(d: &Device) -> Machine {
             .iter()
             .find_map(|t| t.strip_prefix(WITNESS_TAG_PREFIX))
             .map(str::to_string),
+        failed: d.state == Some(crate::metal::model::DeviceState::Failed),
     }
 }
 

@@ -567,13 +567,14 @@ async fn the_event_log_filters_by_stream_and_type_and_pages(pool: PgPool) {
 async fn pools_and_their_stock_show_on_the_page_and_in_metrics(pool: PgPool) {
     use shepherd::provider::PoolReport;
     shepherd::db::migrate(&pool).await.unwrap();
-    let report = |name: &str, site: &str, count, taken, in_stock, stock| PoolReport {
+    let report = |name: &str, site: &str, count, taken, failed, in_stock, stock| PoolReport {
         name: name.into(),
         plan: "c2-small-x86".into(),
         site: site.into(),
         scope: format!("c2-small-x86@{site}"),
         count,
         taken,
+        failed,
         offered: true,
         in_stock,
         stock,
@@ -594,8 +595,8 @@ async fn pools_and_their_stock_show_on_the_page_and_in_metrics(pool: PgPool) {
                     in_flight: 0,
                 },
                 pools: vec![
-                    report("web", "DAL", 4, 3, true, Some(7)),
-                    report("cold", "CHI", 2, 0, false, Some(0)),
+                    report("web", "DAL", 4, 3, 1, true, Some(7)),
+                    report("cold", "CHI", 2, 0, 0, false, Some(0)),
                 ],
             }
             .into(),
@@ -619,11 +620,11 @@ async fn pools_and_their_stock_show_on_the_page_and_in_metrics(pool: PgPool) {
         .and_then(|t| t.split("</table>").next())
         .unwrap_or_else(|| panic!("no pools table:\n{page}"));
     assert!(
-        table.contains("<td>web</td><td>c2-small-x86</td><td>DAL</td><td class=\"n\">3</td><td class=\"n\">4</td><td class=\"ok\">7 in stock</td><td>out of stock until"),
+        table.contains("<td>web</td><td>c2-small-x86</td><td>DAL</td><td class=\"n\">3</td><td class=\"n\">4</td><td class=\"n\"><strong>1</strong></td><td class=\"ok\">7 in stock</td><td>out of stock until"),
         "{table}"
     );
     assert!(
-        table.contains("<td>cold</td><td>c2-small-x86</td><td>CHI</td><td class=\"n\">0</td><td class=\"n\">2</td><td><strong>none in stock</strong></td><td class=\"muted\">no</td>"),
+        table.contains("<td>cold</td><td>c2-small-x86</td><td>CHI</td><td class=\"n\">0</td><td class=\"n\">2</td><td class=\"n\">0</td><td><strong>none in stock</strong></td><td class=\"muted\">no</td>"),
         "{table}"
     );
     assert!(

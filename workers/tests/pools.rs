@@ -248,13 +248,22 @@ async fn plan_reads_the_pools_through_the_seam(pool: sqlx::PgPool) {
     };
     let dal = fake.stock("c2-small-x86", "DAL").unwrap().to_string();
     assert_eq!(
-        row("web ")[..7],
-        ["web", "c2-small-x86", "DAL", "0", "3", dal.as_str(), "out"],
+        row("web ")[..8],
+        [
+            "web",
+            "c2-small-x86",
+            "DAL",
+            "0",
+            "3",
+            "0",
+            dal.as_str(),
+            "out"
+        ],
         "{status}"
     );
     assert_eq!(
-        row("cold ")[..7],
-        ["cold", "c2-small-x86", "CHI", "0", "2", "none", "no"],
+        row("cold ")[..8],
+        ["cold", "c2-small-x86", "CHI", "0", "2", "0", "none", "no"],
         "{status}"
     );
     assert!(status.contains("(holds back c2-small-x86@DAL)"), "{status}");

@@ -167,7 +167,9 @@ pub fn render_status(o: &Overview) -> String {
 /// One line per pool: declared, standing, and the provider's stock.
 /// (`shepherd plan` shows the sinbin's hold in its skipped places instead.)
 fn render_pools(pools: &[fleet::PoolState], with_hold: bool) -> String {
-    let mut headers = vec!["POOL", "PLAN", "SITE", "MACHINES", "PLACES", "STOCK"];
+    let mut headers = vec![
+        "POOL", "PLAN", "SITE", "MACHINES", "PLACES", "FAILED", "STOCK",
+    ];
     if with_hold {
         headers.push("HELD BACK");
     }
@@ -180,6 +182,7 @@ fn render_pools(pools: &[fleet::PoolState], with_hold: bool) -> String {
             r.site.clone(),
             r.taken.to_string(),
             r.count.to_string(),
+            r.failed.to_string(),
             match (r.offered, r.in_stock, r.stock) {
                 (false, _, _) => "not offered".into(),
                 (true, false, _) => "none".into(),

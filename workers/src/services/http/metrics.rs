@@ -146,6 +146,7 @@ impl Figures {
             let in_stock = Family::<PoolLabels, Gauge<u64, AtomicU64>>::default();
             let stock = Family::<PoolLabels, Gauge<u64, AtomicU64>>::default();
             let held = Family::<PoolLabels, Gauge<u64, AtomicU64>>::default();
+            let failed = Family::<PoolLabels, Gauge<u64, AtomicU64>>::default();
             for p in &seen.pools {
                 let r = &p.report;
                 let labels = PoolLabels {
@@ -155,6 +156,7 @@ impl Figures {
                 };
                 places.get_or_create(&labels).set(u64::from(r.count));
                 machines.get_or_create(&labels).set(u64::from(r.taken));
+                failed.get_or_create(&labels).set(u64::from(r.failed));
                 in_stock.get_or_create(&labels).set(u64::from(r.in_stock));
                 if let Some(n) = r.stock {
                     stock.get_or_create(&labels).set(u64::from(n));
@@ -171,6 +173,11 @@ impl Figures {
                 "shepherd_pool_machines",
                 "Places of each pool a machine of ours stands on, as the last listing saw them",
                 machines,
+            );
+            registry.register(
+                "shepherd_pool_failed_machines",
+                "Machines of each pool whose deployment failed; they hold their places until an operator deletes and releases them",
+                failed,
             );
             registry.register(
                 "shepherd_pool_in_stock",

@@ -169,8 +169,10 @@ fn last_reconcile(o: &Overview) -> Markup {
     }
 }
 
-/// The pools as the last listing saw them: what is declared, what stands,
-/// and whether the provider has stock to fill the rest.
+/// The pools as the last listing saw them: what is declared, what stands
+/// (and how much of it failed to deploy: those hold their places until an
+/// operator deletes them and releases them), and whether the provider has
+/// stock to fill the rest.
 fn pools(o: &Overview) -> Markup {
     let Some(seen) = &o.pools else {
         return html! {};
@@ -180,7 +182,7 @@ fn pools(o: &Overview) -> Markup {
         table.pools {
             thead { tr {
                 th { "Pool" } th { "Plan" } th { "Site" } th { "Machines" } th { "Places" }
-                th { "Stock" } th { "Held back" }
+                th { "Failed" } th { "Stock" } th { "Held back" }
             } }
             tbody {
                 @for p in &seen.pools {
@@ -191,6 +193,11 @@ fn pools(o: &Overview) -> Markup {
                         td { (r.site) }
                         td.n { (r.taken) }
                         td.n { (r.count) }
+                        @if r.failed > 0 {
+                            td.n { strong { (r.failed) } }
+                        } @else {
+                            td.n { "0" }
+                        }
                         @if !r.offered {
                             td { strong { "not offered at this site" } }
                         } @else if !r.in_stock {
