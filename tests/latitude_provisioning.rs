@@ -465,3 +465,50 @@ async fn a_failed_deployment_holds_its_place_and_is_reported(db: PgPool) {
     );
     w.assert_invariants().await;
 }
+
+/// A creation cut off mid-create (its attempt's deadline, a shutdown) must
+/// not leave its place locked: the lock lives on a connection of its own,
+/// which is closed rather than handed back to the pool still holding it.
+#[sqlx::test(migrations = false)]
+async fn a_creation_cut_off_mid_create_leaves_no_lock_behind(db: PgPool) {
+    let w = World::new(db, 5, vec![pool("web", "DAL", 1)]).await;
+    let unit = w.ctx.provider.units().await.unwrap().units[0].id;
+    let request = uuid::Uuid::new_v4();
+    w.fake.set_faults(Faults::none().with_latency(3_000, 0));
+    let cut = tokio::time::timeout(
+        Duration::from_millis(500),
+        w.ctx
+            .provider
+            .create(unit, request, "", &w.ctx.creation_limiter),
+    )
+    .await;
+    assert!(cut.is_err(), "the create finished inside its deadline");
+    let locks = || async {
+        sqlx::query_scalar::<_, i64>(
+            "select count(*) from pg_locks where locktype = 'advisory' and granted",
+        )
+        .fetch_one(&w.pool)
+        .await
+        .unwrap()
+    };
+    // The server ends the session a moment after the socket closes.
+    let mut held = locks().await;
+    for _ in 0..50 {
+        if held == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        held = locks().await;
+    }
+    assert_eq!(held, 0, "the cut-off creation's place is still locked");
+    // The next run takes the place and leaves one server on it, whether
+    // the cut-off create reached the fake or not.
+    w.fake.set_faults(Faults::none());
+    w.ctx
+        .provider
+        .create(unit, request, "", &w.ctx.creation_limiter)
+        .await
+        .unwrap();
+    assert_eq!(w.fake.servers().len(), 1);
+    assert_eq!(locks().await, 0);
+}

@@ -215,6 +215,11 @@ impl Provider for LatitudeProvider {
                 )
             };
             let mut conn = locks.acquire().await.map_err(transient)?;
+            // Closed when dropped, never handed back to the pool: a create
+            // cut off mid-way (its deadline, a shutdown) drops this future
+            // before the unlock below, and a pooled connection would keep
+            // the place locked for whoever used it next.
+            conn.close_on_drop();
             let key = format!("latitude/place/{unit}");
             let got: bool =
                 sqlx::query_scalar("select pg_try_advisory_lock(hashtextextended($1, 0))")

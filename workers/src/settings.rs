@@ -379,6 +379,11 @@ pub struct LatitudeArgs {
     /// Writes the key may start per minute, cluster-wide (Latitude: 20)
     #[arg(long, env = "LATITUDE_WRITES_PER_MINUTE", default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..))]
     pub latitude_writes_per_minute: u32,
+
+    /// Budget of one Latitude API attempt; a worker needs it shorter than
+    /// its rescue window (see `shepherd worker --help`, --heartbeat)
+    #[arg(long, env = "LATITUDE_API_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    pub latitude_api_timeout: Duration,
 }
 
 impl LatitudeArgs {
@@ -403,11 +408,10 @@ impl LatitudeArgs {
         let project = self.latitude_project.clone().context(
             "LATITUDE_PROJECT (--latitude-project): not set; shepherd needs the project",
         )?;
-        Ok(shepherd::latitude::LatitudeConfig::new(
-            &self.latitude_api_url,
-            project,
-            self.key()?,
-        ))
+        let mut config =
+            shepherd::latitude::LatitudeConfig::new(&self.latitude_api_url, project, self.key()?);
+        config.attempt_timeout = self.latitude_api_timeout;
+        Ok(config)
     }
 
     /// A client for this process alone (a command).

@@ -89,6 +89,10 @@ async fn latitude_chaos_breaks_no_invariant(pool: PgPool) {
         // A creation holds its place's lock beside its work.
         "--db-connections",
         "20",
+        // One API attempt plus a heartbeat inside the harness's 3 s rescue
+        // window, as a worker requires.
+        "--latitude-api-timeout",
+        "1500ms",
     ];
     for _ in 0..3 {
         c.spawn_worker_with_env(&worker_args, &env);

@@ -319,3 +319,51 @@ async fn a_worker_for_another_provider_is_refused(pool: sqlx::PgPool) {
     .unwrap();
     assert_eq!(providers, vec!["equinix"]);
 }
+
+/// A Latitude worker whose API attempt could outlast its rescue window is
+/// refused before it touches anything: a create still on the wire when a
+/// database restart dropped its place's lock could otherwise meet a second
+/// run of its creation. Shortening the attempt lets it past the check.
+#[test]
+fn a_latitude_worker_whose_create_could_outlast_its_rescue_window_is_refused() {
+    let pool_flag = format!("name=web,plan=c2-small-x86,site=DAL,count=1,os={OS}");
+    let dir = std::env::temp_dir().join(format!("shepherd-window-{}", Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let key = dir.join("key.pub");
+    std::fs::write(
+        &key,
+        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGNsdXN0ZXItdGVzdC1rZXk t\n",
+    )
+    .unwrap();
+    let run = |timeout: &str| {
+        Command::new(env!("CARGO_BIN_EXE_shepherd"))
+            .args(["worker", "--provider", "latitude", "--pool", &pool_flag])
+            .args(["--heartbeat", "1s", "--missed-heartbeats", "3"])
+            .args(["--latitude-api-timeout", timeout])
+            // Nothing listens here: a worker past the check fails on it.
+            .env("DATABASE_URL", "postgres://nobody@127.0.0.1:1/none")
+            .env("LATITUDE_PROJECT", "proj_x")
+            .env("LATITUDE_API_KEY", KEY)
+            .env("SHEPHERD_SSH_PUBLIC_KEY_FILE", &key)
+            .env("SHEPHERD_LOG", "warn")
+            .output()
+            .unwrap()
+    };
+    let out = run("2s");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("--latitude-api-timeout 2s plus one --heartbeat (1s)")
+            && stderr.contains("rescue window")
+            && stderr.contains("= 3s)"),
+        "{stderr}"
+    );
+    let out = run("1500ms");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        !stderr.contains("rescue window") && stderr.contains("127.0.0.1:1"),
+        "{stderr}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

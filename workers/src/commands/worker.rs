@@ -125,6 +125,31 @@ impl WorkerArgs {
             .unwrap_or_else(|| self.connections_needed().max(16))
     }
 
+    /// A Latitude creation holds its place's lock while it may send, and
+    /// checks the lock before each POST; a POST already on the wire when a
+    /// database restart drops the lock ends within one API attempt. A second
+    /// run of the creation starts only once this worker is presumed dead:
+    /// its last heartbeat, which can be a heartbeat before the restart, plus
+    /// the rescue window. So the attempt plus one heartbeat must end inside
+    /// the window, or the second run could look, find nothing yet, and
+    /// create beside the first.
+    fn check_create_fits_rescue_window(&self) -> anyhow::Result<()> {
+        let window = self.heartbeat * self.missed_heartbeats;
+        let attempt = self.latitude.latitude_api_timeout;
+        if attempt + self.heartbeat >= window {
+            anyhow::bail!(
+                "--latitude-api-timeout {} plus one --heartbeat ({}) must be shorter than the rescue window \
+                 (--heartbeat × --missed-heartbeats = {}): otherwise a create still on the wire after a \
+                 database restart could meet a second run of its creation; lower --latitude-api-timeout \
+                 or raise --missed-heartbeats",
+                humantime(attempt),
+                humantime(self.heartbeat),
+                humantime(window),
+            );
+        }
+        Ok(())
+    }
+
     fn check_connections(&self) -> anyhow::Result<()> {
         let needed = self.connections_needed();
         if self.db_connections() < needed {
@@ -199,6 +224,7 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
             }
             shepherd::latitude::pools::validate(&args.latitude.pools, &config.device_prefix)
                 .map_err(anyhow::Error::msg)?;
+            args.check_create_fits_rescue_window()?;
         }
     }
     args.check_connections()?;
@@ -436,4 +462,12 @@ pub async fn healthcheck(args: HealthcheckArgs) -> anyhow::Result<()> {
         anyhow::bail!("{url}: {status}: {}", body.trim());
     }
     Ok(())
+}
+
+fn humantime(d: Duration) -> String {
+    if d.subsec_millis() == 0 {
+        format!("{}s", d.as_secs())
+    } else {
+        format!("{}ms", d.as_millis())
+    }
 }
