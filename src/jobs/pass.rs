@@ -210,6 +210,15 @@ pub fn select(
         .iter()
         .filter_map(|p| Some((p.scope.as_str(), p.stock?)))
         .collect();
+    // Creations in flight will take their stock when they land.
+    for r in reservations
+        .iter()
+        .filter(|r| fleet.pending.contains(&r.id))
+    {
+        if let Some(left) = r.scope.as_deref().and_then(|s| stock.get_mut(s)) {
+            *left = left.saturating_sub(1);
+        }
+    }
     let mut counts = ReservationCounts {
         total: reservations.len() as u64,
         available: 0,
@@ -378,6 +387,15 @@ mod tests {
         let s = select(&inventory, &Fleet::default(), None, 1);
         assert_eq!(s.chosen, vec![u[0].id]);
         assert!(s.skipped.contains(&(u[1].id, Skip::BeyondLimit)));
+        // A creation in flight will take a unit of its scope's stock.
+        let fleet = Fleet {
+            pending: [u[0].id].into_iter().collect(),
+            ..Fleet::default()
+        };
+        let s = select(&inventory, &fleet, None, 100);
+        assert_eq!(&s.chosen[..1], &[u[1].id]);
+        assert!(s.skipped.contains(&(u[0].id, Skip::InFlight)));
+        assert!(s.skipped.contains(&(u[2].id, Skip::BeyondStock)));
     }
 
     #[test]

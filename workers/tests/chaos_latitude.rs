@@ -55,8 +55,9 @@ async fn latitude_chaos_breaks_no_invariant(pool: PgPool) {
         },
         ..FakeConfig::default()
     });
-    // ASH has 12 of the plan for batch's 20 places: its stock runs out
-    // under the creates. CHI has none: cold waits.
+    // ASH has 12 of the plan for batch's 20 places, and its stock runs out
+    // once batch's first server stands, under the creates a pass admitted
+    // with it. CHI has none: cold waits.
     assert!(fake.set_stock("c2-small-x86", "ASH", 12));
     let mut c = Cluster::new(pool, 0, shepherd_fakes::metal::Faults::none()).await;
     migrate(&c).await;
@@ -102,6 +103,7 @@ async fn latitude_chaos_breaks_no_invariant(pool: PgPool) {
     let started = Instant::now();
     let mut random = picker(u64::from(std::process::id()) ^ 0x2545_f491_4f6c_dd1d);
     let (mut kills, mut manual, mut highest) = (0u32, 0u32, 0i64);
+    let mut ash_ran_out = false;
     let mut last_kill = Instant::now();
     let mut restarted: Option<Duration> = None;
     let mut passes = vec![];
@@ -153,6 +155,15 @@ async fn latitude_chaos_breaks_no_invariant(pool: PgPool) {
         if let Some((m, f, _)) = sample {
             highest = highest.max(m + f);
             assert!(m + f <= max, "managed {m} + in flight {f} > {max}");
+        }
+        if !ash_ran_out
+            && fake
+                .servers()
+                .iter()
+                .any(|s| s.hostname.starts_with("shepherd-batch-"))
+        {
+            assert!(fake.set_stock("c2-small-x86", "ASH", 0));
+            ash_ran_out = true;
         }
         let settled = matches!(sample, Some((_, 0, 0))) && web_full(&fake);
         if settled && restarted.is_some() && elapsed > Duration::from_secs(15) {
@@ -248,6 +259,13 @@ async fn latitude_chaos_breaks_no_invariant(pool: PgPool) {
         )
         .await;
     let penalised = c.count("select count(*) from shepherd.sinbin").await;
+    let out_of_stock = c
+        .count("select count(*) from shepherd.sinbin where scope is not null")
+        .await;
+    assert!(
+        ash_ran_out,
+        "batch never had a server, so ASH never ran out"
+    );
     let log = fake.request_log();
     let (errors, limited) = (
         log.iter().filter(|r| r.status >= 500).count(),
@@ -257,7 +275,7 @@ async fn latitude_chaos_breaks_no_invariant(pool: PgPool) {
     eprintln!(
         "latitude chaos: {} servers of ours (web 30, batch {batch} on ASH's stock, cold 0), \
          {} of another party's, limit {max} (highest managed + in flight {highest}), \
-         {penalised} places penalised, {} API calls ({errors} answered 5xx, {limited} 429), \
+         {penalised} places penalised ({out_of_stock} for want of stock), {} API calls ({errors} answered 5xx, {limited} 429), \
          {kills} workers SIGKILLed, Postgres down {:.1?}, {manual} manual passes, \
          {recovered} servers found by their hostname after a lost answer, {:.1?}",
         ours.len(),
