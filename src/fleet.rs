@@ -34,10 +34,10 @@ pub struct PenaltyRow {
     pub scope: Option<String>,
 }
 
-/// The pools as the last pass that listed them saw them.
+/// The pools as the last pass saw them.
 #[derive(Debug, Clone, Serialize)]
 pub struct PoolsSeen {
-    pub listed_at: DateTime<Utc>,
+    pub surveyed_at: DateTime<Utc>,
     pub pools: Vec<PoolState>,
 }
 
@@ -89,7 +89,7 @@ pub struct Overview {
     /// Age of the oldest thing in flight (creation or assimilation).
     pub oldest_in_flight_seconds: Option<f64>,
     pub penalised: Vec<PenaltyRow>,
-    /// `None` when no pass has listed pools (a provider without them).
+    /// `None` when no pass has surveyed pools (a provider without them).
     pub pools: Option<PoolsSeen>,
     pub queue: Vec<QueueRow>,
     pub last_reconcile: Option<LastReconcile>,
@@ -166,20 +166,19 @@ pub async fn overview(pool: &PgPool) -> Result<Overview, sqlx::Error> {
             },
         )
         .collect();
-    // The last listing (a pass at the limit lists none, so this can be
-    // older than the last pass: the page says when). A cluster keeps one
-    // provider, so a listing without pools means a provider without them.
-    let listed: Option<(i32, serde_json::Value, DateTime<Utc>)> = sqlx::query_as(
+    // The last pass's survey of the pools; a cluster keeps one provider, so
+    // none means a provider without pools.
+    let surveyed: Option<(i32, serde_json::Value, DateTime<Utc>)> = sqlx::query_as(
         "select schema_version, body, recorded_at from shepherd.events
-         where event_type = 'reservations_listed'
+         where event_type = 'pools_surveyed'
          order by position desc limit 1",
     )
     .fetch_optional(&mut *tx)
     .await?;
-    let pools = listed.and_then(|(version, body, listed_at)| {
-        match Event::decode("reservations_listed", version, body) {
-            Ok(Event::ReservationsListed(e)) if !e.pools.is_empty() => Some(PoolsSeen {
-                listed_at,
+    let pools = surveyed.and_then(|(version, body, surveyed_at)| {
+        match Event::decode("pools_surveyed", version, body) {
+            Ok(Event::PoolsSurveyed(e)) => Some(PoolsSeen {
+                surveyed_at,
                 pools: e
                     .pools
                     .into_iter()
@@ -319,8 +318,12 @@ pub async fn plan(
             .await?;
     let settings = current.settings;
     let before = read_fleet(pool).await?;
-    // As a pass reads them, in one survey (Latitude lists its servers once).
-    let survey = provider.survey(true).await;
+    // As a pass reads them, in one survey (Latitude lists its servers once),
+    // and like a pass, no units when already at the limit.
+    let full = settings
+        .max_machines
+        .is_reached(before.managed.len() as u64 + before.in_flight());
+    let survey = provider.survey(!full).await;
     let devices = survey.machines?;
     let fleet = read_fleet(pool).await?;
     let ours = our_requests(pool, &devices).await?;

@@ -57,30 +57,36 @@ pub struct Inventory {
     pub pools: Vec<PoolReport>,
 }
 
-/// How one pool an operator declared stands at the provider, as a listing
-/// saw it: recorded with the pass, shown on the status page and in
-/// `/metrics`.
+/// How one pool an operator declared stands at the provider, as a pass saw
+/// it: recorded with the pass (`pools_surveyed`), shown on the status page
+/// and in `/metrics`.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct PoolReport {
     pub name: String,
     pub plan: String,
     pub site: String,
     /// The stock its places draw on (`Unit::scope`), as a penalty names it.
-    #[serde(default)]
     pub scope: String,
     /// Places declared.
     pub count: u32,
     /// Places a machine of ours stands on.
     pub taken: u32,
     /// Of those, machines whose deployment failed.
-    #[serde(default)]
     pub failed: u32,
+    /// The stock, when the pass read it (a pass at the limit does not).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stock: Option<PoolStock>,
+}
+
+/// The provider's stock of a pool's plan at its site.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct PoolStock {
     /// The site offers the plan at all.
     pub offered: bool,
     pub in_stock: bool,
     /// Machines in stock, when the provider says how many.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stock: Option<u32>,
+    pub count: Option<u32>,
 }
 
 /// A machine a create made, or found after an unseen outcome.
@@ -159,6 +165,13 @@ pub trait Provider: Send + Sync + 'static {
 
     /// Every unit of capacity shepherd may provision.
     fn units(&self) -> ProviderResult<'_, Inventory>;
+
+    /// How each pool stands by these machines alone, its stock not read
+    /// (a provider without pools: none). A pass records it even when it
+    /// lists no units, so a full pool's failed machines still show.
+    fn pools(&self, _machines: &[Machine]) -> Vec<PoolReport> {
+        vec![]
+    }
 
     /// The machines and, when `with_units`, the units, as one pass reads
     /// them. By default both listings run side by side so their round trips

@@ -38,6 +38,10 @@ fn one_of_each() -> Vec<Event> {
                 penalised: 1,
                 in_flight: 0,
             },
+        }
+        .into(),
+        PoolsSurveyed {
+            run,
             pools: vec![shepherd::provider::PoolReport {
                 name: "web".into(),
                 plan: "c2-small-x86".into(),
@@ -46,9 +50,11 @@ fn one_of_each() -> Vec<Event> {
                 count: 4,
                 taken: 3,
                 failed: 1,
-                offered: true,
-                in_stock: true,
-                stock: Some(12),
+                stock: Some(shepherd::provider::PoolStock {
+                    offered: true,
+                    in_stock: true,
+                    count: Some(12),
+                }),
             }],
         }
         .into(),

@@ -282,3 +282,53 @@ async fn two_processes_share_the_keys_budgets_and_are_never_throttled(pool: sqlx
         .count();
     assert_eq!(created, 8);
 }
+
+/// A fenced create asks its fence right before the POST leaves, after its
+/// turn under the write budget: the wait for a turn can be long, and the
+/// lock the fence guards can be lost during it (a database restart). Asked
+/// before the wait, as it once was, the fence let a create go out after its
+/// place's lock was gone, beside a second run that had taken it: two
+/// servers with one hostname (found by the Latitude chaos run).
+#[tokio::test]
+async fn a_fenced_create_asks_its_fence_after_waiting_for_its_turn() {
+    use shepherd::config::Rate;
+    use shepherd::metal::LocalPacer;
+    use std::sync::Arc;
+    use std::time::Instant;
+    let fake = fake(roomy()).await;
+    let mut config = LatitudeConfig::new(fake.base_url(), fake.project(), ApiToken::new(KEY));
+    config.attempt_timeout = Duration::from_secs(2);
+    // One write a second: the second write waits for its turn.
+    let writes = Arc::new(LocalPacer::new(Rate {
+        interval: Duration::from_secs(1),
+        burst: 1,
+    }));
+    let reads = Arc::new(LocalPacer::new(Rate::UNLIMITED));
+    let c = LatitudeClient::with_pacers(config, reads, writes).unwrap();
+    c.create_server(&request("shepherd-first", "DAL"))
+        .await
+        .unwrap();
+    // The lock is lost 300 ms from now, while the create waits its turn.
+    let lost_at = Instant::now() + Duration::from_millis(300);
+    let err = c
+        .create_server_fenced(&request("shepherd-second", "DAL"), || async move {
+            if Instant::now() < lost_at {
+                Ok(())
+            } else {
+                Err("the place's lock is lost".to_string())
+            }
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("no longer the only sender"),
+        "{err}"
+    );
+    assert_eq!(
+        err.class(),
+        ErrorClass::Transient,
+        "nothing was sent: {err}"
+    );
+    let names: Vec<String> = fake.servers().into_iter().map(|s| s.hostname).collect();
+    assert_eq!(names, vec!["shepherd-first".to_string()]);
+}

@@ -98,6 +98,22 @@ impl World {
         reconcile(&self.ctx, "test-reconcile").await.unwrap()
     }
 
+    /// The pools as the last pass recorded them.
+    async fn last_pools(&self) -> Vec<shepherd::provider::PoolReport> {
+        use shepherd::events::event::Event;
+        let (version, body): (i32, serde_json::Value) = sqlx::query_as(
+            "select schema_version, body from shepherd.events
+             where event_type = 'pools_surveyed' order by position desc limit 1",
+        )
+        .fetch_one(&self.pool)
+        .await
+        .unwrap();
+        match Event::decode("pools_surveyed", version, body).unwrap() {
+            Event::PoolsSurveyed(e) => e.pools,
+            other => panic!("not a survey: {other:?}"),
+        }
+    }
+
     async fn count(&self, sql: &'static str) -> i64 {
         sqlx::query_scalar(sql).fetch_one(&self.pool).await.unwrap()
     }
@@ -334,7 +350,6 @@ async fn two_runs_of_one_creation_make_one_server(db: PgPool) {
 /// servers once, and records how each pool stood.
 #[sqlx::test(migrations = false)]
 async fn out_of_stock_penalises_the_plan_at_its_site(db: PgPool) {
-    use shepherd::events::event::Event;
     use shepherd::jobs::pass::Skip;
     let w = World::new(db, 3, vec![pool("db", "ASH", 4), pool("web", "DAL", 1)]).await;
     // ASH counts 5 of the plan, and they are gone when the first create
@@ -399,24 +414,20 @@ async fn out_of_stock_penalises_the_plan_at_its_site(db: PgPool) {
 
     // The third pass recorded the pools as it saw them: ASH's count, db
     // empty, web's one server.
-    let (version, body): (i32, serde_json::Value) = sqlx::query_as(
-        "select schema_version, body from shepherd.events
-         where event_type = 'reservations_listed' order by position desc limit 1",
-    )
-    .fetch_one(&w.pool)
-    .await
-    .unwrap();
-    let Event::ReservationsListed(listed) =
-        Event::decode("reservations_listed", version, body).unwrap()
-    else {
-        panic!("not a listing");
-    };
-    let db = listed.pools.iter().find(|p| p.name == "db").unwrap();
+    let pools = w.last_pools().await;
+    let db = pools.iter().find(|p| p.name == "db").unwrap();
+    let stock = db.stock.unwrap();
     assert_eq!(
-        (db.count, db.taken, db.in_stock, db.stock, db.site.as_str()),
+        (
+            db.count,
+            db.taken,
+            stock.in_stock,
+            stock.count,
+            db.site.as_str()
+        ),
         (4, 0, true, Some(2), "ASH")
     );
-    let web = listed.pools.iter().find(|p| p.name == "web").unwrap();
+    let web = pools.iter().find(|p| p.name == "web").unwrap();
     assert_eq!((web.count, web.taken), (1, 1));
     w.assert_invariants().await;
 }
@@ -426,8 +437,8 @@ async fn out_of_stock_penalises_the_plan_at_its_site(db: PgPool) {
 /// records it as failed in its pool, for an operator to act on.
 #[sqlx::test(migrations = false)]
 async fn a_failed_deployment_holds_its_place_and_is_reported(db: PgPool) {
-    use shepherd::events::event::Event;
-    let w = World::new(db, 10, vec![pool("web", "DAL", 3)]).await;
+    // The limit is the pool's count: once full, passes stop at the limit.
+    let w = World::new(db, 3, vec![pool("web", "DAL", 3)]).await;
     w.fake.set_faults(
         Faults::none()
             .with_rule(FaultRule::on(Call::CreateServer, FaultKind::FailDeployment).times(1)),
@@ -446,22 +457,14 @@ async fn a_failed_deployment_holds_its_place_and_is_reported(db: PgPool) {
     let pass = w.pass().await;
     assert!(pass.enqueued.is_empty(), "{pass:?}");
     assert_eq!(w.fake.calls(Call::DestroyServer), 0);
-    let (version, body): (i32, serde_json::Value) = sqlx::query_as(
-        "select schema_version, body from shepherd.events
-         where event_type = 'reservations_listed' order by position desc limit 1",
-    )
-    .fetch_one(&w.pool)
-    .await
-    .unwrap();
-    let Event::ReservationsListed(listed) =
-        Event::decode("reservations_listed", version, body).unwrap()
-    else {
-        panic!("not a listing");
-    };
+    // At the limit the pass reads no stock, and still counts the failed
+    // server in its pool.
+    assert!(pass.at_limit, "{pass:?}");
+    let pools = w.last_pools().await;
     assert_eq!(
-        (listed.pools[0].taken, listed.pools[0].failed),
-        (3, 1),
-        "{listed:?}"
+        (pools[0].taken, pools[0].failed, pools[0].stock),
+        (3, 1, None),
+        "{pools:?}"
     );
     w.assert_invariants().await;
 }

@@ -124,14 +124,11 @@ events! {
         #[serde(default)]
         requested_by: Option<String>,
     }
-    /// What the pass listed, by class, and how each pool stood (a provider
-    /// with pools; absent before 2026-12).
-    ReservationsListed = "reservations_listed", 1 {
-        run: Uuid,
-        counts: ReservationCounts,
-        #[serde(default, skip_serializing_if = "Vec::is_empty")]
-        pools: Vec<crate::provider::PoolReport>,
-    }
+    /// What the pass listed, by class.
+    ReservationsListed = "reservations_listed", 1 { run: Uuid, counts: ReservationCounts }
+    /// How each pool stood as the pass saw it (a provider with pools), its
+    /// stock where the pass read it.
+    PoolsSurveyed = "pools_surveyed", 1 { run: Uuid, pools: Vec<crate::provider::PoolReport> }
     /// Provider and shepherd disagree about which machines exist.
     DiscrepancyFound = "discrepancy_found", 1 {
         run: Uuid,
@@ -282,6 +279,7 @@ impl Event {
         match self {
             Event::ReconcileStarted(e) => Stream::Reconcile(e.run),
             Event::ReservationsListed(e) => Stream::Reconcile(e.run),
+            Event::PoolsSurveyed(e) => Stream::Reconcile(e.run),
             Event::DiscrepancyFound(e) => Stream::Reconcile(e.run),
             Event::ReconcileRefused(e) => Stream::Reconcile(e.run),
             Event::CreationsEnqueued(e) => Stream::Reconcile(e.run),

@@ -208,7 +208,7 @@ pub fn select(
     let mut stock: HashMap<&str, u32> = inventory
         .pools
         .iter()
-        .filter_map(|p| Some((p.scope.as_str(), p.stock?)))
+        .filter_map(|p| Some((p.scope.as_str(), p.stock?.count?)))
         .collect();
     // Creations in flight will take their stock when they land.
     for r in reservations
@@ -345,14 +345,14 @@ mod tests {
 
     #[test]
     fn a_pass_takes_no_more_of_a_scope_than_its_stock_and_none_of_a_penalised_one() {
-        use crate::provider::{PoolReport, Unit};
+        use crate::provider::{PoolReport, PoolStock, Unit};
         let unit = |scope: &str| Unit {
             id: Uuid::new_v4(),
             taken: false,
             provisionable: true,
             scope: Some(scope.to_string()),
         };
-        let report = |scope: &str, stock| PoolReport {
+        let report = |scope: &str, count| PoolReport {
             name: scope.into(),
             plan: "p".into(),
             site: "s".into(),
@@ -360,9 +360,11 @@ mod tests {
             count: 3,
             taken: 0,
             failed: 0,
-            offered: true,
-            in_stock: true,
-            stock,
+            stock: Some(PoolStock {
+                offered: true,
+                in_stock: true,
+                count,
+            }),
         };
         let inventory = Inventory {
             // Counted 2, counted 5 but penalised, in stock without a count.

@@ -167,6 +167,20 @@ async fn run_pass(
             .await;
         }
     };
+    // How the pools stand, recorded on every path from here: by the units'
+    // listing when there is one (with the stock), else by the machines
+    // alone, so a full pool's failed machines still show.
+    let surveyed = |pools: Vec<crate::provider::PoolReport>| -> Vec<Event> {
+        if pools.is_empty() {
+            vec![]
+        } else {
+            vec![PoolsSurveyed { run, pools }.into()]
+        }
+    };
+    let pools_by_machines = match &listed {
+        Some(Ok(inventory)) => inventory.pools.clone(),
+        _ => ctx.provider.pools(&devices),
+    };
     // Read after the listing, so what it skips as in flight and what the
     // admission counts come from the same moment or later.
     let fleet = read_fleet(&ctx.pool).await?;
@@ -242,24 +256,21 @@ async fn run_pass(
         for device in &comparison.missing {
             tracing::error!(%device, kind = "missing", "a managed machine whose device is gone");
         }
-        note(
-            ctx,
-            job_id,
-            vec![
-                DiscrepancyFound {
-                    run,
-                    unknown_devices: comparison.unknown.clone(),
-                    missing_devices: comparison.missing.clone(),
-                }
-                .into(),
-                ReconcileRefused {
-                    run,
-                    reason: reason.clone(),
-                }
-                .into(),
-            ],
-        )
-        .await?;
+        let mut events = surveyed(pools_by_machines);
+        events.extend([
+            DiscrepancyFound {
+                run,
+                unknown_devices: comparison.unknown.clone(),
+                missing_devices: comparison.missing.clone(),
+            }
+            .into(),
+            ReconcileRefused {
+                run,
+                reason: reason.clone(),
+            }
+            .into(),
+        ]);
+        note(ctx, job_id, events).await?;
         out.unknown_devices = comparison.unknown;
         out.missing_devices = comparison.missing;
         out.refused = Some(reason);
@@ -274,7 +285,9 @@ async fn run_pass(
             "at the machine limit; not listing reservations"
         );
         out.at_limit = true;
-        note(ctx, job_id, vec![finished(run, &out)]).await?;
+        let mut events = surveyed(pools_by_machines);
+        events.push(finished(run, &out));
+        note(ctx, job_id, events).await?;
         return Ok(out);
     }
 
@@ -298,16 +311,20 @@ async fn run_pass(
     let mut tx = ctx.pool.begin().await?;
     let capacity = queue::lock_capacity(&mut tx).await?;
     let selection = pass::select(&inventory, &fleet, capacity.room, settings.chunk_size);
+    let mut listed = vec![
+        ReservationsListed {
+            run,
+            counts: selection.counts.clone(),
+        }
+        .into(),
+    ];
+    listed.extend(surveyed(inventory.pools.clone()));
     record(
         &mut tx,
-        vec![
-            NewEvent::new(ReservationsListed {
-                run,
-                counts: selection.counts.clone(),
-                pools: inventory.pools.clone(),
-            })
-            .caused_by(job_id),
-        ],
+        listed
+            .into_iter()
+            .map(|e| NewEvent::new(e).caused_by(job_id))
+            .collect(),
     )
     .await?;
     let chosen: Vec<(Uuid, Uuid)> = selection

@@ -44,6 +44,9 @@ pub enum LatitudeError {
     },
     #[error("{call}: transient failure: {reason}")]
     Transient { call: &'static str, reason: String },
+    /// Not sent: the caller's fence refused right before the request left.
+    #[error("{call}: not sent: {reason}")]
+    NotSent { call: &'static str, reason: String },
     /// A create whose answer was not seen: the server may exist.
     #[error("{call}: outcome unknown: {reason}")]
     Ambiguous { call: &'static str, reason: String },
@@ -58,7 +61,9 @@ pub enum LatitudeError {
 impl LatitudeError {
     pub fn class(&self) -> ErrorClass {
         match self {
-            LatitudeError::Transient { .. } => ErrorClass::Transient,
+            LatitudeError::Transient { .. } | LatitudeError::NotSent { .. } => {
+                ErrorClass::Transient
+            }
             LatitudeError::RateLimited { .. } => ErrorClass::RateLimited,
             LatitudeError::Ambiguous { .. } => ErrorClass::Ambiguous,
             LatitudeError::Undecodable { status, .. } if *status >= 500 => ErrorClass::Transient,
@@ -272,6 +277,27 @@ impl LatitudeClient {
         query: &[(&str, String)],
         body: Option<&Value>,
     ) -> Result<Answer, LatitudeError> {
+        self.attempt_fenced(call, method, path, query, body, || async { Ok(()) })
+            .await
+    }
+
+    /// One attempt, asking `fence` once its turn and slot have come, right
+    /// before the request leaves (`NotSent` if it refuses): the wait for a
+    /// write slot can be as long as the budget's window, and what the
+    /// fence guards may be lost during it.
+    async fn attempt_fenced<F, Fut>(
+        &self,
+        call: &'static str,
+        method: Method,
+        path: &str,
+        query: &[(&str, String)],
+        body: Option<&Value>,
+        fence: F,
+    ) -> Result<Answer, LatitudeError>
+    where
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = Result<(), String>>,
+    {
         let read = method == Method::GET;
         let pacer = if read {
             &self.inner.reads
@@ -288,6 +314,9 @@ impl LatitudeClient {
             .acquire()
             .await
             .expect("the semaphore is never closed");
+        fence()
+            .await
+            .map_err(|reason| LatitudeError::NotSent { call, reason })?;
         let mut request = self
             .inner
             .http
@@ -601,18 +630,18 @@ impl LatitudeClient {
                 });
             }
             let ambiguous = |reason: String| LatitudeError::Ambiguous { call, reason };
-            if let Err(reason) = fence().await {
-                let reason = format!("no longer the only sender for this hostname: {reason}");
-                return Err(if unseen {
-                    ambiguous(reason)
-                } else {
-                    LatitudeError::Transient { call, reason }
-                });
-            }
             let err = match self
-                .attempt(call, Method::POST, "/servers", &[], Some(&body))
+                .attempt_fenced(call, Method::POST, "/servers", &[], Some(&body), &fence)
                 .await
             {
+                Err(LatitudeError::NotSent { reason, .. }) => {
+                    let reason = format!("no longer the only sender for this hostname: {reason}");
+                    return Err(if unseen {
+                        ambiguous(reason)
+                    } else {
+                        LatitudeError::Transient { call, reason }
+                    });
+                }
                 Ok(a) if a.status == 201 => match decode::<Envelope<Server>>(call, &a) {
                     Ok(e) => {
                         return Ok(Created {

@@ -29,8 +29,8 @@ use crate::limiter::Limiter;
 use crate::metal::ErrorClass;
 use crate::metal::discipline::Pacer;
 use crate::provider::{
-    Created, Failure, Inventory, Machine, MachineFacts, PoolReport, Provider, ProviderError,
-    ProviderResult, Survey, Unit,
+    Created, Failure, Inventory, Machine, MachineFacts, PoolReport, PoolStock, Provider,
+    ProviderError, ProviderResult, Survey, Unit,
 };
 
 /// The name machines of this provider carry in the views.
@@ -176,6 +176,10 @@ impl Provider for LatitudeProvider {
         })
     }
 
+    fn pools(&self, machines: &[Machine]) -> Vec<PoolReport> {
+        self.pool_reports(machines)
+    }
+
     fn unit_exists(&self, unit: Uuid) -> ProviderResult<'_, bool> {
         let known = self.places.contains_key(&unit);
         Box::pin(async move { Ok(known) })
@@ -285,11 +289,6 @@ impl LatitudeProvider {
     /// of each plan at each site, read once per plan and site.
     async fn inventory(&self, machines: &[Machine]) -> Result<Inventory, ProviderError> {
         let taken: HashSet<Uuid> = machines.iter().filter_map(|m| m.unit).collect();
-        let failed: HashSet<Uuid> = machines
-            .iter()
-            .filter(|m| m.failed)
-            .filter_map(|m| m.unit)
-            .collect();
         let mut stock: BTreeMap<(&str, &str), Stock> = BTreeMap::new();
         for p in self.pools.iter() {
             if let std::collections::btree_map::Entry::Vacant(slot) =
@@ -298,11 +297,41 @@ impl LatitudeProvider {
                 slot.insert(self.client.stock(&p.plan, &p.site).await?);
             }
         }
-        let mut inventory = Inventory::default();
-        for p in self.pools.iter() {
+        let mut inventory = Inventory {
+            units: vec![],
+            pools: self.pool_reports(machines),
+        };
+        for (p, report) in self.pools.iter().zip(inventory.pools.iter_mut()) {
             let level = stock[&(p.plan.as_str(), p.site.as_str())];
             let in_stock = matches!(level, Stock::Some(_));
-            let mut report = PoolReport {
+            report.stock = Some(PoolStock {
+                offered: level != Stock::Unavailable,
+                in_stock,
+                count: match level {
+                    Stock::Some(n) => n,
+                    Stock::Empty => Some(0),
+                    Stock::Unavailable => None,
+                },
+            });
+            for index in 0..p.count {
+                let id = self.unit(&p.name, index);
+                inventory.units.push(Unit {
+                    id,
+                    taken: taken.contains(&id),
+                    provisionable: in_stock,
+                    scope: Some(scope(p)),
+                });
+            }
+        }
+        Ok(inventory)
+    }
+
+    /// Each pool's places against the servers listed, stock not read.
+    fn pool_reports(&self, machines: &[Machine]) -> Vec<PoolReport> {
+        let mut reports: Vec<PoolReport> = self
+            .pools
+            .iter()
+            .map(|p| PoolReport {
                 name: p.name.clone(),
                 plan: p.plan.clone(),
                 site: p.site.clone(),
@@ -310,29 +339,21 @@ impl LatitudeProvider {
                 count: p.count,
                 taken: 0,
                 failed: 0,
-                offered: level != Stock::Unavailable,
-                in_stock,
-                stock: match level {
-                    Stock::Some(n) => n,
-                    Stock::Empty => Some(0),
-                    Stock::Unavailable => None,
-                },
-            };
-            for index in 0..p.count {
-                let id = self.unit(&p.name, index);
-                let is_taken = taken.contains(&id);
-                report.taken += u32::from(is_taken);
-                report.failed += u32::from(failed.contains(&id));
-                inventory.units.push(Unit {
-                    id,
-                    taken: is_taken,
-                    provisionable: in_stock,
-                    scope: Some(scope(p)),
-                });
+                stock: None,
+            })
+            .collect();
+        // Places, not servers: a place counts once whatever stands on it.
+        let mut seen = HashSet::new();
+        for m in machines {
+            let Some(unit) = m.unit else { continue };
+            if let Some((pool, _)) = self.places.get(&unit)
+                && seen.insert(unit)
+            {
+                reports[*pool].taken += 1;
+                reports[*pool].failed += u32::from(m.failed);
             }
-            inventory.pools.push(report);
         }
-        Ok(inventory)
+        reports
     }
 
     /// The create proper, while `lock` (if any) holds the place: look the

@@ -106,12 +106,18 @@ async fn the_latitude_demo_fills_its_pools_and_its_summary_matches_the_views() {
     // The status shows the four pools as the passes listed them, the cold
     // one without stock.
     let overview = shepherd::fleet::overview(&pool).await.unwrap();
-    let pools: Vec<(String, u32, bool)> = overview
+    let pools: Vec<(String, u32, Option<bool>)> = overview
         .pools
         .expect("a pass recorded the pools")
         .pools
         .into_iter()
-        .map(|p| (p.report.name, p.report.count, p.report.in_stock))
+        .map(|p| {
+            (
+                p.report.name,
+                p.report.count,
+                p.report.stock.map(|s| s.in_stock),
+            )
+        })
         .collect();
     assert_eq!(
         pools,
@@ -121,7 +127,7 @@ async fn the_latitude_demo_fills_its_pools_and_its_summary_matches_the_views() {
             ("db", 6, true),
             ("cold", 2, false)
         ]
-        .map(|(n, c, s)| (n.to_string(), c, s))
+        .map(|(n, c, s)| (n.to_string(), c, Some(s)))
     );
     pool.close().await;
     rebuild_and_drop(&url, &server).await;

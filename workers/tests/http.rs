@@ -565,9 +565,9 @@ async fn the_event_log_filters_by_stream_and_type_and_pages(pool: PgPool) {
 /// promtool still accepts.
 #[sqlx::test(migrations = false)]
 async fn pools_and_their_stock_show_on_the_page_and_in_metrics(pool: PgPool) {
-    use shepherd::provider::PoolReport;
+    use shepherd::provider::{PoolReport, PoolStock};
     shepherd::db::migrate(&pool).await.unwrap();
-    let report = |name: &str, site: &str, count, taken, failed, in_stock, stock| PoolReport {
+    let report = |name: &str, site: &str, count, taken, failed, stock| PoolReport {
         name: name.into(),
         plan: "c2-small-x86".into(),
         site: site.into(),
@@ -575,28 +575,27 @@ async fn pools_and_their_stock_show_on_the_page_and_in_metrics(pool: PgPool) {
         count,
         taken,
         failed,
-        offered: true,
-        in_stock,
         stock,
+    };
+    let counted = |in_stock, count| {
+        Some(PoolStock {
+            offered: true,
+            in_stock,
+            count: Some(count),
+        })
     };
     let run = Uuid::new_v4();
     let held = Uuid::new_v4();
     append(
         &pool,
         vec![
-            ReservationsListed {
+            PoolsSurveyed {
                 run,
-                counts: ReservationCounts {
-                    total: 6,
-                    available: 1,
-                    in_use: 3,
-                    not_provisionable: 2,
-                    penalised: 0,
-                    in_flight: 0,
-                },
                 pools: vec![
-                    report("web", "DAL", 4, 3, 1, true, Some(7)),
-                    report("cold", "CHI", 2, 0, 0, false, Some(0)),
+                    report("web", "DAL", 4, 3, 1, counted(true, 7)),
+                    report("cold", "CHI", 2, 0, 0, counted(false, 0)),
+                    // A pass at the limit does not read the stock.
+                    report("full", "ASH", 2, 2, 0, None),
                 ],
             }
             .into(),
@@ -625,6 +624,10 @@ async fn pools_and_their_stock_show_on_the_page_and_in_metrics(pool: PgPool) {
     );
     assert!(
         table.contains("<td>cold</td><td>c2-small-x86</td><td>CHI</td><td class=\"n\">0</td><td class=\"n\">2</td><td class=\"n\">0</td><td><strong>none in stock</strong></td><td class=\"muted\">no</td>"),
+        "{table}"
+    );
+    assert!(
+        table.contains("<td>full</td><td>c2-small-x86</td><td>ASH</td><td class=\"n\">2</td><td class=\"n\">2</td><td class=\"n\">0</td><td class=\"muted\">not read"),
         "{table}"
     );
     assert!(

@@ -6,7 +6,7 @@ use std::process::Command;
 
 mod common;
 
-use shepherd::events::event::{ReservationCounts, ReservationPenalised, ReservationsListed};
+use shepherd::events::event::{PoolsSurveyed, ReservationPenalised};
 use shepherd::latitude::pools::hostname;
 use shepherd::latitude::{CreateServer, LatitudeClient, LatitudeConfig};
 use shepherd::secret::ApiToken;
@@ -183,13 +183,16 @@ async fn plan_reads_the_pools_through_the_seam(pool: sqlx::PgPool) {
                 p.site.as_str(),
                 p.count,
                 p.taken,
-                p.in_stock,
+                p.stock.map(|s| s.in_stock),
             )
         })
         .collect();
     assert_eq!(
         seen,
-        vec![("web", "DAL", 3, 0, true), ("cold", "CHI", 2, 0, false)]
+        vec![
+            ("web", "DAL", 3, 0, Some(true)),
+            ("cold", "CHI", 2, 0, Some(false))
+        ]
     );
 
     // `shepherd status` shows the pools as the last pass recorded them, and
@@ -198,16 +201,8 @@ async fn plan_reads_the_pools_through_the_seam(pool: sqlx::PgPool) {
     shepherd::events::record(
         &mut tx,
         vec![
-            shepherd::events::NewEvent::new(ReservationsListed {
+            shepherd::events::NewEvent::new(PoolsSurveyed {
                 run: Uuid::new_v4(),
-                counts: ReservationCounts {
-                    total: 5,
-                    available: 3,
-                    in_use: 0,
-                    not_provisionable: 2,
-                    penalised: 0,
-                    in_flight: 0,
-                },
                 pools,
             }),
             shepherd::events::NewEvent::new(ReservationPenalised {

@@ -222,6 +222,7 @@ pub fn apply(state: &mut ViewState, event: &Event, at: DateTime<Utc>) {
         Event::CreationsResumed(_) => state.paused = None,
         Event::ReconcileStarted(_)
         | Event::ReservationsListed(_)
+        | Event::PoolsSurveyed(_)
         | Event::DiscrepancyFound(_)
         | Event::ReconcileRefused(_)
         | Event::CreationsEnqueued(_)

@@ -109,6 +109,7 @@ pub async fn sinbin(args: SinbinArgs) -> anyhow::Result<()> {
                     "failures": p.failures,
                     "penalised": p.is_active(now),
                     "seconds_left": (p.until - now).num_seconds().max(0),
+                    "scope": p.scope,
                 })
             })
             .collect();
@@ -125,7 +126,10 @@ pub async fn sinbin(args: SinbinArgs) -> anyhow::Result<()> {
                 "expired".into()
             },
             p.failures.to_string(),
-            p.cause.clone(),
+            match &p.scope {
+                Some(scope) => format!("{} (holds back {scope})", p.cause),
+                None => p.cause.clone(),
+            },
         ]);
     }
     print!("{}", t.render());

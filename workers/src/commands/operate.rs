@@ -107,8 +107,8 @@ pub fn render_status(o: &Overview) -> String {
     }
     if let Some(seen) = &o.pools {
         out.push_str(&format!(
-            "\npools (as listed {} ago)\n",
-            crate::table::human_duration(o.now - seen.listed_at)
+            "\npools (as the last pass saw them, {} ago)\n",
+            crate::table::human_duration(o.now - seen.surveyed_at)
         ));
         out.push_str(&render_pools(&seen.pools, true));
     }
@@ -183,11 +183,11 @@ fn render_pools(pools: &[fleet::PoolState], with_hold: bool) -> String {
             r.taken.to_string(),
             r.count.to_string(),
             r.failed.to_string(),
-            match (r.offered, r.in_stock, r.stock) {
-                (false, _, _) => "not offered".into(),
-                (true, false, _) => "none".into(),
-                (true, true, Some(n)) => n.to_string(),
-                (true, true, None) => "in stock".into(),
+            match r.stock {
+                None => "not read".into(),
+                Some(s) if !s.offered => "not offered".into(),
+                Some(s) if !s.in_stock => "none".into(),
+                Some(s) => s.count.map_or_else(|| "in stock".into(), |n| n.to_string()),
             },
         ];
         if with_hold {

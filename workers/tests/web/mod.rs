@@ -188,7 +188,6 @@ pub async fn seed(pool: &PgPool) -> Fleet {
                     penalised: 1,
                     in_flight: 1,
                 },
-                pools: vec![],
             }
             .into(),
             DiscrepancyFound {

@@ -139,8 +139,12 @@ impl Figures {
         }
 
         if let Some(seen) = &o.pools {
-            // As old as shepherd_reservations_listed_age says: the pools
-            // come from the same listing.
+            registry.register_with_unit(
+                "shepherd_pools_surveyed_age",
+                "Time since a pass last surveyed the pools (the age of shepherd_pool_*)",
+                Unit::Seconds,
+                ConstGauge::new(seconds_between(seen.surveyed_at, o.now)),
+            );
             let places = Family::<PoolLabels, Gauge<u64, AtomicU64>>::default();
             let machines = Family::<PoolLabels, Gauge<u64, AtomicU64>>::default();
             let in_stock = Family::<PoolLabels, Gauge<u64, AtomicU64>>::default();
@@ -157,9 +161,12 @@ impl Figures {
                 places.get_or_create(&labels).set(u64::from(r.count));
                 machines.get_or_create(&labels).set(u64::from(r.taken));
                 failed.get_or_create(&labels).set(u64::from(r.failed));
-                in_stock.get_or_create(&labels).set(u64::from(r.in_stock));
-                if let Some(n) = r.stock {
-                    stock.get_or_create(&labels).set(u64::from(n));
+                // Absent, not 0, where the last pass did not read the stock.
+                if let Some(s) = r.stock {
+                    in_stock.get_or_create(&labels).set(u64::from(s.in_stock));
+                    if let Some(n) = s.count {
+                        stock.get_or_create(&labels).set(u64::from(n));
+                    }
                 }
                 held.get_or_create(&labels)
                     .set(u64::from(p.held_until.is_some_and(|until| until >= o.now)));

@@ -42,15 +42,16 @@ pub(super) async fn front_page(State(state): State<HttpState>) -> Result<Html<St
         },
     )
     .collect();
-    // A pass's routine events (started, listed, finished, coalesced) are
-    // summed up under "Last reconcile"; among the recent events they would
-    // crowd out what happened to machines.
+    // A pass's routine events (started, listed, pools surveyed, finished,
+    // coalesced) are summed up under "Last reconcile" and "Pools"; among
+    // the recent events they would crowd out what happened to machines.
     let mut events = store::read_recent_except(
         &state.pool,
         RECENT_EVENTS,
         &[
             "reconcile_started",
             "reservations_listed",
+            "pools_surveyed",
             "reconcile_finished",
             "reconcile_coalesced",
         ],

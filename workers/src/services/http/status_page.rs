@@ -178,7 +178,7 @@ fn pools(o: &Overview) -> Markup {
         return html! {};
     };
     html! {
-        h2 { "Pools " span.muted { "(as listed " (ago(seen.listed_at, o.now)) ")" } }
+        h2 { "Pools " span.muted { "(as the last pass saw them, " (ago(seen.surveyed_at, o.now)) ")" } }
         table.pools {
             thead { tr {
                 th { "Pool" } th { "Plan" } th { "Site" } th { "Machines" } th { "Places" }
@@ -198,15 +198,14 @@ fn pools(o: &Overview) -> Markup {
                         } @else {
                             td.n { "0" }
                         }
-                        @if !r.offered {
-                            td { strong { "not offered at this site" } }
-                        } @else if !r.in_stock {
-                            td { strong { "none in stock" } }
-                        } @else {
-                            @match r.stock {
+                        @match r.stock {
+                            None => td.muted { "not read (a pass at the limit does not)" },
+                            Some(stock) if !stock.offered => td { strong { "not offered at this site" } },
+                            Some(stock) if !stock.in_stock => td { strong { "none in stock" } },
+                            Some(stock) => @match stock.count {
                                 Some(n) => td.ok { (n) " in stock" },
                                 None => td.ok { "in stock" },
-                            }
+                            },
                         }
                         @match p.held_until {
                             Some(until) => td { "out of stock until " (Time(until).to_string()) },
