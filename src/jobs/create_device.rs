@@ -211,7 +211,7 @@ pub async fn create_device(
                     Failure::OutOfStock { scope } => scope,
                     _ => None,
                 };
-                give_up_on(ctx, &settings, args, job_id, e.class, cause, scope).await
+                give_up(ctx, &settings, args, job_id, e.class, cause, scope).await
             }
         }
     }
@@ -354,7 +354,16 @@ async fn verify(
         Ok(None) => {
             let cause = "no device of ours exists after an unknown outcome; the creation failed"
                 .to_string();
-            give_up(ctx, settings, args, job_id, ErrorClass::Ambiguous, cause).await
+            give_up(
+                ctx,
+                settings,
+                args,
+                job_id,
+                ErrorClass::Ambiguous,
+                cause,
+                None,
+            )
+            .await
         }
         Err(ProviderError {
             failure: Failure::RaceLost { other },
@@ -362,7 +371,7 @@ async fn verify(
         }) => race_lost(ctx, settings, args, job_id, other).await,
         // No device of ours can stand on a reservation the provider does not know.
         Err(e) if e.not_found() => {
-            give_up(ctx, settings, args, job_id, e.class, e.to_string()).await
+            give_up(ctx, settings, args, job_id, e.class, e.to_string(), None).await
         }
         Err(e) => unresolved(ctx, args, job_id, &format!("looking failed: {e}")).await,
     }
@@ -406,21 +415,9 @@ async fn race_lost(
 }
 
 /// Ends the creation without a device. Only reached when no device of ours
-/// can exist: the slot is freed and the reservation penalised.
+/// can exist: the slot is freed and the reservation penalised, with the
+/// `scope` of stock it draws on when the provider had none.
 async fn give_up(
-    ctx: &JobContext,
-    settings: &ClusterSettings,
-    args: &CreateDeviceArgs,
-    job_id: &str,
-    class: ErrorClass,
-    cause: String,
-) -> Result<CreateOutcome, JobError> {
-    give_up_on(ctx, settings, args, job_id, class, cause, None).await
-}
-
-/// `give_up`, penalising `scope` with the reservation when the provider
-/// had none of its stock.
-async fn give_up_on(
     ctx: &JobContext,
     settings: &ClusterSettings,
     args: &CreateDeviceArgs,
