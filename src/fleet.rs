@@ -305,6 +305,9 @@ pub struct Plan {
     pub skipped: Vec<(Uuid, Skip)>,
     /// How each pool stands (a provider with pools).
     pub pools: Vec<crate::provider::PoolReport>,
+    /// Names an operator reads for the units above, where the provider
+    /// has them (Latitude: `web/3`).
+    pub labels: std::collections::BTreeMap<Uuid, String>,
 }
 
 /// The next pass, dry: the same listings and the same rules, nothing written.
@@ -352,6 +355,7 @@ pub async fn plan(
         would_create: vec![],
         skipped: vec![],
         pools: vec![],
+        labels: Default::default(),
     };
     if !comparison.unknown.is_empty() || !comparison.missing.is_empty() {
         plan.discrepancy = Some(DiscrepancyFound {
@@ -377,6 +381,12 @@ pub async fn plan(
     let selection = pass::select(&inventory, &fleet, room, settings.chunk_size);
     plan.would_create = selection.chosen;
     plan.skipped = selection.skipped;
+    plan.labels = plan
+        .would_create
+        .iter()
+        .chain(plan.skipped.iter().map(|(u, _)| u))
+        .filter_map(|&u| Some((u, provider.unit_label(u)?)))
+        .collect();
     Ok(plan)
 }
 

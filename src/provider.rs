@@ -194,6 +194,12 @@ pub trait Provider: Send + Sync + 'static {
     /// Whether the provider knows the unit (a manual creation's check).
     fn unit_exists(&self, unit: Uuid) -> ProviderResult<'_, bool>;
 
+    /// A name an operator reads for the unit (Latitude: `web/3`), where its
+    /// id is not one (Metal's reservation ids are the API's own).
+    fn unit_label(&self, _unit: Uuid) -> Option<String> {
+        None
+    }
+
     /// The hostname a creation for `unit` gets.
     fn hostname(&self, unit: Uuid, request: Uuid) -> String;
 

@@ -185,6 +185,11 @@ impl Provider for LatitudeProvider {
         Box::pin(async move { Ok(known) })
     }
 
+    fn unit_label(&self, unit: Uuid) -> Option<String> {
+        let (pool, index) = self.place(unit).ok()?;
+        Some(format!("{}/{index}", pool.name))
+    }
+
     fn hostname(&self, unit: Uuid, request: Uuid) -> String {
         match self.place(unit) {
             Ok((pool, index)) => pools::hostname(&self.prefix, &pool.name, index, request),

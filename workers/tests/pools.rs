@@ -139,12 +139,13 @@ async fn plan_reads_the_pools_through_the_seam(pool: sqlx::PgPool) {
     .unwrap();
     let web = format!("name=web,plan=c2-small-x86,site=DAL,count=3,os={OS}");
     let cold = format!("name=cold,plan=c2-small-x86,site=CHI,count=2,os={OS}");
-    let out = tokio::task::spawn_blocking({
+    let plan_command = |json: bool| {
         let (base_url, project) = (fake.base_url(), fake.project().to_string());
-        let (web, cold) = (web.clone(), cold.clone());
-        move || {
-            Command::new(env!("CARGO_BIN_EXE_shepherd"))
-                .args(["plan", "--provider", "latitude", "--json"])
+        let (web, cold, url) = (web.clone(), cold.clone(), url.clone());
+        tokio::task::spawn_blocking(move || {
+            let out = Command::new(env!("CARGO_BIN_EXE_shepherd"))
+                .args(["plan", "--provider", "latitude"])
+                .args(json.then_some("--json"))
                 .args(["--pool", &web, "--pool", &cold])
                 .env("DATABASE_URL", &url)
                 .env("LATITUDE_API_URL", base_url)
@@ -152,17 +153,27 @@ async fn plan_reads_the_pools_through_the_seam(pool: sqlx::PgPool) {
                 .env("LATITUDE_API_KEY", KEY)
                 .env("SHEPHERD_LOG", "warn")
                 .output()
-                .unwrap()
-        }
-    })
-    .await
-    .unwrap();
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            String::from_utf8(out.stdout).unwrap()
+        })
+    };
+    let plan: serde_json::Value = serde_json::from_str(&plan_command(true).await.unwrap()).unwrap();
+    // The report names places as an operator does, not by a hostname the
+    // dry run cannot know (it carries the creation's request).
+    let report = plan_command(false).await.unwrap();
+    for place in ["web/0", "web/1", "web/2"] {
+        assert!(report.contains(&format!("-> place {place}")), "{report}");
+    }
     assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        report.contains("(cold/0)") && report.contains("not provisionable"),
+        "{report}"
     );
-    let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(plan["labels"].as_object().unwrap().len(), 5, "{plan}");
     assert_eq!(plan["reservations_listed"], 5, "{plan}");
     assert_eq!(plan["would_create"].as_array().unwrap().len(), 3, "{plan}");
     let skipped = plan["skipped"].as_array().unwrap();

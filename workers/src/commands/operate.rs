@@ -317,12 +317,20 @@ pub async fn plan(args: PlanArgs) -> anyhow::Result<()> {
         plan.chunk_size
     );
     for r in &plan.would_create {
-        println!("  {r}  -> {}", config.hostname(*r));
+        match plan.labels.get(r) {
+            // A place's hostname carries the creation's request, which a
+            // dry run does not have yet.
+            Some(label) => println!("  {r}  -> place {label}"),
+            None => println!("  {r}  -> {}", config.hostname(*r)),
+        }
     }
     let mut t = Table::new(&["SKIPPED RESERVATION", "WHY"]);
     for (r, why) in &plan.skipped {
         t.row(vec![
-            r.to_string(),
+            match plan.labels.get(r) {
+                Some(label) => format!("{r} ({label})"),
+                None => r.to_string(),
+            },
             serde_json::to_value(why)?
                 .as_str()
                 .unwrap_or("")
