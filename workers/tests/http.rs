@@ -584,8 +584,27 @@ async fn pools_and_their_stock_show_on_the_page_and_in_metrics(pool: PgPool) {
             count: Some(count),
         })
     };
+    // A Latitude provider names the places (it makes no call to do so).
+    let pools: Vec<shepherd::latitude::Pool> = ["DAL", "CHI", "ASH"]
+        .iter()
+        .zip(["web", "cold", "full"])
+        .map(|(site, name)| {
+            format!("name={name},plan=c2-small-x86,site={site},count=4,os=ubuntu_24_04_x64_lts")
+                .parse()
+                .unwrap()
+        })
+        .collect();
+    let client = shepherd::latitude::LatitudeClient::new(shepherd::latitude::LatitudeConfig::new(
+        "http://127.0.0.1:1",
+        "proj_pages",
+        shepherd::secret::ApiToken::new("unused-key"),
+    ))
+    .unwrap();
+    let provider =
+        shepherd::latitude::provider::LatitudeProvider::new(client, pools, "shepherd-".into())
+            .unwrap();
     let run = Uuid::new_v4();
-    let held = Uuid::new_v4();
+    let held = provider.unit("web", 3);
     append(
         &pool,
         vec![
@@ -610,9 +629,18 @@ async fn pools_and_their_stock_show_on_the_page_and_in_metrics(pool: PgPool) {
         ],
     )
     .await;
-    let server = Server::start(pool).await;
+    let server = Server::start_full(pool, None, Some(std::sync::Arc::new(provider))).await;
 
     let (_, _, page) = server.get("/").await;
+    // The penalised place is named as an operator knows it, here and on
+    // its history page.
+    assert!(
+        page.contains(&format!("href=\"/reservation/{held}\""))
+            && page.contains("<span class=\"label\">web/3</span>"),
+        "{page}"
+    );
+    let (_, _, history) = server.get(&format!("/reservation/{held}")).await;
+    assert!(history.contains("(web/3)"), "{history}");
     let table = page
         .split("<table class=\"pools\">")
         .nth(1)

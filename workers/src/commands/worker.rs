@@ -295,6 +295,7 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
             client_metrics,
             job_metrics: job_metrics.clone(),
             operator_token: operator.clone(),
+            provider: Some(ctx.provider.clone()),
         },
         http_stop,
     ));
@@ -402,6 +403,7 @@ pub async fn scheduler(args: SchedulerArgs) -> anyhow::Result<()> {
             client_metrics: ClientMetrics::default(),
             job_metrics: Default::default(),
             operator_token: operator.clone(),
+            provider: None,
         },
         http_stop,
     ));

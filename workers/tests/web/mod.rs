@@ -33,6 +33,15 @@ impl Server {
 
     /// With the pages' actions on, behind `credential`.
     pub async fn start_with(pool: PgPool, credential: Option<&str>) -> Server {
+        Server::start_full(pool, credential, None).await
+    }
+
+    /// Speaking for `provider` (the names it gives units).
+    pub async fn start_full(
+        pool: PgPool,
+        credential: Option<&str>,
+        provider: Option<std::sync::Arc<dyn shepherd::provider::Provider>>,
+    ) -> Server {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         let (stop, handle) = Stop::new();
@@ -55,6 +64,7 @@ impl Server {
             client_metrics,
             job_metrics,
             operator_token: credential.map(shepherd::secret::ApiToken::new),
+            provider,
         };
         let task = tokio::spawn(serve(listener, state, handle));
         Server { base, stop, task }

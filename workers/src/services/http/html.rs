@@ -236,9 +236,12 @@ pub(super) fn event_table(rows: &[EventRow], with_stream: bool) -> Markup {
 }
 
 /// One reservation's or device's events.
-pub(super) fn history_page(kind: Kind, id: Uuid, rows: &[EventRow]) -> Markup {
+pub(super) fn history_page(kind: Kind, id: Uuid, label: Option<&str>, rows: &[EventRow]) -> Markup {
     html! {
-        h1 { a href="/" { "shepherd" } " · " (kind) " " span.id { (id) } }
+        h1 {
+            a href="/" { "shepherd" } " · " (kind) " " span.id { (id) }
+            @if let Some(label) = label { " " span.label { "(" (label) ")" } }
+        }
         p.muted { (rows.len()) " events, oldest first." }
         (event_table(rows, false))
     }

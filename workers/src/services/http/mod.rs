@@ -52,6 +52,16 @@ pub struct HttpState {
     pub job_metrics: crate::services::runtime::JobMetrics,
     /// The credential that turns the pages' actions on; `None`: read-only.
     pub operator_token: Option<shepherd::secret::ApiToken>,
+    /// The provider this process speaks to, for names an operator reads
+    /// (a Latitude place as `web/3`); `None` where none is configured.
+    pub provider: Option<std::sync::Arc<dyn shepherd::provider::Provider>>,
+}
+
+impl HttpState {
+    /// The unit's readable name, where the provider has one.
+    pub(super) fn unit_label(&self, unit: Uuid) -> Option<String> {
+        self.provider.as_ref()?.unit_label(unit)
+    }
 }
 
 /// Serves until `stop` resolves. Binds nothing itself: the caller passes the

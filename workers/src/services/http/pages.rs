@@ -64,7 +64,13 @@ pub(super) async fn front_page(State(state): State<HttpState>) -> Result<Html<St
     Ok(layout(
         "shepherd",
         true,
-        status_page(&overview, &machines, &rows, state.operator_token.is_some()),
+        status_page(
+            &overview,
+            &machines,
+            &rows,
+            state.operator_token.is_some(),
+            &|unit| state.unit_label(unit),
+        ),
     ))
 }
 
@@ -87,6 +93,7 @@ pub(super) async fn reservation_page(
     history(
         Kind::Reservation,
         id,
+        state.unit_label(id),
         events.into_iter().map(EventRow::from).collect(),
     )
 }
@@ -114,10 +121,15 @@ pub(super) async fn device_page(
             job_id: None,
         })
         .collect();
-    history(Kind::Device, id, rows)
+    history(Kind::Device, id, None, rows)
 }
 
-pub(super) fn history(kind: Kind, id: Uuid, rows: Vec<EventRow>) -> Result<Html<String>, Failure> {
+pub(super) fn history(
+    kind: Kind,
+    id: Uuid,
+    label: Option<String>,
+    rows: Vec<EventRow>,
+) -> Result<Html<String>, Failure> {
     if rows.is_empty() {
         // The discrepancy banner links devices nobody manages; say why they
         // have no history rather than leave the operator at a bare 404.
@@ -132,6 +144,6 @@ pub(super) fn history(kind: Kind, id: Uuid, rows: Vec<EventRow>) -> Result<Html<
     Ok(layout(
         &format!("shepherd · {kind} {id}"),
         false,
-        history_page(kind, id, &rows),
+        history_page(kind, id, label.as_deref(), &rows),
     ))
 }

@@ -23,6 +23,7 @@ pub(super) fn status_page(
     machines: &[ManagedMachine],
     events: &[EventRow],
     actions: bool,
+    label: &dyn Fn(Uuid) -> Option<String>,
 ) -> Markup {
     html! {
         h1 { "shepherd" }
@@ -33,7 +34,7 @@ pub(super) fn status_page(
         (fleet(o))
         (last_reconcile(o))
         (pools(o))
-        (penalties(o))
+        (penalties(o, label))
         (queue(o))
         (workers(o))
         (machine_list(o, machines))
@@ -218,7 +219,7 @@ fn pools(o: &Overview) -> Markup {
     }
 }
 
-fn penalties(o: &Overview) -> Markup {
+fn penalties(o: &Overview, label: &dyn Fn(Uuid) -> Option<String>) -> Markup {
     html! {
         h2 { "Penalised reservations" }
         @if o.penalised.is_empty() {
@@ -229,7 +230,10 @@ fn penalties(o: &Overview) -> Markup {
                 tbody {
                     @for p in &o.penalised {
                         tr {
-                            td { (link(Kind::Reservation, p.reservation_id)) }
+                            td {
+                                (link(Kind::Reservation, p.reservation_id))
+                                @if let Some(label) = label(p.reservation_id) { " " span.label { (label) } }
+                            }
                             td { (human_duration(chrono::TimeDelta::seconds(p.seconds_left))) }
                             td { (Time(p.until).to_string()) }
                             td.n { (p.failures) }
