@@ -43,6 +43,11 @@ pub async fn read_fleet(pool: &PgPool) -> Result<Fleet, sqlx::Error> {
         sqlx::query_scalar("select provider_id from shepherd.managed_machines")
             .fetch_all(&mut *tx)
             .await?;
+    // Active penalties once: their units, and the stock some hold back.
+    let penalties: Vec<(Uuid, Option<String>)> =
+        sqlx::query_as("select reservation_id, scope from shepherd.sinbin where now() <= until")
+            .fetch_all(&mut *tx)
+            .await?;
     let fleet = Fleet {
         managed: managed_ids.into_iter().collect(),
         pending: ids("select reservation_id from shepherd.pending_creations")
@@ -57,18 +62,11 @@ pub async fn read_fleet(pool: &PgPool) -> Result<Fleet, sqlx::Error> {
         .await?
         .into_iter()
         .collect(),
-        penalised: ids("select reservation_id from shepherd.sinbin where now() <= until")
-            .fetch_all(&mut *tx)
-            .await?
+        penalised: penalties.iter().map(|(unit, _)| *unit).collect(),
+        penalised_scopes: penalties
             .into_iter()
+            .filter_map(|(_, scope)| scope)
             .collect(),
-        penalised_scopes: sqlx::query_scalar::<_, String>(
-            "select distinct scope from shepherd.sinbin where scope is not null and now() <= until",
-        )
-        .fetch_all(&mut *tx)
-        .await?
-        .into_iter()
-        .collect(),
     };
     tx.commit().await?;
     Ok(fleet)

@@ -273,6 +273,34 @@ async fn plan_reads_the_pools_through_the_seam(pool: sqlx::PgPool) {
         "{status}"
     );
     assert!(status.contains("(holds back c2-small-x86@DAL)"), "{status}");
+    // `shepherd sinbin` names the scope too, in its table and its JSON.
+    let url = common::database_url(&pool).await;
+    let sinbin = tokio::task::spawn_blocking(move || {
+        [false, true].map(|json| {
+            let out = Command::new(env!("CARGO_BIN_EXE_shepherd"))
+                .arg("sinbin")
+                .args(json.then_some("--json"))
+                .env("DATABASE_URL", &url)
+                .env("SHEPHERD_LOG", "warn")
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            String::from_utf8(out.stdout).unwrap()
+        })
+    })
+    .await
+    .unwrap();
+    assert!(
+        sinbin[0].contains("out of stock (holds back c2-small-x86@DAL)"),
+        "{}",
+        sinbin[0]
+    );
+    let rows: serde_json::Value = serde_json::from_str(&sinbin[1]).unwrap();
+    assert_eq!(rows[0]["scope"], "c2-small-x86@DAL", "{rows}");
 }
 
 /// A cluster provisions one provider: the first worker records it, and a
