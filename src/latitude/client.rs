@@ -11,9 +11,9 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 
+pub use super::error::LatitudeError;
 use super::model::*;
 use crate::metal::discipline::{LocalPacer, Pacer, RetrySettings};
-use crate::metal::error::ErrorClass;
 use crate::secret::ApiToken;
 
 pub const BASE_URL_DEFAULT: &str = "https://api.latitude.sh";
@@ -21,63 +21,6 @@ pub const BASE_URL_DEFAULT: &str = "https://api.latitude.sh";
 pub const PAGE_SIZE_DEFAULT: u32 = 100;
 const MAX_PAGES: u32 = 10_000;
 const MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
-
-#[derive(Debug, thiserror::Error)]
-pub enum LatitudeError {
-    #[error("{call}: not found (404)")]
-    NotFound { call: &'static str },
-    #[error("{call}: not authorised ({status}): check the API key and project")]
-    Unauthorized { call: &'static str, status: u16 },
-    #[error("{call}: no stock of the plan in the site (422 SERVERS_OUT_OF_STOCK): {detail}")]
-    OutOfStock { call: &'static str, detail: String },
-    #[error("{call}: refused ({status}{}): {detail}", code.as_deref().map(|c| format!(" {c}")).unwrap_or_default())]
-    Refused {
-        call: &'static str,
-        status: u16,
-        code: Option<String>,
-        detail: String,
-    },
-    #[error("{call}: rate limited (429){}", retry_after.map(|d| format!(", retry after {d:?}")).unwrap_or_default())]
-    RateLimited {
-        call: &'static str,
-        retry_after: Option<Duration>,
-    },
-    #[error("{call}: transient failure: {reason}")]
-    Transient { call: &'static str, reason: String },
-    /// Not sent: the caller's fence refused right before the request left.
-    #[error("{call}: not sent: {reason}")]
-    NotSent { call: &'static str, reason: String },
-    /// A create whose answer was not seen: the server may exist.
-    #[error("{call}: outcome unknown: {reason}")]
-    Ambiguous { call: &'static str, reason: String },
-    #[error("{call}: undecodable answer (status {status}): {detail}")]
-    Undecodable {
-        call: &'static str,
-        status: u16,
-        detail: String,
-    },
-}
-
-impl LatitudeError {
-    pub fn class(&self) -> ErrorClass {
-        match self {
-            LatitudeError::Transient { .. } | LatitudeError::NotSent { .. } => {
-                ErrorClass::Transient
-            }
-            LatitudeError::RateLimited { .. } => ErrorClass::RateLimited,
-            LatitudeError::Ambiguous { .. } => ErrorClass::Ambiguous,
-            LatitudeError::Undecodable { status, .. } if *status >= 500 => ErrorClass::Transient,
-            _ => ErrorClass::Permanent,
-        }
-    }
-
-    fn is_retryable(&self) -> bool {
-        matches!(
-            self.class(),
-            ErrorClass::Transient | ErrorClass::RateLimited
-        )
-    }
-}
 
 #[derive(Debug, Clone)]
 pub struct LatitudeConfig {

@@ -1,6 +1,6 @@
-//! Everything that speaks the Latitude.sh API: typed answers and a client
-//! with the provider's discipline. Not yet behind the provider seam: the
-//! jobs still speak Metal only (docs/providers.md).
+//! Everything that speaks the Latitude.sh API: typed answers, a client with
+//! the provider's discipline, and the provider behind the seam
+//! (`provider.rs`; docs/providers.md).
 //!
 //! What differs from Metal and shapes the client:
 //!
@@ -15,6 +15,7 @@
 //!   (`pools.rs`: keep N of a plan in a site), bounded by stock.
 
 pub mod client;
+pub mod error;
 pub mod model;
 pub mod pools;
 pub mod provider;
