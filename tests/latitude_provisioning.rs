@@ -486,10 +486,18 @@ async fn a_creation_cut_off_mid_create_leaves_no_lock_behind(db: PgPool) {
     )
     .await;
     assert!(cut.is_err(), "the create finished inside its deadline");
+    // This place's lock only: tests running beside this one take advisory
+    // locks of their own. A bigint key shows as its two halves.
     let locks = || async {
         sqlx::query_scalar::<_, i64>(
-            "select count(*) from pg_locks where locktype = 'advisory' and granted",
+            "select count(*) from pg_locks,
+                    (select hashtextextended($1, 0) as k) key
+             where locktype = 'advisory' and granted
+               and database = (select oid from pg_database where datname = current_database())
+               and classid::bigint = (key.k >> 32) & 4294967295
+               and objid::bigint = key.k & 4294967295",
         )
+        .bind(format!("latitude/place/{unit}"))
         .fetch_one(&w.pool)
         .await
         .unwrap()
