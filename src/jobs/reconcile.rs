@@ -177,7 +177,8 @@ async fn run_pass(
             vec![PoolsSurveyed { run, pools }.into()]
         }
     };
-    let pools_by_machines = match &listed {
+    // Only the passes that end before admitting need it.
+    let pools_seen = |listed: &Option<Result<crate::provider::Inventory, _>>| match listed {
         Some(Ok(inventory)) => inventory.pools.clone(),
         _ => ctx.provider.pools(&devices),
     };
@@ -256,7 +257,7 @@ async fn run_pass(
         for device in &comparison.missing {
             tracing::error!(%device, kind = "missing", "a managed machine whose device is gone");
         }
-        let mut events = surveyed(pools_by_machines);
+        let mut events = surveyed(pools_seen(&listed));
         events.extend([
             DiscrepancyFound {
                 run,
@@ -285,7 +286,7 @@ async fn run_pass(
             "at the machine limit; not listing reservations"
         );
         out.at_limit = true;
-        let mut events = surveyed(pools_by_machines);
+        let mut events = surveyed(pools_seen(&listed));
         events.push(finished(run, &out));
         note(ctx, job_id, events).await?;
         return Ok(out);
