@@ -1,7 +1,7 @@
-//! shepherd's domain: the providers' API clients (Metal, and Latitude.sh
-//! not yet wired to the jobs), the event log and its views, and the job
-//! handlers. Process concerns (flags, signals,
-//! listeners) live in the `workers` package.
+//! shepherd's domain: the provider seam (`provider`) with the providers
+//! behind it (`metal`, `latitude`), the event log and its views, and the job
+//! handlers. Process concerns (flags, signals, listeners) live in the
+//! `workers` package; the fake providers in `fakes`.
 
 pub mod cluster;
 pub mod config;

@@ -14,7 +14,7 @@ use std::time::Duration;
 use sqlx::PgPool;
 
 use crate::config::Rate;
-use crate::metal::discipline::{Pacer, PacerFuture};
+use crate::provider::discipline::{Pacer, PacerFuture};
 
 #[derive(Debug, Clone)]
 pub struct Limiter {

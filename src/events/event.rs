@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use uuid::Uuid;
 
-use crate::metal::ErrorClass;
+use crate::provider::ErrorClass;
 
 /// Where an event belongs: the thing it is about.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]

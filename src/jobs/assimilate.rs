@@ -12,7 +12,7 @@ use super::queue;
 use super::{AssimilateArgs, JobContext, JobError};
 use crate::events::event::*;
 use crate::events::{NewEvent, record};
-use crate::metal::ErrorClass;
+use crate::provider::ErrorClass;
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum AssimilateOutcome {

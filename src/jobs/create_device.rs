@@ -15,7 +15,7 @@ use crate::cluster::ClusterSettings;
 use crate::events::event::*;
 use crate::events::views;
 use crate::events::{NewEvent, record};
-use crate::metal::ErrorClass;
+use crate::provider::ErrorClass;
 use crate::provider::{Created, Failure, ProviderError};
 
 /// The decision an attempt reached.

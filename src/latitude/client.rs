@@ -13,7 +13,7 @@ use tokio::sync::Semaphore;
 
 pub use super::error::LatitudeError;
 use super::model::*;
-use crate::metal::discipline::{LocalPacer, Pacer, RetrySettings};
+use crate::provider::discipline::{LocalPacer, Pacer, RetrySettings};
 use crate::secret::ApiToken;
 
 pub const BASE_URL_DEFAULT: &str = "https://api.latitude.sh";
@@ -299,7 +299,7 @@ impl LatitudeClient {
                 Ok(Err(e)) => {
                     return Err(LatitudeError::Transient {
                         call,
-                        reason: crate::metal::client::describe_transport_error(&e),
+                        reason: crate::provider::discipline::describe_transport_error(&e),
                     });
                 }
                 Ok(Ok(v)) => v,

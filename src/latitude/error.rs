@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::metal::error::ErrorClass;
+use crate::provider::ErrorClass;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LatitudeError {

@@ -26,8 +26,8 @@ use super::model::{Phase, Server, Stock};
 use super::pools::{self, Pool};
 use crate::config::Rate;
 use crate::limiter::Limiter;
-use crate::metal::ErrorClass;
-use crate::metal::discipline::Pacer;
+use crate::provider::ErrorClass;
+use crate::provider::discipline::Pacer;
 use crate::provider::{
     Created, Failure, Inventory, Machine, MachineFacts, PoolReport, PoolStock, Provider,
     ProviderError, ProviderResult, Survey, Unit,

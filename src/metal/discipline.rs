@@ -8,12 +8,11 @@
 //! the seed's exponential backoff parameters.
 
 use std::future::Future;
-use std::pin::Pin;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64};
 use std::time::Duration;
 
-use backoff::ExponentialBackoff;
 use backoff::backoff::Backoff;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -21,7 +20,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
-use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use super::Operation;
@@ -35,136 +34,7 @@ pub use crate::config::API_RATE_DEFAULT;
 /// does not hold one of the few in-flight slots for minutes.
 pub const ATTEMPT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
 
-/// Exponential backoff for transient failures. Defaults are cenkalti/backoff's,
-/// which the seed used: 500 ms, x1.5, ±50 %, at most 60 s apart, 15 min in all.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RetrySettings {
-    pub initial_interval: Duration,
-    pub multiplier: f64,
-    pub randomization_factor: f64,
-    pub max_interval: Duration,
-    pub max_elapsed: Duration,
-}
-
-impl Default for RetrySettings {
-    fn default() -> Self {
-        RetrySettings {
-            initial_interval: Duration::from_millis(500),
-            multiplier: 1.5,
-            randomization_factor: 0.5,
-            max_interval: Duration::from_secs(60),
-            max_elapsed: Duration::from_secs(15 * 60),
-        }
-    }
-}
-
-impl RetrySettings {
-    pub fn backoff(&self) -> ExponentialBackoff {
-        backoff::ExponentialBackoffBuilder::new()
-            .with_initial_interval(self.initial_interval)
-            .with_multiplier(self.multiplier)
-            .with_randomization_factor(self.randomization_factor)
-            .with_max_interval(self.max_interval)
-            .with_max_elapsed_time(Some(self.max_elapsed))
-            .build()
-    }
-}
-
-/// Resolves when the call may start; an `Err` (say, the pacer's database is
-/// unreachable) fails the attempt as transient.
-pub type PacerFuture<'a> = Pin<Box<dyn Future<Output = Result<(), String>> + Send + 'a>>;
-
-/// Spaces the starts of API calls. The in-process pacer serves one process;
-/// a cluster-wide one keeps its clock in Postgres.
-pub trait Pacer: Send + Sync + 'static {
-    /// Resolves when the caller may start its call. Dropping the future gives
-    /// up the wait.
-    fn wait_turn(&self) -> PacerFuture<'_>;
-
-    /// Adopts a new budget (the cluster's `api_rate` changed). A pacer that
-    /// cannot change keeps its own.
-    fn set_rate(&self, _rate: Rate) {}
-
-    /// How long after its turn a caller may still start its call. A caller
-    /// held up longer (by something of its own after the turn) takes another
-    /// turn: starts bunched behind a hold-up are how a limit lets a burst
-    /// through.
-    fn slack(&self) -> Duration {
-        Duration::MAX
-    }
-
-    /// The provider asked for no calls for `wait` (a 429's `Retry-After`):
-    /// no turn is given before it has passed, to any caller sharing this
-    /// pacer. Best effort: a pacer that cannot record it lets the caller's
-    /// own hold stand alone.
-    fn hold(&self, _wait: Duration) -> PacerFuture<'_> {
-        Box::pin(async { Ok(()) })
-    }
-}
-
-/// A token bucket within one process: `burst` starts at once, then one per
-/// `interval / burst`, first come first served.
-#[derive(Debug)]
-pub struct LocalPacer {
-    rate: std::sync::Mutex<Rate>,
-    /// The start the next caller is given when the bucket is empty; lags
-    /// behind the clock by up to `burst - 1` spacings when it is not. `None`:
-    /// nothing asked yet, the bucket is full.
-    next: Mutex<Option<Instant>>,
-}
-
-impl LocalPacer {
-    pub fn new(rate: Rate) -> Self {
-        LocalPacer {
-            rate: std::sync::Mutex::new(rate),
-            next: Mutex::new(None),
-        }
-    }
-
-    fn rate(&self) -> Rate {
-        *self.rate.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
-
-impl Pacer for LocalPacer {
-    fn wait_turn(&self) -> PacerFuture<'_> {
-        Box::pin(async move {
-            let rate = self.rate();
-            let turn = {
-                let mut next = self.next.lock().await;
-                let now = Instant::now();
-                if rate.is_unlimited() && next.is_none_or(|n| n <= now) {
-                    return Ok(());
-                }
-                let spacing = rate.spacing();
-                let credit = spacing * rate.burst.saturating_sub(1);
-                let full = now.checked_sub(credit).unwrap_or(now);
-                let turn = next.map_or(full, |n| n.max(full));
-                *next = Some(turn + spacing);
-                turn
-            };
-            tokio::time::sleep_until(turn).await;
-            Ok(())
-        })
-    }
-
-    fn set_rate(&self, rate: Rate) {
-        *self.rate.lock().unwrap_or_else(|e| e.into_inner()) = rate;
-    }
-
-    fn slack(&self) -> Duration {
-        self.rate().lateness()
-    }
-
-    fn hold(&self, wait: Duration) -> PacerFuture<'_> {
-        Box::pin(async move {
-            let mut next = self.next.lock().await;
-            let until = Instant::now() + wait;
-            *next = Some(next.map_or(until, |n| n.max(until)));
-            Ok(())
-        })
-    }
-}
+pub use crate::provider::discipline::{LocalPacer, Pacer, PacerFuture, RetrySettings};
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {

@@ -1,5 +1,7 @@
 //! Everything that speaks the Equinix Metal API: the typed models, the client
-//! with its call discipline, and the fake server used by tests and the demo.
+//! with its call discipline (the shared part is the seam's,
+//! `provider::discipline`), and Metal behind the seam (`provider.rs`). Its
+//! fake lives in the `fakes` package.
 
 pub mod client;
 pub mod discipline;

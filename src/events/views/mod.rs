@@ -357,7 +357,7 @@ mod tests {
         let given_up = |request| {
             Event::CreationGivenUp(CreationGivenUp {
                 reservation: r,
-                class: crate::metal::ErrorClass::Permanent,
+                class: crate::provider::ErrorClass::Permanent,
                 message: "m".into(),
                 request,
             })

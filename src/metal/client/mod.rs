@@ -161,7 +161,6 @@ mod paging;
 mod transport;
 
 use paging::*;
-pub(crate) use transport::describe_transport_error;
 use transport::*;
 
 impl MetalClient {

@@ -259,23 +259,4 @@ pub(super) fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     Some(Duration::from_secs(reset.saturating_sub(now)))
 }
 
-/// A transport error without its URL's query or any header: the kind and
-/// the innermost cause are what an operator needs.
-pub(crate) fn describe_transport_error(e: &reqwest::Error) -> String {
-    let kind = if e.is_connect() {
-        "connection failed"
-    } else if e.is_timeout() {
-        "timed out"
-    } else if e.is_body() || e.is_decode() {
-        "connection broke while reading the answer"
-    } else if e.is_request() {
-        "request failed"
-    } else {
-        "transport error"
-    };
-    let mut source: &dyn std::error::Error = e;
-    while let Some(inner) = source.source() {
-        source = inner;
-    }
-    format!("{kind}: {source}")
-}
+pub(crate) use crate::provider::discipline::describe_transport_error;

@@ -16,7 +16,11 @@ use uuid::Uuid;
 
 use crate::config::Rate;
 use crate::limiter::Limiter;
-use crate::metal::ErrorClass;
+
+mod class;
+pub mod discipline;
+
+pub use class::ErrorClass;
 
 /// A machine as a listing shows it.
 #[derive(Debug, Clone, PartialEq)]
