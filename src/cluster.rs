@@ -20,7 +20,11 @@ use std::fmt;
 use serde_json::Value;
 use sqlx::{PgConnection, PgPool};
 
-use crate::config::{PenaltyPolicy, ProvisionerConfig, Rate, format_duration, parse_duration};
+use std::time::Duration;
+
+use crate::config::{
+    PenaltyPolicy, ProvisionerConfig, Rate, Rescue, format_duration, parse_duration,
+};
 use crate::events::event::SettingsChanged;
 use crate::events::{NewEvent, StoreError, record};
 
@@ -66,6 +70,16 @@ pub struct ClusterSettings {
     pub device_creation_rate: Rate,
     pub api_rate: Rate,
     pub penalty: PenaltyPolicy,
+    /// How long an unknown creation holds its unit before a look that
+    /// finds nothing is trusted.
+    pub settle_window: Duration,
+    /// Every worker's heartbeat, and the API attempt a rescue must outlast:
+    /// the cluster's, so that no worker hands a creation to a second run
+    /// while the first may still be sending.
+    pub rescue: Rescue,
+    /// The Latitude.sh key's budgets per minute, shared by every process.
+    pub latitude_reads_per_minute: u32,
+    pub latitude_writes_per_minute: u32,
 }
 
 /// Every setting's name, as stored, as `shepherd settings set` takes it, and
@@ -79,6 +93,12 @@ pub const KEYS: &[&str] = &[
     "penalty",
     "penalty_factor",
     "penalty_max",
+    "settle_window",
+    "heartbeat",
+    "missed_heartbeats",
+    "api_timeout",
+    "latitude_reads_per_minute",
+    "latitude_writes_per_minute",
 ];
 
 impl ClusterSettings {
@@ -91,6 +111,10 @@ impl ClusterSettings {
             device_creation_rate: config.device_creation_rate,
             api_rate: config.api_rate,
             penalty: config.penalty,
+            settle_window: config.settle_window,
+            rescue: config.rescue,
+            latitude_reads_per_minute: config.latitude_reads_per_minute,
+            latitude_writes_per_minute: config.latitude_writes_per_minute,
         }
     }
 
@@ -113,6 +137,30 @@ impl ClusterSettings {
         m.insert(
             "penalty_max".into(),
             Value::from(format_duration(self.penalty.max)),
+        );
+        m.insert(
+            "settle_window".into(),
+            Value::from(format_duration(self.settle_window)),
+        );
+        m.insert(
+            "heartbeat".into(),
+            Value::from(format_duration(self.rescue.heartbeat)),
+        );
+        m.insert(
+            "missed_heartbeats".into(),
+            Value::from(self.rescue.missed_heartbeats),
+        );
+        m.insert(
+            "api_timeout".into(),
+            Value::from(format_duration(self.rescue.api_timeout)),
+        );
+        m.insert(
+            "latitude_reads_per_minute".into(),
+            Value::from(self.latitude_reads_per_minute),
+        );
+        m.insert(
+            "latitude_writes_per_minute".into(),
+            Value::from(self.latitude_writes_per_minute),
         );
         m
     }
@@ -138,6 +186,18 @@ impl ClusterSettings {
                     s.penalty.factor = value.as_f64().filter(|f| *f >= 1.0).ok_or_else(bad)?
                 }
                 "penalty_max" => s.penalty.max = parse_duration(text()?)?,
+                "settle_window" => s.settle_window = parse_duration(text()?)?,
+                "heartbeat" => s.rescue.heartbeat = parse_duration(text()?)?,
+                "missed_heartbeats" => {
+                    s.rescue.missed_heartbeats = count(value).ok_or_else(bad)?;
+                }
+                "api_timeout" => s.rescue.api_timeout = parse_duration(text()?)?,
+                "latitude_reads_per_minute" => {
+                    s.latitude_reads_per_minute = count(value).ok_or_else(bad)?;
+                }
+                "latitude_writes_per_minute" => {
+                    s.latitude_writes_per_minute = count(value).ok_or_else(bad)?;
+                }
                 // A setting a newer release knows: kept in the table, unused here.
                 _ => {}
             }
@@ -145,6 +205,14 @@ impl ClusterSettings {
         s.penalty.max = s.penalty.max.max(s.penalty.initial);
         Ok(s)
     }
+}
+
+/// A stored count of at least 1.
+fn count(value: &Value) -> Option<u32> {
+    value
+        .as_u64()
+        .filter(|n| *n >= 1)
+        .and_then(|n| u32::try_from(n).ok())
 }
 
 /// The stored settings, by key (empty before the first worker started).
@@ -338,7 +406,6 @@ pub async fn change(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     #[test]
     fn the_limit_knows_what_zero_means() {
@@ -362,6 +429,14 @@ mod tests {
                 factor: 2.5,
                 max: Duration::from_secs(3600),
             },
+            settle_window: Duration::from_secs(90),
+            rescue: Rescue {
+                heartbeat: Duration::from_secs(2),
+                missed_heartbeats: 7,
+                api_timeout: Duration::from_millis(1500),
+            },
+            latitude_reads_per_minute: 600,
+            latitude_writes_per_minute: 200,
         };
         let back = ClusterSettings::from_map(
             &s.to_map(),

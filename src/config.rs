@@ -282,6 +282,95 @@ pub struct ProvisionerConfig {
     pub api_rate: Rate,
     pub create_retry: JobRetry,
     pub assimilate_retry: JobRetry,
+    /// How long after a create whose answer was not seen a look that finds
+    /// nothing is trusted (see [`SETTLE_WINDOW_DEFAULT`]).
+    pub settle_window: Duration,
+    /// How a worker stays known to be alive, and how long one API attempt
+    /// may take: together they decide when a second run of a creation may
+    /// start (see [`Rescue`]).
+    pub rescue: Rescue,
+    /// The Latitude.sh key's budgets per minute, cluster-wide.
+    pub latitude_reads_per_minute: u32,
+    pub latitude_writes_per_minute: u32,
+}
+
+/// How long a creation whose outcome was not seen holds its unit before a
+/// look that finds nothing is trusted. Latitude.sh answers through
+/// Cloudflare, whose default wait for an origin's answer is 100 s (a 524
+/// after it), and a server an accepted create made can stay out of the
+/// listings for a while behind its queue. Five minutes is three of those
+/// waits with room for the listing to catch up; a unit waiting longer costs
+/// a slower refill, while one trusted too early costs a second server,
+/// billed by the hour.
+pub const SETTLE_WINDOW_DEFAULT: Duration = Duration::from_secs(300);
+
+/// When a worker is presumed dead and its jobs are handed to others: after
+/// `missed_heartbeats` heartbeats of `heartbeat` without a word. A second
+/// run of a creation may start then, so every worker must use the same
+/// values (the cluster's), and one API attempt plus a heartbeat must end
+/// inside that window: a POST on the wire when a database restart dropped
+/// its unit's lock has then ended before the second run can start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rescue {
+    pub heartbeat: Duration,
+    pub missed_heartbeats: u32,
+    /// One API attempt's budget, of the cluster's provider.
+    pub api_timeout: Duration,
+}
+
+impl Default for Rescue {
+    fn default() -> Self {
+        Rescue {
+            heartbeat: Duration::from_secs(5),
+            missed_heartbeats: 12,
+            api_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+impl Rescue {
+    /// After how long without a heartbeat a worker's jobs go to others.
+    pub fn window(&self) -> Duration {
+        self.heartbeat * self.missed_heartbeats
+    }
+
+    /// Refuses values with which a second run of a creation could start
+    /// while the first one's create is still on the wire.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.heartbeat.is_zero() {
+            return Err(ConfigError::new(
+                "heartbeat (--heartbeat)",
+                "must be more than 0s: a worker that never beats is presumed dead at once",
+            ));
+        }
+        if self.missed_heartbeats == 0 {
+            return Err(ConfigError::new(
+                "missed heartbeats (--missed-heartbeats)",
+                "must be at least 1: with 0 a live worker's jobs are handed to others at once",
+            ));
+        }
+        if self.api_timeout.is_zero() {
+            return Err(ConfigError::new(
+                "API attempt timeout (--api-timeout, --latitude-api-timeout)",
+                "must be more than 0s",
+            ));
+        }
+        if self.api_timeout + self.heartbeat >= self.window() {
+            return Err(ConfigError::new(
+                "API attempt timeout (--api-timeout, --latitude-api-timeout)",
+                format!(
+                    "{} plus one heartbeat ({}) must be shorter than the rescue window \
+                     (heartbeat × missed heartbeats = {}): otherwise a create still on the wire \
+                     after a database restart could meet a second run of its creation; lower the \
+                     API timeout or raise --missed-heartbeats",
+                    format_duration(self.api_timeout),
+                    format_duration(self.heartbeat),
+                    format_duration(self.window()),
+                ),
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl Default for ProvisionerConfig {
@@ -305,6 +394,10 @@ impl Default for ProvisionerConfig {
             api_rate: API_RATE_DEFAULT,
             create_retry: CREATE_RETRY_DEFAULT,
             assimilate_retry: ASSIMILATE_RETRY_DEFAULT,
+            settle_window: SETTLE_WINDOW_DEFAULT,
+            rescue: Rescue::default(),
+            latitude_reads_per_minute: 60,
+            latitude_writes_per_minute: 20,
         }
     }
 }
@@ -339,6 +432,13 @@ impl ProvisionerConfig {
         if self.chunk_size == 0 {
             return Err(ConfigError::new(
                 "chunk size (--chunk-size)",
+                "must be at least 1",
+            ));
+        }
+        self.rescue.validate()?;
+        if self.latitude_reads_per_minute == 0 || self.latitude_writes_per_minute == 0 {
+            return Err(ConfigError::new(
+                "Latitude budgets (--latitude-reads-per-minute, --latitude-writes-per-minute)",
                 "must be at least 1",
             ));
         }

@@ -218,6 +218,12 @@ fn one_of_each() -> Vec<Event> {
             reason: "no job was left to end it".into(),
         }
         .into(),
+        CreationSettled {
+            reservation: r,
+            request: Uuid::new_v4(),
+            message: "nothing of ours after the settle window".into(),
+        }
+        .into(),
         AssimilationResumed {
             device: d.to_string(),
             reason: "no job was left to end it".into(),

@@ -127,6 +127,15 @@ async fn every_endpoint_answers_as_the_spec_says() {
     )
     .await;
     p.check(
+        FindProjectById,
+        Method::GET,
+        &format!("/projects/{project}"),
+        "/projects/{id}",
+        None,
+        200,
+    )
+    .await;
+    p.check(
         FindSshKeyById,
         Method::GET,
         &format!("/ssh-keys/{key_id}"),
@@ -641,6 +650,24 @@ mod latitude {
             "/servers/{server_id}",
             None,
             204,
+        )
+        .await;
+        p.check(
+            Call::GetSshKey,
+            Method::GET,
+            &format!("/ssh_keys/{key_id}"),
+            "/ssh_keys/{ssh_key_id}",
+            None,
+            200,
+        )
+        .await;
+        p.check(
+            Call::PutSshKey,
+            Method::PATCH,
+            &format!("/ssh_keys/{key_id}"),
+            "/ssh_keys/{ssh_key_id}",
+            Some(json!({"data": {"id": key_id, "type": "ssh_keys", "attributes": {"name": "k2"}}})),
+            200,
         )
         .await;
         p.check(

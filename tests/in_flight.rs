@@ -297,10 +297,14 @@ async fn a_rotated_ssh_key_is_looked_up_again_not_penalised(pool: PgPool) {
     assert_eq!(w.events("creation_given_up").await, 0);
 }
 
+/// A second run of a job row may follow a POST nobody saw: it starts by
+/// looking, never by creating, and never frees the slot on a look that
+/// failed. Only a look that succeeds and shows no device of ours lets it
+/// create; a definite refusal of that create then ends the creation.
 #[sqlx::test(migrations = false)]
 async fn a_rerun_of_the_same_job_never_frees_the_slot_on_a_guess(pool: PgPool) {
     let mut c = config(1);
-    c.create_retry.max_attempts = 1;
+    c.create_retry.max_attempts = 2;
     let w = World::with(pool, 3, c).await;
     let r = w.reconcile().await.enqueued[0];
     // The job row was claimed before (a worker killed after its POST): this
@@ -309,20 +313,30 @@ async fn a_rerun_of_the_same_job_never_frees_the_slot_on_a_guess(pool: PgPool) {
         .execute(&w.pool)
         .await
         .unwrap();
+    // Its look fails for as long as the client retries.
+    w.fake.set_faults(next(
+        Operation::FindHardwareReservationById,
+        1_000,
+        FaultKind::Status { status: 503 },
+    ));
+    match w.run_next().await {
+        Some(Ran::Create(CreateOutcome::Unresolved { .. })) => {}
+        other => panic!("a re-run whose look failed did not stay unknown: {other:?}"),
+    }
+    assert_eq!(w.fake.calls(Operation::CreateDevice), 0, "it created");
+    assert_eq!(w.events("creation_given_up").await, 0);
+    assert_eq!(w.in_flight().await, 1);
+    // The look succeeds and finds no device: the creation is known again,
+    // and its create, refused for good, ends it.
     w.fake.set_faults(next(
         Operation::CreateDevice,
         1,
         FaultKind::Status { status: 422 },
     ));
-    match w.run_next().await {
-        Some(Ran::Create(CreateOutcome::Unresolved { .. })) => {}
-        other => panic!("a re-run gave up on a guess: {other:?}"),
-    }
-    assert_eq!(w.events("creation_given_up").await, 0);
-    assert_eq!(w.in_flight().await, 1);
-    // The look finds no device: now the slot is freed, and penalised.
     w.make_due().await;
     w.drain().await;
+    assert_eq!(w.events("creation_settled").await, 1);
+    assert_eq!(w.fake.calls(Operation::CreateDevice), 1);
     assert_eq!(w.events("creation_given_up").await, 1);
     assert_eq!(w.in_flight().await, 0);
     assert!(w.has_penalty(r).await);

@@ -115,30 +115,66 @@ async fn every_call_works_against_the_fake() {
     ));
 }
 
+/// A create whose answer was lost after the server was made ends as
+/// unknown at once: no look, which a lagging listing could answer wrongly,
+/// and above all no second create. Only the caller settles it, after its
+/// settle window.
 #[tokio::test]
-async fn an_unseen_create_is_looked_up_by_hostname_not_sent_again() {
+async fn an_unseen_create_is_unknown_and_never_sent_again() {
     let fake = fake(roomy()).await;
     let c = client(&fake, 100);
-    fake.set_faults(
-        Faults::none().with_rule(
-            FaultRule::on(
-                Call::CreateServer,
-                FaultKind::AcceptThenFail { status: 502 },
-            )
-            .times(1),
-        ),
-    );
-    let created = c
-        .create_server(&request("shepherd-x", "DAL"))
+    for (n, kind) in [
+        FaultKind::AcceptThenFail { status: 502 },
+        FaultKind::GatewayTimeout {
+            status: 504,
+            hidden_ms: 60_000,
+        },
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        fake.set_faults(Faults::none().with_rule(FaultRule::on(Call::CreateServer, kind).times(1)));
+        let before = (fake.calls(Call::CreateServer), fake.calls(Call::GetServers));
+        let err = c
+            .create_server(&request(&format!("shepherd-x{n}"), "DAL"))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, LatitudeError::Ambiguous { .. }), "{err}");
+        assert_eq!(err.class(), ErrorClass::Ambiguous);
+        assert_eq!(
+            fake.calls(Call::CreateServer) - before.0,
+            1,
+            "the create was sent again"
+        );
+        assert_eq!(fake.calls(Call::GetServers), before.1, "it looked");
+    }
+    assert_eq!(fake.servers().len(), 2);
+}
+
+/// A connection that never opened sent nothing: that create is sent again.
+#[tokio::test]
+async fn a_create_that_could_not_connect_is_sent_again_later() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    drop(listener);
+    let mut config = LatitudeConfig::new(format!("http://{addr}"), "proj_x", ApiToken::new(KEY));
+    config.attempt_timeout = Duration::from_secs(1);
+    config.retry = RetrySettings {
+        initial_interval: Duration::from_millis(10),
+        max_interval: Duration::from_millis(20),
+        max_elapsed: Duration::from_millis(100),
+        ..RetrySettings::default()
+    };
+    let c = LatitudeClient::new(config).unwrap();
+    let err = c
+        .create_server(&request("shepherd-nowhere", "DAL"))
         .await
-        .unwrap();
-    assert!(created.recovered, "{created:?}");
-    assert_eq!(
-        fake.calls(Call::CreateServer),
-        1,
-        "the create was sent again"
+        .unwrap_err();
+    assert!(
+        matches!(err, LatitudeError::ConnectFailed { .. }),
+        "a refused connection is not an unknown create: {err}"
     );
-    assert_eq!(fake.servers().len(), 1);
+    assert_eq!(err.class(), ErrorClass::Transient);
 }
 
 #[tokio::test]

@@ -64,9 +64,7 @@ impl World {
         // The key's budgets are another test's subject (tests/latitude_client.rs).
         let free = || Arc::new(LocalPacer::new(Rate::UNLIMITED));
         let client = LatitudeClient::with_pacers(config, free(), free()).unwrap();
-        let provider = LatitudeProvider::new(client, pools.clone(), PREFIX.into())
-            .unwrap()
-            .with_locks(db.clone());
+        let provider = LatitudeProvider::new(client, pools.clone(), PREFIX.into()).unwrap();
         let config = ProvisionerConfig {
             max_machines,
             chunk_size: max_machines.max(1),
@@ -470,23 +468,37 @@ async fn a_failed_deployment_holds_its_place_and_is_reported(db: PgPool) {
 }
 
 /// A creation cut off mid-create (its attempt's deadline, a shutdown) must
-/// not leave its place locked: the lock lives on a connection of its own,
+/// not leave its unit locked: the lock lives on a connection of its own,
 /// which is closed rather than handed back to the pool still holding it.
+/// Its next run finds the unit free, settles the unknown create by looking,
+/// and leaves one server on the place whether the cut-off create reached
+/// the fake or not.
 #[sqlx::test(migrations = false)]
 async fn a_creation_cut_off_mid_create_leaves_no_lock_behind(db: PgPool) {
+    use shepherd::jobs::CreateDeviceArgs;
+    use shepherd::jobs::create_device::create_device;
     let w = World::new(db, 5, vec![pool("web", "DAL", 1)]).await;
     let unit = w.ctx.provider.units().await.unwrap().units[0].id;
     let request = uuid::Uuid::new_v4();
+    let mut tx = w.pool.begin().await.unwrap();
+    let (admitted, _) = shepherd::jobs::queue::admit(
+        &mut tx,
+        &[(unit, request)],
+        &shepherd::jobs::queue::Admission::default(),
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(admitted.len(), 1);
     w.fake.set_faults(Faults::none().with_latency(3_000, 0));
+    let args = CreateDeviceArgs::admitted(unit, request);
     let cut = tokio::time::timeout(
-        Duration::from_millis(500),
-        w.ctx
-            .provider
-            .create(unit, request, "", &w.ctx.creation_limiter),
+        Duration::from_millis(800),
+        create_device(&w.ctx, &args, "cut-off-run"),
     )
     .await;
     assert!(cut.is_err(), "the create finished inside its deadline");
-    // This place's lock only: tests running beside this one take advisory
+    // This unit's lock only: tests running beside this one take advisory
     // locks of their own. A bigint key shows as its two halves.
     let locks = || async {
         sqlx::query_scalar::<_, i64>(
@@ -497,7 +509,7 @@ async fn a_creation_cut_off_mid_create_leaves_no_lock_behind(db: PgPool) {
                and classid::bigint = (key.k >> 32) & 4294967295
                and objid::bigint = key.k & 4294967295",
         )
-        .bind(format!("latitude/place/{unit}"))
+        .bind(format!("place/{unit}"))
         .fetch_one(&w.pool)
         .await
         .unwrap()
@@ -511,15 +523,24 @@ async fn a_creation_cut_off_mid_create_leaves_no_lock_behind(db: PgPool) {
         tokio::time::sleep(Duration::from_millis(20)).await;
         held = locks().await;
     }
-    assert_eq!(held, 0, "the cut-off creation's place is still locked");
-    // The next run takes the place and leaves one server on it, whether
-    // the cut-off create reached the fake or not.
+    assert_eq!(held, 0, "the cut-off creation's unit is still locked");
+    // Its next run is unknown (the create may be on its way): it looks,
+    // and creates only if nothing of ours stands there.
     w.fake.set_faults(Faults::none());
-    w.ctx
-        .provider
-        .create(unit, request, "", &w.ctx.creation_limiter)
-        .await
-        .unwrap();
+    tokio::time::sleep(Duration::from_millis(3_000)).await;
+    let rerun = CreateDeviceArgs {
+        attempt: 2,
+        unknown: true,
+        ..args
+    };
+    let outcome = create_device(&w.ctx, &rerun, "next-run").await.unwrap();
+    assert!(
+        matches!(
+            outcome,
+            shepherd::jobs::create_device::CreateOutcome::Created { .. }
+        ),
+        "{outcome:?}"
+    );
     assert_eq!(w.fake.servers().len(), 1);
     assert_eq!(locks().await, 0);
 }

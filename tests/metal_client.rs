@@ -649,7 +649,10 @@ async fn creations_keep_their_spacing_when_every_api_slot_is_busy() {
         let pacer = &pacer;
         let req = create_request(*r, key, &r.to_string());
         async move {
-            client.create_device_paced(&req, pacer).await.unwrap();
+            client
+                .create_device_paced(&req, pacer, &shepherd::provider::discipline::Open)
+                .await
+                .unwrap();
         }
     });
     futures::future::join(

@@ -178,6 +178,9 @@ events! {
     /// a timeout after the request was sent): it stays in flight, and is
     /// settled by looking at the reservation for its witness.
     CreationUnresolved = "creation_unresolved", 1 { reservation: Uuid, request: Uuid, attempt: u32, message: String }
+    /// An unknown creation's settle window passed and a look found nothing
+    /// of ours on the unit: the creation is known again, and may create.
+    CreationSettled = "creation_settled", 1 { reservation: Uuid, request: Uuid, message: String }
     /// A creation in flight had no job left to end it (a crash, a killed or
     /// pruned job); the sweep gave it one.
     CreationResumed = "creation_resumed", 1 { reservation: Uuid, request: Uuid, reason: String }
@@ -287,6 +290,7 @@ impl Event {
             Event::ReconcileCoalesced(e) => Stream::Reconcile(e.run),
             Event::CreationUnresolved(e) => Stream::Reservation(e.reservation),
             Event::CreationResumed(e) => Stream::Reservation(e.reservation),
+            Event::CreationSettled(e) => Stream::Reservation(e.reservation),
             Event::AssimilationResumed(e) => Stream::Device(e.device.clone()),
             Event::MachineReleased(e) => Stream::Device(e.provider_id.clone()),
             Event::SettingsChanged(_) => Stream::Settings,

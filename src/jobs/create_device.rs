@@ -1,14 +1,23 @@
-//! CreateDevice: one attempt at making a device on one reservation.
+//! CreateDevice: one attempt at making a machine on one unit of capacity.
 //!
-//! An attempt waits for the cluster-wide creation limiter, calls the
-//! idempotent `create_device` with a witness derived from the request (stable
-//! across attempts and crashes), and commits the outcome with what follows
-//! from it in one transaction: the device and its Assimilate job; or the
-//! failure and a delayed successor attempt; or the penalty that ends it.
+//! An attempt takes its unit's lock (one owner per unit at every moment,
+//! `place.rs`), waits for the cluster-wide creation limiter, and calls the
+//! provider's create with a witness derived from the request (stable across
+//! attempts and crashes) and a fence asked right before the create leaves.
+//! It commits the outcome with what follows from it in one transaction:
+//! the machine and its Assimilate job; or the failure and a delayed
+//! successor; or the penalty that ends it.
+//!
+//! A create whose answer was not seen is unknown, never failed: the unit
+//! stays held by the creation, and its successors only look (never create)
+//! until a look after the cluster's settle window finds nothing of ours,
+//! on a provider that does not itself refuse a second machine on a unit
+//! (`Provider::one_machine_per_unit`). A failed look is unknown too.
 
-use chrono::{TimeDelta, Utc};
+use chrono::{DateTime, TimeDelta, Utc};
 use uuid::Uuid;
 
+use super::place::PlaceLock;
 use super::queue;
 use super::{AssimilateArgs, CreateDeviceArgs, JobContext, JobError};
 use crate::cluster::ClusterSettings;
@@ -97,6 +106,7 @@ impl CreateOutcome {
         }
     }
 }
+
 pub async fn create_device(
     ctx: &JobContext,
     args: &CreateDeviceArgs,
@@ -122,8 +132,16 @@ pub async fn create_device(
         _ => Default::default(),
     };
     let settings = ctx.adopt(&stored)?;
+    let rerun = rerun.unwrap_or(false);
     let args = &CreateDeviceArgs {
-        unknown: args.unknown || rerun.unwrap_or(false),
+        unknown: args.unknown || rerun,
+        // An earlier run of this very row may have sent a create a moment
+        // ago, whatever its arguments said: the window starts now.
+        unknown_since: if rerun {
+            Some(Utc::now())
+        } else {
+            args.unknown_since
+        },
         ..args.clone()
     };
     let ours = args.request.to_string();
@@ -159,17 +177,87 @@ pub async fn create_device(
             }
         }
     }
-    if args.verify {
-        return verify(ctx, &settings, args, job_id).await;
+    let Some(lock) = PlaceLock::try_take(&ctx.pool, args.reservation).await? else {
+        // Another run holds the unit (a duplicate run of this job, a run
+        // still going that was presumed dead, a deletion or assimilation
+        // of a machine on it): this one comes back later.
+        let busy = ProviderError::new(
+            ErrorClass::Transient,
+            "another run holds the unit; it is looked at again later",
+        );
+        let since = args
+            .unknown
+            .then(|| args.unknown_since.unwrap_or_else(Utc::now));
+        return retry_later(ctx, args, job_id, &busy, since).await;
+    };
+    let outcome = holding(ctx, &settings, args, job_id, &lock).await;
+    lock.release().await;
+    outcome
+}
+
+/// The attempt proper, while `lock` holds the unit.
+async fn holding(
+    ctx: &JobContext,
+    settings: &ClusterSettings,
+    args: &CreateDeviceArgs,
+    job_id: &str,
+    lock: &PlaceLock,
+) -> Result<CreateOutcome, JobError> {
+    let ours = args.request.to_string();
+    let standing = match lock.standing().await {
+        Ok(s) => s,
+        Err(reason) => {
+            let since = args
+                .unknown
+                .then(|| args.unknown_since.unwrap_or_else(Utc::now));
+            let e = ProviderError::new(ErrorClass::Transient, reason);
+            return retry_later(ctx, args, job_id, &e, since).await;
+        }
+    };
+    if standing.owner.as_deref() != Some(ours.as_str()) {
+        return Ok(not_owner());
+    }
+    if standing.machines > 0 {
+        // A machine of ours stands on the unit now (an operator assimilated
+        // one): this creation ends, and the unit is not penalised for it.
+        return place_taken(ctx, args, job_id).await;
+    }
+    if args.unknown || args.verify {
+        match settle(ctx, settings, args, job_id).await? {
+            Looked::Done(outcome) => return Ok(outcome),
+            Looked::Nothing if args.verify => {
+                let cause = "no machine of ours appeared within the settle window after an \
+                             unknown outcome; the creation failed"
+                    .to_string();
+                return give_up(
+                    ctx,
+                    settings,
+                    args,
+                    job_id,
+                    ErrorClass::Ambiguous,
+                    cause,
+                    None,
+                )
+                .await;
+            }
+            Looked::Nothing => {}
+        }
     }
 
     // The attempt's budget covers the wait for the limiter and the API's own
     // retries; when it runs out the attempt's outcome is unknown, and the
     // next one starts by looking for what this one may have made.
+    let fence = lock.creation(args.request);
     let attempt = async {
         let key = ctx.ssh_key_id().await?;
         ctx.provider
-            .create(args.reservation, args.request, &key, &ctx.creation_limiter)
+            .create(
+                args.reservation,
+                args.request,
+                &key,
+                &ctx.creation_limiter,
+                &fence,
+            )
             .await
     };
     let result = tokio::time::timeout(ctx.config.create_retry.timeout, attempt)
@@ -186,10 +274,13 @@ pub async fn create_device(
         Err(ProviderError {
             failure: Failure::RaceLost { other },
             ..
-        }) => race_lost(ctx, &settings, args, job_id, other).await,
+        }) => race_lost(ctx, settings, args, job_id, other).await,
         Err(e) => {
-            let unknown =
-                args.unknown || matches!(e.class, ErrorClass::Ambiguous | ErrorClass::Cancelled);
+            // Only this attempt's create can be unknown here: an earlier
+            // unknown one was settled above, or the attempt would not have
+            // been made.
+            let unseen = matches!(e.class, ErrorClass::Ambiguous | ErrorClass::Cancelled);
+            let unknown_since = unseen.then(Utc::now);
             let key_refused = e.failure == Failure::SshKeyRefused;
             if key_refused {
                 // Rotated or deleted at the provider: the next attempt
@@ -198,9 +289,9 @@ pub async fn create_device(
             }
             let worth_another = retryable(&e) || key_refused;
             if worth_another && args.attempt < ctx.config.create_retry.max_attempts {
-                retry_later(ctx, args, job_id, &e, unknown).await
-            } else if unknown {
-                unresolved(ctx, args, job_id, &e.to_string()).await
+                retry_later(ctx, args, job_id, &e, unknown_since).await
+            } else if let Some(since) = unknown_since {
+                unresolved(ctx, args, job_id, &e.to_string(), since).await
             } else {
                 let cause = if worth_another {
                     format!("gave up after {} attempts: {e}", args.attempt)
@@ -211,10 +302,178 @@ pub async fn create_device(
                     Failure::OutOfStock { scope } => scope,
                     _ => None,
                 };
-                give_up(ctx, &settings, args, job_id, e.class, cause, scope).await
+                give_up(ctx, settings, args, job_id, e.class, cause, scope).await
             }
         }
     }
+}
+
+/// What a look at an unknown creation's unit found.
+enum Looked {
+    /// The creation ended (its machine found, the unit taken by another
+    /// party) or stays unknown with a successor enqueued.
+    Done(CreateOutcome),
+    /// Nothing of ours, in a look that can be trusted: the settle window
+    /// has passed (or the provider refuses a second machine on a unit).
+    Nothing,
+}
+
+/// Settles an unknown creation by looking for its witness, never by
+/// creating: the look is trusted to say "nothing" only once the settle
+/// window since the unseen create has passed, since a provider's listings
+/// can lag behind its creates. Anything less keeps the unit held.
+async fn settle(
+    ctx: &JobContext,
+    settings: &ClusterSettings,
+    args: &CreateDeviceArgs,
+    job_id: &str,
+) -> Result<Looked, JobError> {
+    let since = args.unknown_since.unwrap_or_else(Utc::now);
+    let settled_at = if ctx.provider.one_machine_per_unit() {
+        since
+    } else {
+        since + TimeDelta::from_std(settings.settle_window).unwrap_or(TimeDelta::MAX)
+    };
+    let looked = ctx
+        .provider
+        .find_created(args.reservation, args.request)
+        .await;
+    Ok(match looked {
+        Ok(Some(created)) => Looked::Done(created_outcome(ctx, args, job_id, created).await?),
+        Err(ProviderError {
+            failure: Failure::RaceLost { other },
+            ..
+        }) => Looked::Done(race_lost(ctx, settings, args, job_id, other).await?),
+        // No machine of ours can stand on a unit the provider does not know.
+        Err(e) if e.not_found() => {
+            Looked::Done(give_up(ctx, settings, args, job_id, e.class, e.to_string(), None).await?)
+        }
+        Ok(None) if Utc::now() >= settled_at => {
+            let mut tx = ctx.pool.begin().await?;
+            record(
+                &mut tx,
+                vec![
+                    NewEvent::new(CreationSettled {
+                        reservation: args.reservation,
+                        request: args.request,
+                        message: format!(
+                            "nothing of ours on the unit at {} after an unknown outcome at {since}",
+                            Utc::now()
+                        ),
+                    })
+                    .caused_by(job_id),
+                ],
+            )
+            .await?;
+            tx.commit().await?;
+            Looked::Nothing
+        }
+        Ok(None) => Looked::Done(
+            still_unknown(
+                ctx,
+                args,
+                job_id,
+                since,
+                settled_at,
+                format!("nothing of ours is seen yet; a look after {settled_at} settles it"),
+            )
+            .await?,
+        ),
+        Err(e) => Looked::Done(
+            still_unknown(
+                ctx,
+                args,
+                job_id,
+                since,
+                settled_at,
+                format!("looking failed: {e}"),
+            )
+            .await?,
+        ),
+    })
+}
+
+/// The creation stays unknown: recorded, and a successor looks again,
+/// before the settle window ends if the backoff comes first (the machine
+/// may show up early), and once it has passed.
+async fn still_unknown(
+    ctx: &JobContext,
+    args: &CreateDeviceArgs,
+    job_id: &str,
+    since: DateTime<Utc>,
+    settled_at: DateTime<Utc>,
+    message: String,
+) -> Result<CreateOutcome, JobError> {
+    let next_attempt = args.attempt + 1;
+    let backoff = ctx.config.create_retry.backoff(next_attempt);
+    let until_settled = (settled_at - Utc::now()).to_std().unwrap_or_default();
+    let after = if until_settled.is_zero() {
+        backoff
+    } else {
+        backoff.min(until_settled + std::time::Duration::from_millis(100))
+    };
+    tracing::warn!(reservation = %args.reservation, %message, "creation outcome still unknown");
+    let mut tx = ctx.pool.begin().await?;
+    record(
+        &mut tx,
+        vec![
+            NewEvent::new(CreationUnresolved {
+                reservation: args.reservation,
+                request: args.request,
+                attempt: args.attempt,
+                message,
+            })
+            .caused_by(job_id),
+        ],
+    )
+    .await?;
+    let successor = CreateDeviceArgs {
+        attempt: next_attempt,
+        admitted: true,
+        unknown: true,
+        unknown_since: Some(since),
+        // Out of attempts: only looks from here on, until it can tell.
+        verify: args.verify || next_attempt > ctx.config.create_retry.max_attempts,
+        ..args.clone()
+    };
+    queue::push_create_device(&mut tx, &successor, Some(at(after))).await?;
+    tx.commit().await?;
+    Ok(CreateOutcome::Unresolved {
+        next_attempt,
+        after,
+    })
+}
+
+/// A machine of ours stands on the unit (an operator assimilated one while
+/// this creation waited): the creation ends, without a penalty.
+async fn place_taken(
+    ctx: &JobContext,
+    args: &CreateDeviceArgs,
+    job_id: &str,
+) -> Result<CreateOutcome, JobError> {
+    let cause = "a machine of ours stands on the unit now; this creation ends".to_string();
+    let mut tx = ctx.pool.begin().await?;
+    if !still_owns(&mut tx, args).await? {
+        return Ok(not_owner());
+    }
+    record(
+        &mut tx,
+        vec![
+            NewEvent::new(CreationGivenUp {
+                reservation: args.reservation,
+                class: ErrorClass::Permanent,
+                message: cause.clone(),
+                request: Some(args.request),
+            })
+            .caused_by(job_id),
+        ],
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(CreateOutcome::GivenUp {
+        class: ErrorClass::Permanent,
+        cause,
+    })
 }
 
 /// Records the device and enqueues its assimilation, in one transaction.
@@ -266,7 +525,7 @@ async fn retry_later(
     args: &CreateDeviceArgs,
     job_id: &str,
     e: &ProviderError,
-    unknown: bool,
+    unknown_since: Option<DateTime<Utc>>,
 ) -> Result<CreateOutcome, JobError> {
     let next_attempt = args.attempt + 1;
     let after = ctx.config.create_retry.backoff(next_attempt);
@@ -287,7 +546,8 @@ async fn retry_later(
     let successor = CreateDeviceArgs {
         attempt: next_attempt,
         admitted: true,
-        unknown,
+        unknown: unknown_since.is_some(),
+        unknown_since,
         ..args.clone()
     };
     queue::push_create_device(&mut tx, &successor, Some(at(after))).await?;
@@ -305,6 +565,7 @@ async fn unresolved(
     args: &CreateDeviceArgs,
     job_id: &str,
     message: &str,
+    since: DateTime<Utc>,
 ) -> Result<CreateOutcome, JobError> {
     let next_attempt = args.attempt + 1;
     let after = ctx.config.create_retry.backoff(next_attempt);
@@ -327,6 +588,7 @@ async fn unresolved(
         attempt: next_attempt,
         admitted: true,
         unknown: true,
+        unknown_since: Some(since),
         verify: true,
         ..args.clone()
     };
@@ -336,45 +598,6 @@ async fn unresolved(
         next_attempt,
         after,
     })
-}
-
-/// Settles an unknown outcome by looking at the reservation for the witness.
-async fn verify(
-    ctx: &JobContext,
-    settings: &ClusterSettings,
-    args: &CreateDeviceArgs,
-    job_id: &str,
-) -> Result<CreateOutcome, JobError> {
-    match ctx
-        .provider
-        .find_created(args.reservation, args.request)
-        .await
-    {
-        Ok(Some(created)) => created_outcome(ctx, args, job_id, created).await,
-        Ok(None) => {
-            let cause = "no device of ours exists after an unknown outcome; the creation failed"
-                .to_string();
-            give_up(
-                ctx,
-                settings,
-                args,
-                job_id,
-                ErrorClass::Ambiguous,
-                cause,
-                None,
-            )
-            .await
-        }
-        Err(ProviderError {
-            failure: Failure::RaceLost { other },
-            ..
-        }) => race_lost(ctx, settings, args, job_id, other).await,
-        // No device of ours can stand on a reservation the provider does not know.
-        Err(e) if e.not_found() => {
-            give_up(ctx, settings, args, job_id, e.class, e.to_string(), None).await
-        }
-        Err(e) => unresolved(ctx, args, job_id, &format!("looking failed: {e}")).await,
-    }
 }
 
 async fn race_lost(
@@ -394,7 +617,7 @@ async fn race_lost(
         other_device: other_device.clone(),
         request: Some(args.request),
     })];
-    events.push(
+    events.extend(
         penalty(
             settings,
             &mut tx,
@@ -436,7 +659,7 @@ async fn give_up(
         message: cause.clone(),
         request: Some(args.request),
     })];
-    events.push(penalty(settings, &mut tx, args.reservation, &cause, class, scope).await?);
+    events.extend(penalty(settings, &mut tx, args.reservation, &cause, class, scope).await?);
     record(
         &mut tx,
         events.into_iter().map(|e| e.caused_by(job_id)).collect(),
@@ -489,6 +712,9 @@ fn retryable(e: &ProviderError) -> bool {
     )
 }
 
+/// The unit's penalty for a failed creation: growing with its failures,
+/// and none while a machine of ours stands on it (a managed unit is never
+/// penalised; the creation that failed there was not its machine's).
 async fn penalty(
     settings: &ClusterSettings,
     conn: &mut sqlx::PgConnection,
@@ -496,18 +722,28 @@ async fn penalty(
     cause: &str,
     class: ErrorClass,
     scope: Option<String>,
-) -> Result<NewEvent, JobError> {
+) -> Result<Option<NewEvent>, JobError> {
+    let standing: bool = sqlx::query_scalar(
+        "select exists(select 1 from shepherd.managed_machines where reservation_id = $1)
+             or exists(select 1 from shepherd.unassimilated_devices where reservation_id = $1)",
+    )
+    .bind(reservation)
+    .fetch_one(&mut *conn)
+    .await?;
+    if standing {
+        return Ok(None);
+    }
     let failures = views::penalty(conn, reservation)
         .await?
         .map_or(0, |p| p.failures.max(0) as u32);
     let duration = settings.penalty.duration(failures);
-    Ok(NewEvent::new(ReservationPenalised {
+    Ok(Some(NewEvent::new(ReservationPenalised {
         reservation,
         until: Utc::now() + TimeDelta::from_std(duration).unwrap_or(TimeDelta::MAX),
         cause: cause.to_string(),
         class: Some(class),
         scope,
-    }))
+    })))
 }
 
 /// A job pushed from SQL passes the capacity check here, before any API call.

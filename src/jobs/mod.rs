@@ -13,6 +13,7 @@ pub mod assimilate;
 pub mod create_device;
 pub mod manage;
 pub mod pass;
+pub mod place;
 pub mod queue;
 pub mod reconcile;
 pub mod sweep;
@@ -68,6 +69,11 @@ pub struct CreateDeviceArgs {
     /// so this creation ends only after looking.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub unknown: bool,
+    /// When the create whose answer was not seen may have been sent: the
+    /// settle window runs from here. Absent with `unknown` (a sweep's
+    /// resumption): the window starts when the job runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unknown_since: Option<chrono::DateTime<chrono::Utc>>,
     /// Only look for the device (no POST): the creation's outcome is
     /// unknown and its attempts are spent.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -85,6 +91,7 @@ impl CreateDeviceArgs {
             requested_by: None,
             sinbin_override: None,
             unknown: false,
+            unknown_since: None,
             verify: false,
         }
     }

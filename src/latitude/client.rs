@@ -20,6 +20,9 @@ pub const BASE_URL_DEFAULT: &str = "https://api.latitude.sh";
 /// The size the official tools use; the API documents no maximum.
 pub const PAGE_SIZE_DEFAULT: u32 = 100;
 const MAX_PAGES: u32 = 10_000;
+/// Readings of a listing that keeps changing under its reader before the
+/// listing is given up as unreadable.
+const LISTING_READS: u32 = 3;
 const MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
 
 #[derive(Debug, Clone)]
@@ -296,6 +299,14 @@ impl LatitudeClient {
                         ),
                     });
                 }
+                // A connection that never opened carried nothing: the one
+                // transport failure that proves a write was not done.
+                Ok(Err(e)) if e.is_connect() => {
+                    return Err(LatitudeError::ConnectFailed {
+                        call,
+                        reason: crate::provider::discipline::describe_transport_error(&e),
+                    });
+                }
                 Ok(Err(e)) => {
                     return Err(LatitudeError::Transient {
                         call,
@@ -345,7 +356,9 @@ impl LatitudeClient {
             }
             (404, _) => LatitudeError::NotFound { call },
             (401 | 403, _) => LatitudeError::Unauthorized { call, status },
-            (422, Some("SERVERS_OUT_OF_STOCK")) => LatitudeError::OutOfStock { call, detail },
+            (422, code) if out_of_stock(code.as_deref(), &detail) => {
+                LatitudeError::OutOfStock { call, detail }
+            }
             (s, _) if s >= 500 => LatitudeError::Transient {
                 call,
                 reason: format!("{s}: {detail}"),
@@ -415,23 +428,34 @@ impl LatitudeClient {
         public_key: &str,
     ) -> Result<String, LatitudeError> {
         let call = "get-ssh-keys";
-        let keys: Envelope<Vec<SshKey>> = self
-            .read(
-                call,
-                "/ssh_keys",
-                &[
-                    ("filter[project]", self.inner.project.clone()),
-                    ("page[size]", "100".into()),
-                ],
-            )
-            .await?;
         let wanted = public_key.trim();
-        if let Some(k) = keys
-            .data
-            .iter()
-            .find(|k| k.attributes.public_key.as_deref().map(str::trim) == Some(wanted))
-        {
-            return Ok(k.id.clone());
+        let mut found = None;
+        for number in 1..=MAX_PAGES {
+            let page: Page<SshKey> = self
+                .read(
+                    call,
+                    "/ssh_keys",
+                    &[
+                        ("filter[project]", self.inner.project.clone()),
+                        ("page[size]", self.inner.page_size.to_string()),
+                        ("page[number]", number.to_string()),
+                    ],
+                )
+                .await?;
+            let short = page.data.len() < self.inner.page_size as usize;
+            // The same key whatever its comment: its type and body.
+            found = page.data.into_iter().find(|k| {
+                k.attributes
+                    .public_key
+                    .as_deref()
+                    .is_some_and(|have| same_key(have, wanted))
+            });
+            if found.is_some() || short {
+                break;
+            }
+        }
+        if let Some(k) = found {
+            return Ok(k.id);
         }
         let call = "post-ssh-key";
         let body = json!({"data": {"type": "ssh_keys", "attributes": {
@@ -473,34 +497,78 @@ impl LatitudeClient {
 
     // ----- servers -----
 
-    /// The project's servers, page by page until a short page (the API
-    /// gives no total), optionally only those with this exact hostname.
+    /// The project's servers (optionally only those with this exact
+    /// hostname), read whole. The first page asks for the total
+    /// (`stats[total]=count`) and the pages are sorted by creation, so
+    /// servers made meanwhile come last; a listing that read fewer servers
+    /// than the total (one deleted mid-way shifts the pages under the
+    /// reader) is read again, and a page the API capped below the size
+    /// asked for does not end it early.
     pub async fn list_servers(&self, hostname: Option<&str>) -> Result<Vec<Server>, LatitudeError> {
+        let mut short = (0, 0);
+        for _ in 0..LISTING_READS {
+            let (servers, read, total) = self.list_servers_once(hostname).await?;
+            match total {
+                Some(total) if read < total => short = (read, total),
+                _ => return Ok(servers),
+            }
+        }
+        Err(LatitudeError::Undecodable {
+            call: "get-servers",
+            status: 200,
+            detail: format!(
+                "the listing changed while it was read, {LISTING_READS} times (last: {} servers read, {} counted)",
+                short.0, short.1
+            ),
+        })
+    }
+
+    /// One reading of the listing: the servers kept, how many distinct
+    /// servers the pages held, and the total the first page counted.
+    async fn list_servers_once(
+        &self,
+        hostname: Option<&str>,
+    ) -> Result<(Vec<Server>, u64, Option<u64>), LatitudeError> {
         let call = "get-servers";
         let mut seen = HashSet::new();
         let mut out = vec![];
+        let mut total = None;
+        let mut size = self.inner.page_size as usize;
         for number in 1..=MAX_PAGES {
             let mut query = vec![
                 ("filter[project]", self.inner.project.clone()),
                 ("page[size]", self.inner.page_size.to_string()),
                 ("page[number]", number.to_string()),
+                ("sort", "created_at".to_string()),
             ];
+            if number == 1 {
+                query.push(("stats[total]", "count".to_string()));
+            }
             if let Some(h) = hostname {
                 query.push(("filter[hostname]", h.to_string()));
             }
-            let page: Envelope<Vec<Server>> = self.read(call, "/servers", &query).await?;
-            let short = page.data.len() < self.inner.page_size as usize;
+            let page: Page<Server> = self.read(call, "/servers", &query).await?;
+            if number == 1 {
+                total = page.total();
+                // A first page shorter than asked while the total says more
+                // follow: the API caps its pages, and its cap is the size.
+                if total.is_some_and(|t| t as usize > page.data.len()) && !page.data.is_empty() {
+                    size = size.min(page.data.len());
+                }
+            }
+            let short = page.data.len() < size;
             for s in page.data {
-                // The filter's match is not documented as exact: check it.
-                if hostname.is_some_and(|h| s.hostname() != Some(h)) {
+                if !seen.insert(s.id.clone()) {
                     continue;
                 }
-                if seen.insert(s.id.clone()) {
+                // The filter's match is not documented as exact: check it.
+                if hostname.is_none_or(|h| s.hostname() == Some(h)) {
                     out.push(s);
                 }
             }
-            if short {
-                return Ok(out);
+            let done = total.is_some_and(|t| seen.len() as u64 >= t);
+            if short || done {
+                return Ok((out, seen.len() as u64, total));
             }
         }
         Err(LatitudeError::Undecodable {
@@ -527,21 +595,22 @@ impl LatitudeClient {
         Ok(e.data)
     }
 
-    /// Creates a server, never twice for one hostname: an attempt whose
-    /// answer was not seen (a timeout, a broken connection, a 5xx, an
-    /// unreadable 201) is followed by a look for the hostname, and only if
-    /// nothing carries it by another create. A 429 was not counted, so it is
-    /// sent again after the wait. Out of stock and refusals end it; a
-    /// retry budget spent on unseen answers ends as `Ambiguous`: the
-    /// caller must look again later.
+    /// Creates a server, never twice for one hostname. An attempt whose
+    /// answer was not seen (a timeout, a broken connection, a 5xx from the
+    /// API or a gateway in front of it, an unreadable 201) ends the call as
+    /// `Ambiguous` at once: the server may exist, and the listings that
+    /// would show it can lag, so only the caller can settle it, by looking
+    /// after a settle window. A 429 and a connection that never opened
+    /// sent nothing, so those are sent again after the wait. Out of stock
+    /// and refusals end it.
     pub async fn create_server(&self, req: &CreateServer) -> Result<Created, LatitudeError> {
         self.create_server_fenced(req, || async { Ok(()) }).await
     }
 
     /// [`LatitudeClient::create_server`], asking `fence` before every POST
     /// whether this caller may still send one (it still holds the lock
-    /// that makes it the only sender for the hostname). A refusal ends the
-    /// call: as unknown if an earlier POST's answer was not seen.
+    /// that makes it the only sender for the hostname). A refusal sends
+    /// nothing and ends the call as `NotSent`.
     pub async fn create_server_fenced<F, Fut>(
         &self,
         req: &CreateServer,
@@ -562,60 +631,58 @@ impl LatitudeClient {
         }}});
         let mut backoff = self.inner.retry.backoff();
         let mut attempts = 0u32;
-        let mut unseen = false;
         loop {
             attempts += 1;
-            if unseen && let Some(server) = self.find_by_hostname(&req.hostname).await? {
-                return Ok(Created {
-                    server,
-                    recovered: true,
-                    attempts,
-                });
-            }
-            let ambiguous = |reason: String| LatitudeError::Ambiguous { call, reason };
+            let unseen = |reason: String| LatitudeError::Ambiguous { call, reason };
             let err = match self
                 .attempt_fenced(call, Method::POST, "/servers", &[], Some(&body), &fence)
                 .await
             {
                 Err(LatitudeError::NotSent { reason, .. }) => {
-                    let reason = format!("no longer the only sender for this hostname: {reason}");
-                    return Err(if unseen {
-                        ambiguous(reason)
-                    } else {
-                        LatitudeError::Transient { call, reason }
+                    return Err(LatitudeError::NotSent {
+                        call,
+                        reason: format!("no longer the only sender for this hostname: {reason}"),
                     });
                 }
-                Ok(a) if a.status == 201 => match decode::<Envelope<Server>>(call, &a) {
-                    Ok(e) => {
-                        return Ok(Created {
+                Ok(a) if a.status == 201 => {
+                    return match decode::<Envelope<Server>>(call, &a) {
+                        Ok(e) => Ok(Created {
                             server: e.data,
                             recovered: false,
                             attempts,
-                        });
-                    }
-                    Err(e) => {
-                        unseen = true;
-                        ambiguous(e.to_string())
-                    }
-                },
-                Ok(a) => {
-                    unseen = true;
-                    ambiguous(format!("unexpected status {}", a.status))
+                        }),
+                        Err(e) => Err(unseen(format!("the create was accepted: {e}"))),
+                    };
                 }
-                Err(e @ LatitudeError::RateLimited { .. }) => e,
-                Err(LatitudeError::Transient { reason, .. }) => {
-                    unseen = true;
-                    ambiguous(reason)
+                Ok(a) => return Err(unseen(format!("unexpected status {}", a.status))),
+                Err(
+                    e @ (LatitudeError::RateLimited { .. } | LatitudeError::ConnectFailed { .. }),
+                ) => e,
+                Err(LatitudeError::Transient { reason, .. }) => return Err(unseen(reason)),
+                Err(LatitudeError::Undecodable { status, detail, .. }) if status >= 500 => {
+                    return Err(unseen(format!("{status}: {detail}")));
                 }
                 Err(e) => return Err(e),
             };
             let Some(wait) = next_wait(&mut backoff, &err) else {
                 return Err(err);
             };
-            tracing::info!(call, attempt = attempts, wait_ms = wait.as_millis() as u64, error = %err, "create not done; looking again after a wait");
+            tracing::info!(call, attempt = attempts, wait_ms = wait.as_millis() as u64, error = %err, "create not sent; sending it after a wait");
             tokio::time::sleep(wait).await;
         }
     }
+}
+
+/// Whether a 422 says the plan is out of stock in the site: the code the
+/// API documents, or (answers were seen without it) its words.
+fn out_of_stock(code: Option<&str>, detail: &str) -> bool {
+    if code.is_some_and(|c| c.eq_ignore_ascii_case("SERVERS_OUT_OF_STOCK")) {
+        return true;
+    }
+    let detail = detail.to_ascii_lowercase();
+    ["out of stock", "no stock", "stock availability"]
+        .iter()
+        .any(|words| detail.contains(words))
 }
 
 fn decode<T: DeserializeOwned>(call: &'static str, a: &Answer) -> Result<T, LatitudeError> {
@@ -624,6 +691,16 @@ fn decode<T: DeserializeOwned>(call: &'static str, a: &Answer) -> Result<T, Lati
         status: a.status,
         detail: e.to_string(),
     })
+}
+
+/// Two OpenSSH public keys are the same key when their type and body are,
+/// whatever their comments.
+fn same_key(a: &str, b: &str) -> bool {
+    fn key(k: &str) -> Vec<&str> {
+        k.split_whitespace().take(2).collect()
+    }
+    let (a, b) = (key(a), key(b));
+    a.len() == 2 && a == b
 }
 
 /// A `Retry-After` header in seconds, should the API ever send one.

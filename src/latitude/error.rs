@@ -27,6 +27,9 @@ pub enum LatitudeError {
     },
     #[error("{call}: transient failure: {reason}")]
     Transient { call: &'static str, reason: String },
+    /// No connection could be opened: nothing was sent.
+    #[error("{call}: {reason}")]
+    ConnectFailed { call: &'static str, reason: String },
     /// Not sent: the caller's fence refused right before the request left.
     #[error("{call}: not sent: {reason}")]
     NotSent { call: &'static str, reason: String },
@@ -44,9 +47,9 @@ pub enum LatitudeError {
 impl LatitudeError {
     pub fn class(&self) -> ErrorClass {
         match self {
-            LatitudeError::Transient { .. } | LatitudeError::NotSent { .. } => {
-                ErrorClass::Transient
-            }
+            LatitudeError::Transient { .. }
+            | LatitudeError::NotSent { .. }
+            | LatitudeError::ConnectFailed { .. } => ErrorClass::Transient,
             LatitudeError::RateLimited { .. } => ErrorClass::RateLimited,
             LatitudeError::Ambiguous { .. } => ErrorClass::Ambiguous,
             LatitudeError::Undecodable { status, .. } if *status >= 500 => ErrorClass::Transient,

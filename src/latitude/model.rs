@@ -12,6 +12,39 @@ pub struct Envelope<T> {
     pub data: T,
 }
 
+/// A page of a listing: its items, and the total when `stats[total]=count`
+/// was asked for (`{"meta": {"stats": {"total": {"count": N}}}}`).
+#[derive(Debug, Deserialize)]
+pub struct Page<T> {
+    pub data: Vec<T>,
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub meta: PageMeta,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct PageMeta {
+    #[serde(default)]
+    pub stats: Option<PageStats>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct PageStats {
+    #[serde(default)]
+    pub total: Option<PageTotal>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct PageTotal {
+    #[serde(default)]
+    pub count: Option<u64>,
+}
+
+impl<T> Page<T> {
+    pub fn total(&self) -> Option<u64> {
+        self.meta.stats.as_ref()?.total.as_ref()?.count
+    }
+}
+
 /// A JSON:API resource: id, type, attributes.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(bound(deserialize = "A: Deserialize<'de> + Default"))]

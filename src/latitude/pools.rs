@@ -63,7 +63,9 @@ impl FromStr for Pool {
         let pool = Pool {
             name: take("name")?.to_string(),
             plan: take("plan")?.to_string(),
-            site: take("site")?.to_string(),
+            // The API's sites are upper-case (`DAL`); one typed `dal` is
+            // the same site.
+            site: take("site")?.to_ascii_uppercase(),
             count: take("count")?
                 .parse()
                 .map_err(|_| format!("pool {s:?}: count= is not a whole number"))?,

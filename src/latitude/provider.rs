@@ -29,7 +29,7 @@ use crate::limiter::Limiter;
 use crate::provider::ErrorClass;
 use crate::provider::discipline::Pacer;
 use crate::provider::{
-    Created, Failure, Inventory, Machine, MachineFacts, PoolReport, PoolStock, Provider,
+    Created, Failure, Fence, Inventory, Machine, MachineFacts, PoolReport, PoolStock, Provider,
     ProviderError, ProviderResult, Survey, Unit,
 };
 
@@ -42,8 +42,6 @@ const UNIT_NAMESPACE: Uuid = Uuid::from_u128(0x5e3a_77c2_1b0d_4f7e_9a61_3c2e_8d4
 #[derive(Debug, Clone)]
 pub struct LatitudeProvider {
     client: LatitudeClient,
-    /// Where creations lock their place, cluster-wide (see `create`).
-    locks: Option<sqlx::PgPool>,
     pools: Arc<Vec<Pool>>,
     prefix: String,
     /// Unit id → (pool, place).
@@ -61,7 +59,6 @@ impl LatitudeProvider {
         }
         Ok(LatitudeProvider {
             client,
-            locks: None,
             pools: Arc::new(pools),
             prefix,
             places: Arc::new(places),
@@ -70,15 +67,6 @@ impl LatitudeProvider {
 
     pub fn client(&self) -> &LatitudeClient {
         &self.client
-    }
-
-    /// Creations lock their place in this database for as long as they
-    /// may send a create. Latitude lets two creates carry one hostname, so
-    /// two runs of one creation (a worker presumed dead while it was still
-    /// creating) would otherwise both find nothing and both create.
-    pub fn with_locks(mut self, pool: sqlx::PgPool) -> Self {
-        self.locks = Some(pool);
-        self
     }
 
     /// The unit id of place `index` of `pool`, as every process derives it.
@@ -207,52 +195,48 @@ impl Provider for LatitudeProvider {
         request: Uuid,
         ssh_key: &'a str,
         creations: &'a Limiter,
+        fence: &'a dyn Fence,
     ) -> ProviderResult<'a, Created> {
         Box::pin(async move {
-            let Some(locks) = &self.locks else {
-                return self
-                    .create_holding(unit, request, ssh_key, creations, None)
-                    .await;
-            };
-            // A session lock on a connection of its own: it dies with this
-            // process's connection (a crash, a database restart), and the
-            // fence below stops sending creates once it may have.
-            let transient = |e: sqlx::Error| {
-                ProviderError::new(
-                    ErrorClass::Transient,
-                    format!("the creation's place could not be locked: {e}"),
-                )
-            };
-            let mut conn = locks.acquire().await.map_err(transient)?;
-            // Closed when dropped, never handed back to the pool: a create
-            // cut off mid-way (its deadline, a shutdown) drops this future
-            // before the unlock below, and a pooled connection would keep
-            // the place locked for whoever used it next.
-            conn.close_on_drop();
-            let key = format!("latitude/place/{unit}");
-            let got: bool =
-                sqlx::query_scalar("select pg_try_advisory_lock(hashtextextended($1, 0))")
-                    .bind(&key)
-                    .fetch_one(&mut *conn)
-                    .await
-                    .map_err(transient)?;
-            if !got {
-                return Err(ProviderError::new(
-                    ErrorClass::Transient,
-                    "another run of this creation holds its place; it is looked at again later",
-                ));
+            let (pool, index) = self.place(unit)?;
+            creations
+                .wait_turn()
+                .await
+                .map_err(|reason| ProviderError::new(ErrorClass::Transient, reason))?;
+            let mut ssh_keys = pool.ssh_keys.clone();
+            if !ssh_key.is_empty() && !ssh_keys.iter().any(|k| k == ssh_key) {
+                ssh_keys.push(ssh_key.to_string());
             }
-            let conn = tokio::sync::Mutex::new(conn);
-            let result = self
-                .create_holding(unit, request, ssh_key, creations, Some(&conn))
-                .await;
-            let mut conn = conn.into_inner();
-            let _ = sqlx::query("select pg_advisory_unlock(hashtextextended($1, 0))")
-                .bind(&key)
-                .execute(&mut *conn)
-                .await;
-            result
+            let req = CreateServer {
+                plan: pool.plan.clone(),
+                site: pool.site.clone(),
+                operating_system: pool.operating_system.clone(),
+                hostname: pools::hostname(&self.prefix, &pool.name, index, request),
+                ssh_keys,
+            };
+            let created = self
+                .client
+                .create_server_fenced(&req, || fence.check())
+                .await
+                .map_err(|e| {
+                    let out_of_stock = matches!(e, LatitudeError::OutOfStock { .. });
+                    let mut e = ProviderError::from(e);
+                    if out_of_stock {
+                        e.failure = Failure::OutOfStock {
+                            scope: Some(scope(pool)),
+                        };
+                    }
+                    e
+                })?;
+            Ok(Created {
+                machine: self.as_machine(&created.server),
+                recovered: created.recovered,
+            })
         })
+    }
+
+    fn unit_scope(&self, unit: Uuid) -> Option<String> {
+        self.place(unit).ok().map(|(pool, _)| scope(pool))
     }
 
     fn find_created(&self, unit: Uuid, request: Uuid) -> ProviderResult<'_, Option<Created>> {
@@ -286,8 +270,6 @@ impl Provider for LatitudeProvider {
     /// limiters), not the cluster's `api_rate`.
     fn set_api_rate(&self, _rate: Rate) {}
 }
-
-type LockConnection = tokio::sync::Mutex<sqlx::pool::PoolConnection<sqlx::Postgres>>;
 
 impl LatitudeProvider {
     /// The places of every pool against the servers listed, and the stock
@@ -359,78 +341,6 @@ impl LatitudeProvider {
             }
         }
         reports
-    }
-
-    /// The create proper, while `lock` (if any) holds the place: look the
-    /// hostname up, wait for the creation limiter, send.
-    async fn create_holding(
-        &self,
-        unit: Uuid,
-        request: Uuid,
-        ssh_key: &str,
-        creations: &Limiter,
-        lock: Option<&LockConnection>,
-    ) -> Result<Created, ProviderError> {
-        {
-            let (pool, index) = self.place(unit)?;
-            let hostname = pools::hostname(&self.prefix, &pool.name, index, request);
-            // A second run of this creation (after a crash, or a retry whose
-            // first attempt was sent) finds the server it made.
-            if let Some(server) = self.client.find_by_hostname(&hostname).await? {
-                return Ok(Created {
-                    machine: self.as_machine(&server),
-                    recovered: true,
-                });
-            }
-            creations
-                .wait_turn()
-                .await
-                .map_err(|reason| ProviderError::new(ErrorClass::Transient, reason))?;
-            let mut ssh_keys = pool.ssh_keys.clone();
-            if !ssh_key.is_empty() && !ssh_keys.iter().any(|k| k == ssh_key) {
-                ssh_keys.push(ssh_key.to_string());
-            }
-            let req = CreateServer {
-                plan: pool.plan.clone(),
-                site: pool.site.clone(),
-                operating_system: pool.operating_system.clone(),
-                hostname,
-                ssh_keys,
-            };
-            // The lock's connection still open means the lock is still
-            // held: a database restart ends both.
-            let fence = || async {
-                match lock {
-                    None => Ok(()),
-                    Some(conn) => {
-                        let mut conn = conn.lock().await;
-                        sqlx::query("select 1")
-                            .execute(&mut **conn)
-                            .await
-                            .map(drop)
-                            .map_err(|e| format!("the place's lock is lost: {e}"))
-                    }
-                }
-            };
-            let created = self
-                .client
-                .create_server_fenced(&req, fence)
-                .await
-                .map_err(|e| {
-                    let out_of_stock = matches!(e, LatitudeError::OutOfStock { .. });
-                    let mut e = ProviderError::from(e);
-                    if out_of_stock {
-                        e.failure = Failure::OutOfStock {
-                            scope: Some(scope(pool)),
-                        };
-                    }
-                    e
-                })?;
-            Ok(Created {
-                machine: self.as_machine(&created.server),
-                recovered: created.recovered,
-            })
-        }
     }
 
     fn facts(&self, id: String) -> ProviderResult<'_, MachineFacts> {

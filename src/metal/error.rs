@@ -62,6 +62,10 @@ pub enum MetalError {
     #[error("{op}: deadline exceeded")]
     DeadlineExceeded { op: Operation },
 
+    /// Not sent: the caller's fence refused right before the request left.
+    #[error("{op}: not sent: {reason}")]
+    NotSent { op: Operation, reason: String },
+
     #[error("refused: {0}")]
     Refused(String),
 }
@@ -69,7 +73,7 @@ pub enum MetalError {
 impl MetalError {
     pub fn class(&self) -> ErrorClass {
         match self {
-            MetalError::Transient { .. } => ErrorClass::Transient,
+            MetalError::Transient { .. } | MetalError::NotSent { .. } => ErrorClass::Transient,
             MetalError::RateLimited { .. } => ErrorClass::RateLimited,
             MetalError::RaceLost { .. } => ErrorClass::RaceLost,
             MetalError::Ambiguous { .. } => ErrorClass::Ambiguous,

@@ -41,10 +41,12 @@ pub enum Operation {
     UpdateSshKey,
     #[serde(rename = "deleteSSHKey")]
     DeleteSshKey,
+    #[serde(rename = "findProjectById")]
+    FindProjectById,
 }
 
 impl Operation {
-    pub const ALL: [Operation; 16] = [
+    pub const ALL: [Operation; 17] = [
         Operation::FindProjectHardwareReservations,
         Operation::FindHardwareReservationById,
         Operation::MoveHardwareReservation,
@@ -61,6 +63,7 @@ impl Operation {
         Operation::FindSshKeyById,
         Operation::UpdateSshKey,
         Operation::DeleteSshKey,
+        Operation::FindProjectById,
     ];
 
     /// The spec's `operationId`.
@@ -82,6 +85,7 @@ impl Operation {
             Operation::FindSshKeyById => "findSSHKeyById",
             Operation::UpdateSshKey => "updateSSHKey",
             Operation::DeleteSshKey => "deleteSSHKey",
+            Operation::FindProjectById => "findProjectById",
         }
     }
 

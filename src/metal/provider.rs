@@ -11,8 +11,8 @@ use super::model::{Device, HardwareReservation};
 use crate::config::Rate;
 use crate::limiter::Limiter;
 use crate::provider::{
-    Created, Failure, Inventory, Machine, MachineFacts, Provider, ProviderError, ProviderResult,
-    Unit,
+    Created, Failure, Fence, Inventory, Machine, MachineFacts, Provider, ProviderError,
+    ProviderResult, Unit,
 };
 
 /// The name machines of this provider carry in the views.
@@ -140,12 +140,19 @@ impl Provider for MetalProvider {
         Witness::new(request).tag()
     }
 
+    /// A reservation holds one device: Metal refuses a create on a taken
+    /// one (422), so a create after an unseen answer cannot make a second.
+    fn one_machine_per_unit(&self) -> bool {
+        true
+    }
+
     fn create<'a>(
         &'a self,
         unit: Uuid,
         request: Uuid,
         ssh_key: &'a str,
         creations: &'a Limiter,
+        fence: &'a dyn Fence,
     ) -> ProviderResult<'a, Created> {
         Box::pin(async move {
             let key: Uuid = ssh_key.parse().map_err(|_| {
@@ -162,7 +169,9 @@ impl Provider for MetalProvider {
                 witness: Witness::new(request),
             };
             Ok(created(
-                self.client.create_device_paced(&req, creations).await?,
+                self.client
+                    .create_device_paced(&req, creations, fence)
+                    .await?,
             ))
         })
     }

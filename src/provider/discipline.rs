@@ -164,3 +164,23 @@ pub fn describe_transport_error(e: &reqwest::Error) -> String {
     }
     format!("{kind}: {source}")
 }
+
+/// Asked right before a create (or a delete) leaves, after its turn under
+/// every budget: whether the caller may still send it. A creation holds its
+/// unit's lock while it may send; the wait for a turn can outlast that lock
+/// (a database restart drops it), so the question is asked last. `Err`
+/// says why not, and nothing is sent.
+pub trait Fence: Send + Sync {
+    fn check(&self) -> futures::future::BoxFuture<'_, Result<(), String>>;
+}
+
+/// A fence that always lets the call go (a caller with nothing to guard:
+/// a test, a one-shot command).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Open;
+
+impl Fence for Open {
+    fn check(&self) -> futures::future::BoxFuture<'_, Result<(), String>> {
+        Box::pin(async { Ok(()) })
+    }
+}

@@ -21,6 +21,7 @@ mod class;
 pub mod discipline;
 
 pub use class::ErrorClass;
+pub use discipline::Fence;
 
 /// A machine as a listing shows it.
 #[derive(Debug, Clone, PartialEq)]
@@ -211,16 +212,33 @@ pub trait Provider: Send + Sync + 'static {
     /// records it.
     fn witness(&self, request: Uuid) -> String;
 
-    /// Creates a machine on `unit` carrying the witness of `request`, or
-    /// finds the one an earlier attempt made. Waits for `creations`' turn
-    /// right before the create is sent.
+    /// Creates a machine on `unit` carrying the witness of `request`. Waits
+    /// for `creations`' turn, then asks `fence` right before the create is
+    /// sent (nothing is sent if it refuses). An answer that was not seen is
+    /// `Ambiguous`: the create is never sent again by this call, and the
+    /// caller settles it by looking (`find_created`).
     fn create<'a>(
         &'a self,
         unit: Uuid,
         request: Uuid,
         ssh_key: &'a str,
         creations: &'a Limiter,
+        fence: &'a dyn Fence,
     ) -> ProviderResult<'a, Created>;
+
+    /// Whether the provider itself refuses a second machine on a unit
+    /// (Metal: one device per hardware reservation). Where it does not
+    /// (Latitude accepts two creates with one hostname), a creation whose
+    /// outcome is unknown holds its unit until a look after the cluster's
+    /// settle window finds nothing: listings there can lag behind creates.
+    fn one_machine_per_unit(&self) -> bool {
+        false
+    }
+
+    /// The stock `unit` draws on, where units share one (`Unit::scope`).
+    fn unit_scope(&self, _unit: Uuid) -> Option<String> {
+        None
+    }
 
     /// The machine a creation of `request` made on `unit`, if there is one
     /// (`RaceLost` when another party's stands there).

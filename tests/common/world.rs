@@ -31,6 +31,9 @@ pub fn fast_config() -> ProvisionerConfig {
         api_rate: shepherd::config::Rate::UNLIMITED,
         create_retry: quick,
         assimilate_retry: quick,
+        // The fakes show a machine the moment it is made, unless a test
+        // asks them to lag (and sets a window of its own).
+        settle_window: Duration::ZERO,
         ..ProvisionerConfig::default()
     }
 }
@@ -137,6 +140,13 @@ impl World {
             reservations.len(),
             n,
             "a reservation has two devices of ours"
+        );
+        // Metal refuses a second create on a taken reservation, which would
+        // hide one from the check above: the fake counts them.
+        assert_eq!(
+            self.fake.duplicate_creates(),
+            0,
+            "a create was sent for a reservation that held a device of ours"
         );
         let managed: Vec<String> =
             sqlx::query_scalar("select provider_id from shepherd.managed_machines")

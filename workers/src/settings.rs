@@ -196,6 +196,12 @@ pub struct ProvisionerArgs {
     #[arg(long, env = "SHEPHERD_CREATE_TIMEOUT", default_value = "10m", value_parser = parse_duration)]
     pub create_timeout: Duration,
 
+    /// How long a creation whose answer was not seen holds its unit before
+    /// a look that finds nothing is trusted (the provider's listings can lag
+    /// behind its creates; see docs/providers.md)
+    #[arg(long, env = "SHEPHERD_SETTLE_WINDOW", default_value = "5m", value_parser = parse_duration)]
+    pub settle_window: Duration,
+
     /// Attempts of one assimilation
     #[arg(long, env = "SHEPHERD_ASSIMILATE_ATTEMPTS", default_value_t = ASSIMILATE_RETRY_DEFAULT.max_attempts)]
     pub assimilate_attempts: u32,
@@ -281,6 +287,8 @@ impl ProvisionerArgs {
                 initial_backoff: self.assimilate_backoff,
                 ..ASSIMILATE_RETRY_DEFAULT
             },
+            settle_window: self.settle_window,
+            ..ProvisionerConfig::default()
         };
         config.validate()?;
         Ok(config)
@@ -426,28 +434,29 @@ impl LatitudeArgs {
     pub fn provider(
         &self,
         pool: &PgPool,
-        device_prefix: &str,
+        config: &ProvisionerConfig,
     ) -> anyhow::Result<shepherd::latitude::provider::LatitudeProvider> {
         if self.pools.is_empty() {
             bail!(
                 "--provider latitude needs at least one --pool name=...,plan=...,site=...,count=N,os=..."
             );
         }
+        let mut client_config = self.client_config()?;
+        client_config.attempt_timeout = config.rescue.api_timeout;
         let client = shepherd::latitude::LatitudeClient::for_cluster(
-            self.client_config()?,
+            client_config,
             pool.clone(),
             shepherd::latitude::Budgets {
-                reads: self.latitude_reads_per_minute,
-                writes: self.latitude_writes_per_minute,
+                reads: config.latitude_reads_per_minute,
+                writes: config.latitude_writes_per_minute,
                 per: std::time::Duration::from_secs(60),
             },
         )?;
-        Ok(shepherd::latitude::provider::LatitudeProvider::new(
+        shepherd::latitude::provider::LatitudeProvider::new(
             client,
             self.pools.clone(),
-            device_prefix.to_string(),
+            config.device_prefix.clone(),
         )
-        .map_err(anyhow::Error::msg)?
-        .with_locks(pool.clone()))
+        .map_err(anyhow::Error::msg)
     }
 }

@@ -87,8 +87,17 @@ async fn one_limit_for_the_cluster_whatever_the_flags_and_manual_paths(pool: PgP
     let (ok, out, err) = run(&c, &["plan"]);
     assert!(ok, "{err}");
     assert!(out.contains("limit 5"), "{out}");
-    // Some passes later, still five.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Two more passes finished at the limit (both workers run a scheduler),
+    // and still five: a pass that never ran would prove nothing.
+    const AT_LIMIT: &str = "select count(*) from shepherd.events
+                            where event_type = 'reconcile_finished' and (body->>'at_limit')::bool";
+    let before = c.count(AT_LIMIT).await;
+    wait_until(
+        "two more passes finish at the limit",
+        Duration::from_secs(30),
+        async || c.count(AT_LIMIT).await >= before + 2,
+    )
+    .await;
     assert_eq!(c.managed().await, 5);
     assert_eq!(c.fake.devices().len(), 5);
 

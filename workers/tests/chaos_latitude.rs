@@ -172,18 +172,13 @@ async fn latitude_chaos_breaks_no_invariant(pool: PgPool) {
             break;
         }
         if restarted.is_none() && elapsed > Duration::from_secs(6) {
-            match &cluster {
-                Some(v) => {
-                    guard.0 = Some(v.clone());
-                    let down = Instant::now();
-                    pg_ctl(v, "stop");
-                    tokio::time::sleep(Duration::from_secs(4)).await;
-                    pg_ctl(v, "start");
-                    guard.0 = None;
-                    restarted = Some(down.elapsed());
-                }
-                None => restarted = Some(Duration::ZERO),
-            }
+            guard.0 = Some(cluster.clone());
+            let down = Instant::now();
+            pg_ctl(&cluster, "stop");
+            tokio::time::sleep(Duration::from_secs(4)).await;
+            pg_ctl(&cluster, "start");
+            guard.0 = None;
+            restarted = Some(down.elapsed());
         }
         if !settled && last_kill.elapsed() >= kill_every {
             let alive: Vec<usize> = (0..c.workers.len())

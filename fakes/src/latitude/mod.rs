@@ -27,15 +27,18 @@
 //! | `get-server`, `update-server`, `destroy-server` | `GET`, `PATCH`, `DELETE /servers/{id}` |
 //! | `get-plans` | `GET /plans` |
 //! | `get-ssh-keys`, `post-ssh-key` | `GET`, `POST /ssh_keys` |
-//! | `delete-ssh-key` | `DELETE /ssh_keys/{id}` |
+//! | `get-ssh-key`, `put-ssh-key`, `delete-ssh-key` | `GET`, `PATCH`, `DELETE /ssh_keys/{id}` |
 //! | `get-tags`, `create-tag` | `GET`, `POST /tags` |
 //!
 //! # Admin API
 //!
-//! Under `/_fake`, without a key: `GET`/`PUT /_fake/faults`, `GET
-//! /_fake/calls`, `GET /_fake/state` (servers and stock), and `PUT
-//! /_fake/stock` (`{"plan", "site", "count"}`: stock that runs out, or
-//! comes back).
+//! Under `/_fake`, without a key: `GET`/`PUT /_fake/faults`, `GET`/`PUT
+//! /_fake/weather` (listings that lag, plan answers without counts), `GET
+//! /_fake/calls`, `GET /_fake/state` (servers as they are, stock, creates
+//! that repeated a hostname), `PUT /_fake/stock` (`{"plan", "site",
+//! "count"}`: stock that runs out, or comes back), `POST /_fake/servers`
+//! (`{"project", "plan", "site", "hostname"}`: another project's server)
+//! and `DELETE /_fake/servers/{id}` (the provider takes a server away).
 //!
 //! # Time
 //!
@@ -62,6 +65,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use crate::faults::AppliesTo;
+pub use world::Weather;
 use world::World;
 
 /// The calls the fake serves, by the document's `operationId`.
@@ -76,13 +80,15 @@ pub enum Call {
     GetPlans,
     GetSshKeys,
     PostSshKey,
+    GetSshKey,
+    PutSshKey,
     DeleteSshKey,
     GetTags,
     CreateTag,
 }
 
 impl Call {
-    pub const ALL: [Call; 11] = [
+    pub const ALL: [Call; 13] = [
         Call::GetServers,
         Call::CreateServer,
         Call::GetServer,
@@ -91,6 +97,8 @@ impl Call {
         Call::GetPlans,
         Call::GetSshKeys,
         Call::PostSshKey,
+        Call::GetSshKey,
+        Call::PutSshKey,
         Call::DeleteSshKey,
         Call::GetTags,
         Call::CreateTag,
@@ -107,6 +115,8 @@ impl Call {
             Call::GetPlans => "get-plans",
             Call::GetSshKeys => "get-ssh-keys",
             Call::PostSshKey => "post-ssh-key",
+            Call::GetSshKey => "get-ssh-key",
+            Call::PutSshKey => "put-ssh-key",
             Call::DeleteSshKey => "delete-ssh-key",
             Call::GetTags => "get-tags",
             Call::CreateTag => "create-tag",
@@ -117,7 +127,12 @@ impl Call {
     pub fn is_read(self) -> bool {
         matches!(
             self,
-            Call::GetServers | Call::GetServer | Call::GetPlans | Call::GetSshKeys | Call::GetTags
+            Call::GetServers
+                | Call::GetServer
+                | Call::GetPlans
+                | Call::GetSshKeys
+                | Call::GetSshKey
+                | Call::GetTags
         )
     }
 }
@@ -158,6 +173,19 @@ pub enum FaultKind {
     /// `create-server` only: just before the request is handled, the
     /// requested plan's stock in the requested site runs out.
     StockRunsOut,
+    /// `create-server` only: the origin creates the server, and the gateway
+    /// in front of it answers `status` (504 by default) with an HTML page,
+    /// as Cloudflare does when an origin is slow; the new server stays out
+    /// of every read (listings and its own GET) for `hidden_ms`.
+    GatewayTimeout {
+        #[serde(default = "gateway_timeout")]
+        status: u16,
+        #[serde(default)]
+        hidden_ms: u64,
+    },
+    /// `create-server` only: refused for want of stock with a 422 that
+    /// carries no code, only words (as some answers were seen).
+    CodelessOutOfStock,
 }
 
 impl Default for FaultKind {
@@ -175,7 +203,9 @@ impl AppliesTo<Call> for FaultKind {
             FaultKind::AcceptThenFail { .. }
             | FaultKind::FailDeployment
             | FaultKind::OtherPartyCreates
-            | FaultKind::StockRunsOut => call == Call::CreateServer,
+            | FaultKind::StockRunsOut
+            | FaultKind::GatewayTimeout { .. }
+            | FaultKind::CodelessOutOfStock => call == Call::CreateServer,
         }
     }
 }
@@ -186,6 +216,10 @@ fn internal_error() -> u16 {
 
 fn one_second() -> u64 {
     1
+}
+
+fn gateway_timeout() -> u16 {
+    504
 }
 
 /// Everything the fake does wrong on purpose.
@@ -220,6 +254,7 @@ pub struct FakeConfig {
     pub writes_per_window: u32,
     pub rate_window: Duration,
     pub faults: Faults,
+    pub weather: Weather,
 }
 
 impl Default for FakeConfig {
@@ -251,6 +286,7 @@ impl Default for FakeConfig {
             writes_per_window: 20,
             rate_window: Duration::from_secs(60),
             faults: Faults::default(),
+            weather: Weather::default(),
         }
     }
 }
@@ -270,6 +306,7 @@ pub struct RequestRecord {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ServerSnapshot {
     pub id: String,
+    pub project: String,
     pub hostname: String,
     pub plan: String,
     pub site: String,
@@ -437,8 +474,51 @@ impl FakeLatitude {
         self.shared.world().stock(plan, site)
     }
 
+    /// Every live server of the team, as it is (not as the lagging
+    /// listings show it).
     pub fn servers(&self) -> Vec<ServerSnapshot> {
         self.shared.world().snapshot(Instant::now())
+    }
+
+    pub fn set_weather(&self, weather: Weather) {
+        self.shared.world().weather = weather;
+    }
+
+    pub fn weather(&self) -> Weather {
+        self.shared.world().weather.clone()
+    }
+
+    /// The provider takes a server away (deleted in its console, reclaimed
+    /// after a failed order): it is gone from every read at once, and the
+    /// listings follow as they lag. False if there is no such server.
+    pub fn reclaim(&self, id: &str) -> bool {
+        let mut world = self.shared.world();
+        match world.find(id) {
+            Some(i) => {
+                world.delete(i);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// A server of another project of the same team; returns its id.
+    pub fn add_foreign_server(
+        &self,
+        project: &str,
+        plan: &str,
+        site: &str,
+        hostname: &str,
+    ) -> String {
+        self.shared
+            .world()
+            .add_foreign(project, plan, site, hostname)
+    }
+
+    /// Creates that named a hostname a live server already had. Latitude
+    /// accepts them; each is a second server for one name.
+    pub fn duplicate_hostnames(&self) -> u64 {
+        self.shared.world().duplicate_hostnames
     }
 
     pub fn calls(&self, call: Call) -> u64 {

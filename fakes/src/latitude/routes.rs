@@ -55,7 +55,9 @@ pub(super) fn router(shared: Arc<Shared>) -> Router {
         )
         .route(
             "/ssh_keys/{id}",
-            axum::routing::delete(delete_key.layer(gate(Call::DeleteSshKey))),
+            get(get_key.layer(gate(Call::GetSshKey)))
+                .patch(update_key.layer(gate(Call::PutSshKey)))
+                .delete(delete_key.layer(gate(Call::DeleteSshKey))),
         )
         .route(
             "/tags",
@@ -65,6 +67,12 @@ pub(super) fn router(shared: Arc<Shared>) -> Router {
         .route("/_fake/calls", get(admin_calls))
         .route("/_fake/state", get(admin_state))
         .route("/_fake/stock", axum::routing::put(admin_set_stock))
+        .route("/_fake/weather", get(admin_weather).put(admin_set_weather))
+        .route("/_fake/servers", axum::routing::post(admin_add_server))
+        .route(
+            "/_fake/servers/{id}",
+            axum::routing::delete(admin_reclaim_server),
+        )
         .fallback(|| async { error(404, "not_found", "Error", "Specified Record Not Found") })
         .with_state(shared)
 }
@@ -103,6 +111,24 @@ fn error_with(
         e["source"] = json!({ "pointer": p });
     }
     answer(status, &json!({ "errors": [e] }))
+}
+
+/// What a gateway in front of the API answers when the origin is slow: an
+/// HTML page, not the API's JSON.
+fn gateway_page(status: u16) -> Response {
+    let mut response = (
+        StatusCode::from_u16(status).unwrap_or(StatusCode::GATEWAY_TIMEOUT),
+        format!(
+            "<!DOCTYPE html>\n<html><head><title>api.latitude.sh | {status}: Gateway time-out</title></head>\n\
+             <body><h1>Gateway time-out</h1><p>The web server reported a gateway time-out error.</p></body></html>\n"
+        ),
+    )
+        .into_response();
+    response.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/html; charset=UTF-8"),
+    );
+    response
 }
 
 fn refused(r: Refusal) -> Response {
@@ -269,17 +295,19 @@ fn envelope<T: for<'de> Deserialize<'de>>(body: &Bytes, kind: &str) -> Result<T,
 async fn list_servers(State(shared): State<Arc<Shared>>, Query(params): Params) -> Response {
     let now = Instant::now();
     let world = shared.world();
-    if let Some(p) = params.get("filter[project]")
-        && !world.is_project(p)
-    {
-        return paged(vec![], &params);
-    }
+    let project = match params.get("filter[project]") {
+        Some(p) if world.is_project(p) => Some(world.project.clone()),
+        // Another project of the team: its id as given.
+        Some(p) => Some(p.clone()),
+        None => None,
+    };
     let wanted = |key: &str, value: &str| params.get(key).is_none_or(|w| w == value);
-    let items = world
-        .servers
-        .iter()
+    let mut servers: Vec<_> = world
+        .listing(now)
+        .into_iter()
         .filter(|s| {
-            wanted("filter[hostname]", &s.hostname)
+            project.as_ref().is_none_or(|p| *p == s.project)
+                && wanted("filter[hostname]", &s.hostname)
                 && wanted("filter[plan]", &s.plan)
                 && wanted("filter[region]", &s.site)
                 && wanted("filter[status]", world.status(s, now))
@@ -287,6 +315,38 @@ async fn list_servers(State(shared): State<Arc<Shared>>, Query(params): Params) 
                     .get("filter[tags]")
                     .is_none_or(|tags| tags.split(',').all(|t| s.tags.iter().any(|have| have == t)))
         })
+        .collect();
+    // `sort`: fields with `-` for descending; listings are otherwise in
+    // creation order.
+    if let Some(sort) = params.get("sort") {
+        for field in sort.split(',').rev() {
+            let (descending, field) = match field.strip_prefix('-') {
+                Some(f) => (true, f),
+                None => (false, field),
+            };
+            match field {
+                "created_at" => servers.sort_by_key(|s| s.created),
+                "hostname" => servers.sort_by(|a, b| a.hostname.cmp(&b.hostname)),
+                "location" => servers.sort_by(|a, b| a.site.cmp(&b.site)),
+                "operating_system" => servers.sort_by(|a, b| a.os.cmp(&b.os)),
+                other => {
+                    return error_with(
+                        400,
+                        "VALIDATION_ERROR",
+                        "Validation Error",
+                        &format!("sort by {other} is not supported"),
+                        None,
+                        json!({ "parameter": "sort" }),
+                    );
+                }
+            }
+            if descending {
+                servers.reverse();
+            }
+        }
+    }
+    let items = servers
+        .into_iter()
         .map(|s| world.server_json(s, now, true))
         .collect();
     paged(items, &params)
@@ -294,12 +354,13 @@ async fn list_servers(State(shared): State<Arc<Shared>>, Query(params): Params) 
 
 async fn get_server(State(shared): State<Arc<Shared>>, Path(id): Path<String>) -> Response {
     let world = shared.world();
+    let now = Instant::now();
     match world.find(&id) {
-        Some(i) => answer(
+        Some(i) if world.readable(&world.servers[i], now) => answer(
             200,
-            &json!({ "data": world.server_json(&world.servers[i], Instant::now(), true), "meta": {} }),
+            &json!({ "data": world.server_json(&world.servers[i], now, true), "meta": {} }),
         ),
-        None => not_found(),
+        _ => not_found(),
     }
 }
 
@@ -363,6 +424,16 @@ async fn create_server(
         Some(FaultKind::StockRunsOut) => {
             world.set_stock(&new.plan, &new.site, 0);
         }
+        Some(FaultKind::CodelessOutOfStock) => {
+            return answer(
+                422,
+                &json!({ "errors": [{
+                    "status": "422",
+                    "title": "Unprocessable Entity",
+                    "detail": "No stock availability for the selected plan and site",
+                }]}),
+            );
+        }
         _ => {}
     }
     let index = match world.create(new, now) {
@@ -374,6 +445,10 @@ async fn create_server(
     }
     if let Some(FaultKind::AcceptThenFail { status }) = fault.0 {
         return error(status, "INTERNAL_ERROR", "Error", "Something went wrong");
+    }
+    if let Some(FaultKind::GatewayTimeout { status, hidden_ms }) = fault.0 {
+        world.servers[index].hidden_until = Some(now + std::time::Duration::from_millis(hidden_ms));
+        return gateway_page(status);
     }
     let data = world.server_json(&world.servers[index], now, false);
     answer(201, &json!({ "data": data, "meta": {} }))
@@ -449,7 +524,7 @@ async fn list_plans(State(shared): State<Arc<Shared>>, Query(params): Params) ->
         .filter(|p| in_stock.is_none_or(|want| want == p.sites.values().any(|n| *n > 0)))
         .map(|p| world.plan_json(p))
         .collect();
-    answer(200, &json!({ "data": data }))
+    answer(200, &json!({ "data": data, "meta": {} }))
 }
 
 // ----- SSH keys and tags -----
@@ -488,7 +563,45 @@ async fn create_key(State(shared): State<Arc<Shared>>, body: Bytes) -> Response 
     };
     let mut world = shared.world();
     let i = world.add_key(name, public_key);
-    answer(201, &json!({ "data": world.key_json(&world.keys[i]) }))
+    answer(
+        201,
+        &json!({ "data": world.key_json(&world.keys[i]), "meta": {} }),
+    )
+}
+
+async fn get_key(State(shared): State<Arc<Shared>>, Path(id): Path<String>) -> Response {
+    let world = shared.world();
+    match world.keys.iter().find(|k| k.id == id) {
+        Some(k) => answer(200, &json!({ "data": world.key_json(k), "meta": {} })),
+        None => not_found(),
+    }
+}
+
+#[derive(Deserialize)]
+struct KeyUpdate {
+    name: Option<String>,
+}
+
+async fn update_key(
+    State(shared): State<Arc<Shared>>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Response {
+    let mut world = shared.world();
+    let Some(i) = world.keys.iter().position(|k| k.id == id) else {
+        return not_found();
+    };
+    let a: KeyUpdate = match envelope(&body, "ssh_keys") {
+        Ok(a) => a,
+        Err(e) => return refused(e),
+    };
+    if let Some(name) = a.name.filter(|n| !n.is_empty()) {
+        world.keys[i].name = name;
+    }
+    answer(
+        200,
+        &json!({ "data": world.key_json(&world.keys[i]), "meta": {} }),
+    )
 }
 
 async fn delete_key(State(shared): State<Arc<Shared>>, Path(id): Path<String>) -> Response {
@@ -599,7 +712,58 @@ async fn admin_state(State(shared): State<Arc<Shared>>) -> Json<Value> {
     Json(json!({
         "servers": world.snapshot(Instant::now()),
         "stock": world.plans,
+        "duplicate_hostnames": world.duplicate_hostnames,
     }))
+}
+
+async fn admin_weather(State(shared): State<Arc<Shared>>) -> Json<super::Weather> {
+    Json(shared.world().weather.clone())
+}
+
+async fn admin_set_weather(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
+    let weather: super::Weather = if body.iter().all(u8::is_ascii_whitespace) {
+        super::Weather::default()
+    } else {
+        match serde_json::from_slice(&body) {
+            Ok(w) => w,
+            Err(e) => return (StatusCode::UNPROCESSABLE_ENTITY, e.to_string()).into_response(),
+        }
+    };
+    shared.world().weather = weather.clone();
+    Json(weather).into_response()
+}
+
+#[derive(Deserialize)]
+struct ForeignServer {
+    project: String,
+    plan: String,
+    site: String,
+    hostname: String,
+}
+
+async fn admin_add_server(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
+    let f: ForeignServer = match serde_json::from_slice(&body) {
+        Ok(f) => f,
+        Err(e) => return (StatusCode::UNPROCESSABLE_ENTITY, e.to_string()).into_response(),
+    };
+    let id = shared
+        .world()
+        .add_foreign(&f.project, &f.plan, &f.site.to_uppercase(), &f.hostname);
+    (StatusCode::CREATED, Json(json!({ "id": id }))).into_response()
+}
+
+async fn admin_reclaim_server(
+    State(shared): State<Arc<Shared>>,
+    Path(id): Path<String>,
+) -> Response {
+    let mut world = shared.world();
+    match world.find(&id) {
+        Some(i) => {
+            world.delete(i);
+            StatusCode::NO_CONTENT.into_response()
+        }
+        None => (StatusCode::NOT_FOUND, format!("no server {id}")).into_response(),
+    }
 }
 
 #[derive(Deserialize)]

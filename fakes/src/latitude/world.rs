@@ -14,6 +14,8 @@ use super::{FakeConfig, PlanStock, ServerSnapshot};
 
 pub(super) struct Server {
     pub id: String,
+    /// The project (id) it belongs to: the fake's own, or another team's.
+    pub project: String,
     pub hostname: String,
     pub plan: String,
     pub site: String,
@@ -25,6 +27,41 @@ pub(super) struct Server {
     pub created_at: DateTime<Utc>,
     pub failed: bool,
     pub by_other: bool,
+    /// Out of every read until then (a create answered by a gateway's
+    /// timeout whose server the origin made).
+    pub hidden_until: Option<Instant>,
+    /// Listings show it from then on (they lag behind creates).
+    pub listed_from: Instant,
+}
+
+/// A deleted server the listings still show, as it last was, until
+/// `listed_until` (they lag behind deletes too).
+pub(super) struct Gone {
+    pub server: Server,
+    pub listed_until: Instant,
+}
+
+/// The real service's bad days that are not one request's fault: listings
+/// that lag, and plan answers without counts. Settable while it runs
+/// (`PUT /_fake/weather`).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct Weather {
+    /// How long a new server stays out of listings, and a deleted one in
+    /// them.
+    pub listing_lag_ms: u64,
+    /// Whether plan answers count the stock per site (`in_stock_count`), as
+    /// newer answers do; older ones only name the sites.
+    pub plan_counts: bool,
+}
+
+impl Default for Weather {
+    fn default() -> Self {
+        Weather {
+            listing_lag_ms: 0,
+            plan_counts: true,
+        }
+    }
 }
 
 pub(super) struct SshKey {
@@ -47,8 +84,16 @@ pub(super) struct World {
     pub plans: Vec<PlanStock>,
     /// In creation order: listings page through it in that order.
     pub servers: Vec<Server>,
+    /// Deleted servers listings still show.
+    pub gone: Vec<Gone>,
     pub keys: Vec<SshKey>,
     pub tags: Vec<Tag>,
+    pub weather: Weather,
+    /// Creates that carried a hostname a live server already had: Latitude
+    /// accepts them, and each is a second server for one name.
+    pub duplicate_hostnames: u64,
+    /// The team's (and the key's) id, as answers embed it.
+    pub team: String,
     deploy_delay: Duration,
     rng: StdRng,
 }
@@ -93,8 +138,12 @@ impl World {
             project_slug: config.project_slug.clone(),
             plans: config.plans.clone(),
             servers: vec![],
+            gone: vec![],
             keys: vec![],
             tags: vec![],
+            weather: config.weather.clone(),
+            duplicate_hostnames: 0,
+            team: "team_fake000000001".into(),
             deploy_delay: config.deploy_delay,
             rng: StdRng::seed_from_u64(config.seed),
         }
@@ -190,11 +239,15 @@ impl World {
             });
         }
         *stock -= 1;
+        if self.servers.iter().any(|s| s.hostname == new.hostname) {
+            self.duplicate_hostnames += 1;
+        }
         Ok(self.add(new, now, false))
     }
 
     fn add(&mut self, new: NewServer, now: Instant, by_other: bool) -> usize {
         let id = self.new_id("sv_");
+        let lag = Duration::from_millis(self.weather.listing_lag_ms);
         let n = self.servers.len();
         let label = format!("{:02}BS{n:06}", n % 100);
         let ipv4 = format!(
@@ -203,8 +256,14 @@ impl World {
             (n >> 8) & 255,
             (n & 255).max(1)
         );
+        let project = if self.is_project(&new.project) {
+            self.project.clone()
+        } else {
+            new.project
+        };
         self.servers.push(Server {
             id,
+            project,
             hostname: new.hostname,
             plan: new.plan,
             site: new.site,
@@ -216,8 +275,57 @@ impl World {
             created_at: Utc::now(),
             failed: false,
             by_other,
+            hidden_until: None,
+            listed_from: now + lag,
         });
         self.servers.len() - 1
+    }
+
+    /// A server of another project of the team (the fake's key sees the
+    /// whole team), taking no stock of the fake's plans.
+    pub fn add_foreign(&mut self, project: &str, plan: &str, site: &str, hostname: &str) -> String {
+        let i = self.add(
+            NewServer {
+                project: project.into(),
+                plan: plan.into(),
+                site: site.into(),
+                os: "ubuntu_24_04_x64_lts".into(),
+                hostname: hostname.into(),
+                ssh_keys: vec![],
+            },
+            Instant::now(),
+            true,
+        );
+        self.servers[i].listed_from = Instant::now();
+        self.servers[i].id.clone()
+    }
+
+    /// Whether reads show the server now (a hidden one shows nowhere).
+    pub fn readable(&self, s: &Server, now: Instant) -> bool {
+        s.hidden_until.is_none_or(|until| now >= until)
+    }
+
+    /// Whether listings show the server now.
+    pub fn listed(&self, s: &Server, now: Instant) -> bool {
+        self.readable(s, now) && now >= s.listed_from
+    }
+
+    /// What a listing shows, in creation order: live servers it has caught
+    /// up with, and deleted ones it has not.
+    pub fn listing(&self, now: Instant) -> Vec<&Server> {
+        let mut out: Vec<&Server> = self
+            .servers
+            .iter()
+            .filter(|s| self.listed(s, now))
+            .chain(
+                self.gone
+                    .iter()
+                    .filter(|g| now < g.listed_until)
+                    .map(|g| &g.server),
+            )
+            .collect();
+        out.sort_by_key(|s| s.created);
+        out
     }
 
     /// Another party creates a server of `plan` in `site`, if stock allows.
@@ -248,11 +356,21 @@ impl World {
         self.servers.iter().position(|s| s.id == id)
     }
 
-    /// Deletes a server; its unit goes back to the site's stock.
+    /// Deletes a server; its unit goes back to the site's stock, and the
+    /// listings show it for as long as they lag.
     pub fn delete(&mut self, index: usize) {
         let s = self.servers.remove(index);
         if let Some(stock) = self.stock_mut(&s.plan, &s.site) {
             *stock += 1;
+        }
+        let lag = Duration::from_millis(self.weather.listing_lag_ms);
+        let now = Instant::now();
+        self.gone.retain(|g| now < g.listed_until);
+        if !lag.is_zero() {
+            self.gone.push(Gone {
+                server: s,
+                listed_until: now + lag,
+            });
         }
     }
 
@@ -283,6 +401,7 @@ impl World {
             .iter()
             .map(|s| ServerSnapshot {
                 id: s.id.clone(),
+                project: s.project.clone(),
                 hostname: s.hostname.clone(),
                 plan: s.plan.clone(),
                 site: s.site.clone(),
@@ -295,15 +414,42 @@ impl World {
 
     // ----- JSON -----
 
-    fn project_json(&self) -> Value {
+    fn project_json(&self, id: &str) -> Value {
+        let slug = if id == self.project {
+            self.project_slug.clone()
+        } else {
+            id.trim_start_matches("proj_").to_lowercase()
+        };
         json!({
-            "id": self.project,
-            "name": self.project_slug,
-            "slug": self.project_slug,
+            "id": id,
+            "name": slug,
+            "slug": slug,
             "provisioning_type": "on_demand",
             "billing_type": "Normal",
             "billing_method": "Normal",
             "environment": "Production",
+        })
+    }
+
+    fn team_json(&self) -> Value {
+        json!({
+            "id": self.team,
+            "name": "Fake Team",
+            "slug": "fake-team",
+            "description": null,
+            "address": null,
+            "status": "verified",
+            "currency": {"id": "cur_usd", "code": "USD", "name": "United States Dollar"},
+        })
+    }
+
+    fn user_json(&self) -> Value {
+        json!({
+            "id": "user_fake000000001",
+            "first_name": "Fake",
+            "last_name": "Operator",
+            "email": "operator@example.invalid",
+            "role": {"id": "role_owner", "name": "owner"},
         })
     }
 
@@ -365,7 +511,8 @@ impl World {
                     "site": {"id": format!("loc_{}", s.site), "name": s.site, "slug": s.site,
                              "facility": s.site, "rack_id": format!("{}-R01", s.site)},
                 },
-                "project": self.project_json(),
+                "project": self.project_json(&s.project),
+                "team": self.team_json(),
                 "interfaces": [{"role": "external", "name": "eno1", "mac_address": null, "description": "public"}],
             });
             if let (Some(a), Some(e)) = (attributes.as_object_mut(), extra.as_object()) {
@@ -411,10 +558,17 @@ impl World {
                 "regions": [{
                     "name": p.country,
                     "deploys_instantly": ["ubuntu_24_04_x64_lts"],
-                    "locations": {
-                        "available": p.sites.keys().collect::<Vec<_>>(),
-                        "in_stock": in_stock,
-                        "in_stock_count": counts,
+                    "locations": if self.weather.plan_counts {
+                        json!({
+                            "available": p.sites.keys().collect::<Vec<_>>(),
+                            "in_stock": in_stock,
+                            "in_stock_count": counts,
+                        })
+                    } else {
+                        json!({
+                            "available": p.sites.keys().collect::<Vec<_>>(),
+                            "in_stock": in_stock,
+                        })
                     },
                     "stock_level": level,
                     "pricing": {"USD": {"hour": 0.33, "month": 199.0, "year": 2149.0}},
@@ -433,7 +587,8 @@ impl World {
                 "public_key": k.public_key,
                 "fingerprint": fingerprint(&k.public_key),
                 "tags": [],
-                "project": self.project_json(),
+                "project": self.project_json(&self.project),
+                "user": self.user_json(),
                 "created_at": at,
                 "updated_at": at,
             }
@@ -449,20 +604,23 @@ impl World {
                 "slug": t.name.to_lowercase().replace(' ', "-"),
                 "description": t.description,
                 "color": t.color,
+                "team": self.team_json(),
             }
         })
     }
 }
 
-/// A stand-in for the MD5 fingerprint the API computes: sixteen
-/// colon-separated bytes derived from the key (not a real MD5, which a fake
-/// has no need for).
+/// The fingerprint the API computes: the MD5 of the key's decoded body, as
+/// colon-separated hex (OpenSSH's old form). A key whose body does not
+/// decode gets the MD5 of its text.
 fn fingerprint(key: &str) -> String {
-    let mut bytes = [0u8; 16];
-    for (i, b) in key.bytes().enumerate() {
-        bytes[i % 16] = bytes[i % 16].wrapping_mul(31).wrapping_add(b);
-    }
-    bytes
+    use base64::Engine;
+    use md5::Digest;
+    let body = key.split_whitespace().nth(1).unwrap_or(key);
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(body)
+        .unwrap_or_else(|_| key.as_bytes().to_vec());
+    md5::Md5::digest(&bytes)
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect::<Vec<_>>()

@@ -381,6 +381,13 @@ impl FakeMetal {
     }
 
     /// Every device, by hostname and then id.
+    /// Creates refused because the reservation held a device of the
+    /// client's own: a second create for one reservation, which Metal's
+    /// refusal would otherwise hide from a test.
+    pub fn duplicate_creates(&self) -> u64 {
+        self.shared.world().duplicate_creates
+    }
+
     pub fn devices(&self) -> Vec<DeviceSnapshot> {
         self.shared.world().device_snapshots(Instant::now())
     }

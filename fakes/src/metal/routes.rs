@@ -47,6 +47,10 @@ pub(super) fn router(shared: Arc<Shared>) -> Router {
     };
     Router::new()
         .route(
+            metal_path!("/projects/{id}"),
+            get(get_project.layer(gate(Operation::FindProjectById))),
+        )
+        .route(
             metal_path!("/projects/{id}/hardware-reservations"),
             get(list_reservations.layer(gate(Operation::FindProjectHardwareReservations))),
         )
@@ -480,6 +484,19 @@ async fn create_device(
     })
 }
 
+/// The project, as official clients follow its link (`packet-python`
+/// reads it before listing a project's devices).
+async fn get_project(
+    State(shared): State<Arc<Shared>>,
+    IdPath(id): IdPath,
+) -> Result<Json<Value>, ApiError> {
+    let world = shared.world();
+    if !world.project_known(id) {
+        return Err(ApiError::not_found());
+    }
+    Ok(Json(world.project_json()))
+}
+
 async fn get_device(
     State(shared): State<Arc<Shared>>,
     IdPath(id): IdPath,
@@ -637,5 +654,6 @@ async fn admin_state(State(shared): State<Arc<Shared>>) -> Json<Value> {
         "reservations": world.reservation_snapshots(now),
         "devices": world.device_snapshots(now),
         "ssh_keys": world.key_snapshots(),
+        "duplicate_creates": world.duplicate_creates,
     }))
 }

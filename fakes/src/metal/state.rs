@@ -151,6 +151,10 @@ pub(super) struct World {
     devices: HashMap<Uuid, Device>,
     /// In creation order, which is the listing's order.
     keys: Vec<SshKey>,
+    /// Creates refused because the reservation already held a device the
+    /// client itself had made: Metal's refusal hides a duplicate attempt,
+    /// so the fake counts them for tests to see.
+    pub duplicate_creates: u64,
 }
 
 impl World {
@@ -165,6 +169,7 @@ impl World {
             reservations: Vec::with_capacity(config.reservations),
             devices: HashMap::new(),
             keys: Vec::new(),
+            duplicate_creates: 0,
         };
         // A fixed epoch keeps `created_at` as reproducible as the ids.
         let epoch = Utc

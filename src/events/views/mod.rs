@@ -132,6 +132,14 @@ pub fn apply(state: &mut ViewState, event: &Event, at: DateTime<Utc>) {
                 p.last_error = Some(e.message.clone());
             }
         }
+        Event::CreationSettled(e) => {
+            if let Some(p) = state.pending_creations.get_mut(&e.reservation)
+                && p.request.as_deref() == Some(e.request.to_string().as_str())
+            {
+                p.unresolved_since = None;
+                p.last_error = None;
+            }
+        }
         Event::MachineReleased(e) => {
             state.machines.remove(&e.provider_id);
         }
@@ -276,6 +284,7 @@ impl Keys {
                 Event::CreationGivenUp(e) => k.reservations.push(e.reservation),
                 Event::JobCancelled(e) => k.reservations.extend(e.reservation),
                 Event::CreationUnresolved(e) => k.reservations.push(e.reservation),
+                Event::CreationSettled(e) => k.reservations.push(e.reservation),
                 Event::MachineReleased(e) => k.devices.push(e.provider_id.clone()),
                 Event::SettingsChanged(_) => k.settings = true,
                 Event::RaceLost(e) => k.reservations.push(e.reservation),

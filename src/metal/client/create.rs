@@ -12,11 +12,13 @@ impl MetalClient {
     /// [`MetalClient::create_device`], waiting for `pacer`'s turn right
     /// before every POST: a creation rate limit then holds at the moment
     /// devices are requested, not at some earlier point before the
-    /// reservation's read.
+    /// reservation's read. `fence` is asked after the turn, right before
+    /// each POST leaves; a refusal sends nothing.
     pub async fn create_device_paced(
         &self,
         req: &CreateDevice,
         pacer: &dyn Pacer,
+        fence: &dyn Fence,
     ) -> Result<CreatedDevice, MetalError> {
         let witness = req.witness.tag();
         // Set when a POST's outcome could not be observed, cleared when a
@@ -59,7 +61,7 @@ impl MetalClient {
                     query: vec![],
                     body: Some(&body),
                 };
-                let posted = match self.attempt_paced(&call, Some(pacer)).await {
+                let posted = match self.attempt_paced(&call, Some(pacer), Some(fence)).await {
                     Ok((status, body)) => decode::<Device>(call.op, status, &body),
                     Err(e) => Err(e),
                 };

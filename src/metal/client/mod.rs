@@ -24,6 +24,7 @@ use super::discipline::{
 use super::error::{self, MetalError};
 use super::model::*;
 use crate::config::Rate;
+use crate::provider::discipline::Fence;
 use crate::secret::ApiToken;
 
 /// The real service's base URL (closed on 30 June 2026; kept as the default
@@ -369,8 +370,12 @@ impl MetalClient {
     /// repeated blindly: the next attempt starts with that read. In the normal
     /// case this is two calls; after an accepted-then-failed POST, three.
     pub async fn create_device(&self, req: &CreateDevice) -> Result<CreatedDevice, MetalError> {
-        self.create_device_paced(req, &LocalPacer::new(Rate::UNLIMITED))
-            .await
+        self.create_device_paced(
+            req,
+            &LocalPacer::new(Rate::UNLIMITED),
+            &crate::provider::discipline::Open,
+        )
+        .await
     }
 
     // ---- SSH keys ----

@@ -30,7 +30,7 @@ impl MetalClient {
     /// One attempt through the gate, with its own timeout. Returns the status
     /// and body of a success; any other answer becomes an error.
     pub(super) async fn attempt(&self, call: &Call<'_>) -> Result<(u16, Vec<u8>), MetalError> {
-        self.attempt_paced(call, None).await
+        self.attempt_paced(call, None, None).await
     }
 
     /// One attempt; `pacer`, when given (the creation limiter), is awaited
@@ -43,6 +43,7 @@ impl MetalClient {
         &self,
         call: &Call<'_>,
         pacer: Option<&dyn Pacer>,
+        fence: Option<&dyn Fence>,
     ) -> Result<(u16, Vec<u8>), MetalError> {
         let admission = match pacer {
             None => self.inner.gate.admit(call.op).await?,
@@ -66,6 +67,12 @@ impl MetalClient {
                 );
             },
         };
+        if let Some(fence) = fence {
+            fence.check().await.map_err(|reason| MetalError::NotSent {
+                op: call.op,
+                reason,
+            })?;
+        }
         let started = tokio::time::Instant::now();
         let url = format!("{}{}", self.inner.base_url, call.path);
         let mut request = self.inner.http.request(call.method.clone(), &url);

@@ -330,8 +330,7 @@ pub async fn run(args: DemoArgs, stop: Stop) -> anyhow::Result<DemoSummary> {
                     latitude_pools(),
                     config.device_prefix.clone(),
                 )
-                .map_err(anyhow::Error::msg)?
-                .with_locks(pool.clone());
+                .map_err(anyhow::Error::msg)?;
                 JobContext::with_provider(
                     pool.clone(),
                     Arc::new(provider),

@@ -107,11 +107,10 @@ const CONNECTIONS_BESIDE_JOBS: u32 = 5;
 impl WorkerArgs {
     /// The least `--db-connections` the configured concurrency can run with.
     pub fn connections_needed(&self) -> u32 {
-        // A pass holds two: its lock's transaction and its work. A
-        // Latitude creation holds its place's lock beside its work.
+        // A pass holds two: its lock's transaction and its work. A creation
+        // holds its unit's lock beside its work.
         let per_create = match self.provider {
-            ProviderKind::Metal => 1,
-            ProviderKind::Latitude => 2,
+            ProviderKind::Metal | ProviderKind::Latitude => 2,
         };
         2 * self.reconcile_concurrency
             + per_create * self.create_concurrency
@@ -125,29 +124,22 @@ impl WorkerArgs {
             .unwrap_or_else(|| self.connections_needed().max(16))
     }
 
-    /// A Latitude creation holds its place's lock while it may send, and
-    /// checks the lock before each POST; a POST already on the wire when a
-    /// database restart drops the lock ends within one API attempt. A second
-    /// run of the creation starts only once this worker is presumed dead:
-    /// its last heartbeat, which can be a heartbeat before the restart, plus
-    /// the rescue window. So the attempt plus one heartbeat must end inside
-    /// the window, or the second run could look, find nothing yet, and
-    /// create beside the first.
-    fn check_create_fits_rescue_window(&self) -> anyhow::Result<()> {
-        let window = self.heartbeat * self.missed_heartbeats;
-        let attempt = self.latitude.latitude_api_timeout;
-        if attempt + self.heartbeat >= window {
-            anyhow::bail!(
-                "--latitude-api-timeout {} plus one --heartbeat ({}) must be shorter than the rescue window \
-                 (--heartbeat × --missed-heartbeats = {}): otherwise a create still on the wire after a \
-                 database restart could meet a second run of its creation; lower --latitude-api-timeout \
-                 or raise --missed-heartbeats",
-                humantime(attempt),
-                humantime(self.heartbeat),
-                humantime(window),
-            );
-        }
-        Ok(())
+    /// The settings this worker proposes to the cluster: its provisioner
+    /// flags, and the rescue window and API budgets its other flags give.
+    fn proposal(&self) -> anyhow::Result<shepherd::config::ProvisionerConfig> {
+        let mut config = self.provisioner.config_with(&self.metal)?;
+        config.rescue = shepherd::config::Rescue {
+            heartbeat: self.heartbeat,
+            missed_heartbeats: self.missed_heartbeats,
+            api_timeout: match self.provider {
+                ProviderKind::Metal => self.metal.api_timeout,
+                ProviderKind::Latitude => self.latitude.latitude_api_timeout,
+            },
+        };
+        config.latitude_reads_per_minute = self.latitude.latitude_reads_per_minute;
+        config.latitude_writes_per_minute = self.latitude.latitude_writes_per_minute;
+        config.validate()?;
+        Ok(config)
     }
 
     fn check_connections(&self) -> anyhow::Result<()> {
@@ -208,8 +200,10 @@ pub fn stop_on_signal() -> Stop {
 }
 
 pub async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
-    // Every setting is checked before anything touches the API or the database.
-    let config = Arc::new(args.provisioner.config_with(&args.metal)?);
+    // Every setting is checked before anything touches the API or the
+    // database; the cluster's recorded values then replace the flags that
+    // every worker must share.
+    let mut config = args.proposal()?;
     let public_key = args.provisioner.public_key()?;
     match args.provider {
         ProviderKind::Metal => {
@@ -224,7 +218,6 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
             }
             shepherd::latitude::pools::validate(&args.latitude.pools, &config.device_prefix)
                 .map_err(anyhow::Error::msg)?;
-            args.check_create_fits_rescue_window()?;
         }
     }
     args.check_connections()?;
@@ -245,6 +238,19 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
     .await
     .context("cannot read or record the cluster's settings")?;
     report_settings(&established);
+    // The rescue window and the budgets are the cluster's: a worker with
+    // its own could hand a creation to a second run while the first is
+    // still sending, or spend the key's budget twice.
+    let cluster = &established.settings;
+    config.settle_window = cluster.settle_window;
+    config.rescue = cluster.rescue;
+    config.latitude_reads_per_minute = cluster.latitude_reads_per_minute;
+    config.latitude_writes_per_minute = cluster.latitude_writes_per_minute;
+    config
+        .rescue
+        .validate()
+        .context("the cluster's rescue settings cannot be used")?;
+    let config = Arc::new(config);
     let provider_name = match args.provider {
         ProviderKind::Metal => shepherd::metal::provider::NAME,
         ProviderKind::Latitude => shepherd::latitude::provider::NAME,
@@ -260,16 +266,20 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(args.metrics_listen)
         .await
         .with_context(|| format!("--metrics-listen: cannot listen on {}", args.metrics_listen))?;
+    let metal = MetalArgs {
+        api_timeout: config.rescue.api_timeout,
+        ..args.metal.clone()
+    };
     let ctx = Arc::new(match args.provider {
         ProviderKind::Metal => JobContext::new(
             pool.clone(),
-            args.metal.client(Some(&pool), client_metrics.clone())?,
+            metal.client(Some(&pool), client_metrics.clone())?,
             config.clone(),
             public_key,
         ),
         ProviderKind::Latitude => JobContext::with_provider(
             pool.clone(),
-            Arc::new(args.latitude.provider(&pool, &config.device_prefix)?),
+            Arc::new(args.latitude.provider(&pool, &config)?),
             config.clone(),
             public_key,
         ),
@@ -304,8 +314,8 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
         reconcile_concurrency: args.reconcile_concurrency as usize,
         create_concurrency: args.create_concurrency as usize,
         assimilate_concurrency: args.assimilate_concurrency as usize,
-        heartbeat: args.heartbeat,
-        missed_heartbeats: args.missed_heartbeats,
+        heartbeat: config.rescue.heartbeat,
+        missed_heartbeats: config.rescue.missed_heartbeats,
         poll_interval: args.poll_interval,
         drain_timeout: args.drain_timeout,
         job_metrics,
@@ -464,12 +474,4 @@ pub async fn healthcheck(args: HealthcheckArgs) -> anyhow::Result<()> {
         anyhow::bail!("{url}: {status}: {}", body.trim());
     }
     Ok(())
-}
-
-fn humantime(d: Duration) -> String {
-    if d.subsec_millis() == 0 {
-        format!("{}s", d.as_secs())
-    } else {
-        format!("{}ms", d.as_millis())
-    }
 }

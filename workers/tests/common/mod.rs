@@ -162,18 +162,19 @@ impl Cluster {
         sqlx::query_scalar(sql).fetch_one(&self.pool).await.unwrap()
     }
 
+    /// A query that fails is the test's failure, never a zero.
     pub async fn managed(&self) -> i64 {
         sqlx::query_scalar("select count(*) from shepherd.managed_machines")
             .fetch_one(&self.pool)
             .await
-            .unwrap_or(0)
+            .expect("counting managed machines")
     }
 
     pub async fn in_flight(&self) -> i64 {
         sqlx::query_scalar("select (select count(*) from shepherd.in_flight)")
             .fetch_one(&self.pool)
             .await
-            .unwrap_or(0)
+            .expect("counting what is in flight")
     }
 
     /// Waits until `managed` machines are managed and nothing is in flight,
@@ -206,6 +207,11 @@ impl Cluster {
         reservations.sort();
         reservations.dedup();
         assert_eq!(reservations.len(), n, "a reservation got two devices");
+        assert_eq!(
+            self.fake.duplicate_creates(),
+            0,
+            "a create was sent for a reservation that held a device of ours"
+        );
         for d in ours {
             assert!(
                 managed.contains(&d.id.to_string()),
@@ -343,20 +349,28 @@ pub fn start_latitude(
     rx.recv().unwrap()
 }
 
-/// The local cluster DATABASE_URL points at, if this machine can stop and
-/// start it (`pg_ctlcluster`, as on Debian and Ubuntu).
-pub fn local_cluster() -> Option<String> {
-    let url = std::env::var("DATABASE_URL").ok()?;
-    if !(url.contains("@127.0.0.1") || url.contains("@localhost")) {
-        return None;
-    }
-    Command::new("pg_ctlcluster").arg("--help").output().ok()?;
+/// The local cluster DATABASE_URL points at, which the chaos runs stop and
+/// start (`pg_ctlcluster`, as on Debian and Ubuntu). A machine where that
+/// cannot be done fails the run: an outage the run could not cause proves
+/// nothing, and must not pass as one survived.
+pub fn local_cluster() -> String {
+    let url = std::env::var("DATABASE_URL").expect("DATABASE_URL is set for tests");
+    assert!(
+        url.contains("@127.0.0.1") || url.contains("@localhost"),
+        "the chaos run restarts Postgres, so DATABASE_URL must name a local cluster, not {url}"
+    );
+    Command::new("pg_ctlcluster")
+        .arg("--help")
+        .output()
+        .expect("the chaos run restarts Postgres with pg_ctlcluster, which this machine lacks");
     let mut versions: Vec<String> = std::fs::read_dir("/etc/postgresql")
-        .ok()?
+        .expect("no /etc/postgresql: the chaos run cannot find the cluster to restart")
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
         .collect();
     versions.sort_by_key(|v| v.parse::<u32>().unwrap_or(0));
-    versions.pop()
+    versions
+        .pop()
+        .expect("no cluster under /etc/postgresql: the chaos run cannot restart Postgres")
 }
 
 pub fn pg_ctl(version: &str, action: &str) {

@@ -85,6 +85,13 @@ impl World {
                 }
                 let r = self.reservation(id).ok_or_else(not_ours)?;
                 if !r.provisionable(now) {
+                    let ours = r
+                        .device
+                        .and_then(|d| self.devices.get(&d))
+                        .is_some_and(|d| !d.created_by_other);
+                    if ours {
+                        self.duplicate_creates += 1;
+                    }
                     return Err(ApiError::unprocessable(NOT_PROVISIONABLE));
                 }
                 if !r.plan.slug.eq_ignore_ascii_case(plan_slug) {

@@ -7,6 +7,32 @@ use super::*;
 impl World {
     // ----- JSON -----
 
+    /// The project, as `GET /projects/{id}` answers (the spec's `Project`).
+    pub fn project_json(&self) -> Value {
+        let id = self.project_id;
+        json!({
+            "id": id,
+            "name": "shepherd",
+            "href": project_href(id),
+            "created_at": "2024-01-01T00:00:00Z",
+            "updated_at": "2024-01-01T00:00:00Z",
+            "backend_transfer_enabled": false,
+            "customdata": {},
+            "devices": self.devices.values()
+                .filter(|d| d.project_id == id)
+                .map(|d| json!({ "href": device_href(d.id) }))
+                .collect::<Vec<_>>(),
+            "invitations": [],
+            "max_devices": {},
+            "members": [{ "href": format!("{API_PREFIX}/users/{}", self.user_id) }],
+            "memberships": [],
+            "network_status": {},
+            "ssh_keys": [],
+            "volumes": [],
+            "type": "default",
+        })
+    }
+
     /// `listing` selects the listing's (possibly stale) view of
     /// `provisionable` over the truth.
     ///

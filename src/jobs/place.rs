@@ -1,0 +1,140 @@
+//! One owner per unit at every moment. A creation, the look that settles
+//! an unknown one, a deletion and an assimilation each hold their unit's
+//! lock while they may act on it: a session advisory lock on a connection
+//! of its own, so that it dies with this process's connection (a crash, a
+//! database restart) and nothing else can act on the unit meanwhile.
+//!
+//! The lock alone cannot stop a request already waiting for its turn under
+//! the provider's budget: the wait can outlast the lock. So every write is
+//! fenced (`provider::Fence`): right before it leaves, the lock's own
+//! connection is asked whether the lock still holds and whether the work
+//! still owns the unit (its pending row is still its own, and no machine
+//! stands there).
+
+use futures::future::BoxFuture;
+use sqlx::pool::PoolConnection;
+use sqlx::{PgPool, Postgres};
+use tokio::sync::Mutex;
+use uuid::Uuid;
+
+use crate::provider::Fence;
+
+/// A unit's lock, held until [`PlaceLock::release`] or until dropped (its
+/// connection is then closed, never handed back to the pool still holding
+/// the lock: a creation cut off mid-way must not leave its unit locked for
+/// whoever takes that connection next).
+pub struct PlaceLock {
+    unit: Uuid,
+    conn: Mutex<PoolConnection<Postgres>>,
+}
+
+impl std::fmt::Debug for PlaceLock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PlaceLock")
+            .field("unit", &self.unit)
+            .finish_non_exhaustive()
+    }
+}
+
+fn key(unit: Uuid) -> String {
+    format!("place/{unit}")
+}
+
+impl PlaceLock {
+    /// Takes the unit's lock if nobody holds it; `None` if somebody does.
+    pub async fn try_take(pool: &PgPool, unit: Uuid) -> Result<Option<PlaceLock>, sqlx::Error> {
+        let mut conn = pool.acquire().await?;
+        conn.close_on_drop();
+        let got: bool = sqlx::query_scalar("select pg_try_advisory_lock(hashtextextended($1, 0))")
+            .bind(key(unit))
+            .fetch_one(&mut *conn)
+            .await?;
+        Ok(got.then(|| PlaceLock {
+            unit,
+            conn: Mutex::new(conn),
+        }))
+    }
+
+    pub fn unit(&self) -> Uuid {
+        self.unit
+    }
+
+    /// Lets the unit go. The connection is closed with the lock (a lock
+    /// that could not be released dies with it).
+    pub async fn release(self) {
+        let mut conn = self.conn.into_inner();
+        let _ = sqlx::query("select pg_advisory_unlock(hashtextextended($1, 0))")
+            .bind(key(self.unit))
+            .execute(&mut *conn)
+            .await;
+    }
+
+    /// Who stands on the unit, asked on the lock's own connection: an
+    /// error means the lock may be lost.
+    pub async fn standing(&self) -> Result<Standing, String> {
+        let mut conn = self.conn.lock().await;
+        let (owner, machines, unassimilated): (Option<String>, i64, i64) = sqlx::query_as(
+            "select (select request from shepherd.pending_creations where reservation_id = $1),
+                    (select count(*) from shepherd.managed_machines where reservation_id = $1),
+                    (select count(*) from shepherd.unassimilated_devices where reservation_id = $1)",
+        )
+        .bind(self.unit)
+        .fetch_one(&mut **conn)
+        .await
+        .map_err(|e| format!("the unit's lock may be lost: {e}"))?;
+        Ok(Standing {
+            owner,
+            machines: (machines + unassimilated) as u64,
+        })
+    }
+
+    /// The fence of a creation by `request` while this lock is held.
+    pub fn creation(&self, request: Uuid) -> CreationFence<'_> {
+        CreationFence {
+            lock: self,
+            request: request.to_string(),
+        }
+    }
+}
+
+/// What stands on a unit, as its lock's holder sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Standing {
+    /// The request whose creation is pending on the unit, if any.
+    pub owner: Option<String>,
+    /// Machines of ours on the unit: managed, or made and not yet
+    /// assimilated.
+    pub machines: u64,
+}
+
+impl Standing {
+    /// Why a creation by `request` may not send, if it may not.
+    pub fn refuses_creation(&self, request: &str) -> Option<String> {
+        if self.owner.as_deref() != Some(request) {
+            return Some(match &self.owner {
+                Some(other) => format!("the creation by request {other} owns the unit now"),
+                None => "the creation has ended; nothing is pending on the unit".into(),
+            });
+        }
+        (self.machines > 0).then(|| "a machine of ours stands on the unit".into())
+    }
+}
+
+/// A creation's fence: the unit's lock still holds, the creation still
+/// owns the unit, and no machine stands on it.
+pub struct CreationFence<'a> {
+    lock: &'a PlaceLock,
+    request: String,
+}
+
+impl Fence for CreationFence<'_> {
+    fn check(&self) -> BoxFuture<'_, Result<(), String>> {
+        Box::pin(async move {
+            let standing = self.lock.standing().await?;
+            match standing.refuses_creation(&self.request) {
+                None => Ok(()),
+                Some(why) => Err(why),
+            }
+        })
+    }
+}
