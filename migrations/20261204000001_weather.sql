@@ -66,8 +66,11 @@ begin
     perform shepherd.require(exists (select 1 from shepherd.cluster_settings),
         'the cluster has no settings yet: start a worker once (its flags become the first settings)');
     -- A second run of a creation starts once its worker missed its
-    -- heartbeats; one API attempt plus a heartbeat must end before that.
-    if p_key in ('heartbeat', 'missed_heartbeats', 'api_timeout') then
+    -- heartbeats; one API attempt plus a heartbeat must end before that,
+    -- where the provider does not itself refuse a second machine on a unit
+    -- (Metal's reservations do).
+    if p_key in ('heartbeat', 'missed_heartbeats', 'api_timeout')
+       and (select value #>> '{}' from shepherd.cluster_settings where key = 'provider') = 'latitude' then
         select coalesce(shepherd.duration_seconds(case when p_key = 'heartbeat' then p_value
                             else (select value #>> '{}' from shepherd.cluster_settings where key = 'heartbeat') end), 5),
                coalesce(case when p_key = 'missed_heartbeats' then p_value::float8

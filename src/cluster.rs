@@ -345,43 +345,98 @@ pub async fn establish(
 
 /// The setting that names the provider a cluster provisions.
 pub const PROVIDER_KEY: &str = "provider";
+/// The setting that names the project (at the provider) it provisions.
+pub const PROJECT_KEY: &str = "project";
+/// The setting that names the hostname prefix of its machines.
+pub const PREFIX_KEY: &str = "device_prefix";
 
-/// Records `provider` as the cluster's if it has none yet (the first
-/// worker's, or the first of a release that knows the setting), and refuses
-/// a worker started for another: one cluster's passes, views and sinbin
-/// speak of one provider's machines and units, and a worker cannot adopt a
-/// provider it has no credentials for. Not a setting `change_setting()`
-/// takes: a cluster changes provider by starting anew.
-pub async fn establish_provider(pool: &PgPool, provider: &str, by: &str) -> Result<(), StoreError> {
+/// What a cluster provisions, and how its machines are named: fixed when
+/// its first worker starts. Unit ids, witnesses and hostnames all derive
+/// from these, so two processes that disagreed would not recognise each
+/// other's machines.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    pub provider: String,
+    pub project: String,
+    pub device_prefix: String,
+}
+
+/// Records `proposed` as the cluster's identity where it has none yet (the
+/// first worker's, or the first of a release that knows a key), and
+/// refuses a worker started for another provider or project: one
+/// cluster's passes, views and sinbin speak of one provider's machines and
+/// units, and a worker cannot adopt credentials it does not have. A prefix
+/// that differs is the cluster's (returned, with the difference said).
+/// None is a setting `change_setting()` takes: a cluster changes them by
+/// starting anew.
+pub async fn establish_identity(
+    pool: &PgPool,
+    proposed: &Identity,
+    by: &str,
+) -> Result<(Identity, Option<String>), StoreError> {
     let mut tx = pool.begin().await?;
     sqlx::query("select pg_advisory_xact_lock(hashtextextended('operator/settings', 0))")
         .execute(&mut *tx)
         .await?;
     let map = stored(&mut tx).await?;
-    match map.get(PROVIDER_KEY).and_then(Value::as_str) {
-        Some(recorded) if recorded == provider => {}
-        Some(recorded) => {
-            return Err(StoreError::Invalid(format!(
-                "this cluster provisions {recorded}, and this worker was started with --provider \
-                 {provider}: start it with --provider {recorded} (SHEPHERD_PROVIDER), or give the \
-                 other provider a database of its own"
-            )));
-        }
-        None => {
-            let settings = BTreeMap::from([(PROVIDER_KEY.to_string(), Value::from(provider))]);
-            record(
-                &mut tx,
-                vec![NewEvent::new(SettingsChanged {
-                    by: by.to_string(),
-                    reason: "the provider of the first worker to start".into(),
-                    settings,
-                })],
-            )
-            .await?;
+    let recorded = |key: &str| map.get(key).and_then(Value::as_str).map(str::to_string);
+    if let Some(provider) = recorded(PROVIDER_KEY)
+        && provider != proposed.provider
+    {
+        return Err(StoreError::Invalid(format!(
+            "this cluster provisions {provider}, and this worker was started with --provider \
+             {}: start it with --provider {provider} (SHEPHERD_PROVIDER), or give the other \
+             provider a database of its own",
+            proposed.provider
+        )));
+    }
+    if let Some(project) = recorded(PROJECT_KEY)
+        && project != proposed.project
+    {
+        return Err(StoreError::Invalid(format!(
+            "this cluster provisions project {project}, and this worker was started for project \
+             {}: start it with the cluster's project, or give the other project a database of its own",
+            proposed.project
+        )));
+    }
+    let mut missing = BTreeMap::new();
+    for (key, value) in [
+        (PROVIDER_KEY, &proposed.provider),
+        (PROJECT_KEY, &proposed.project),
+        (PREFIX_KEY, &proposed.device_prefix),
+    ] {
+        if recorded(key).is_none() {
+            missing.insert(key.to_string(), Value::from(value.as_str()));
         }
     }
+    if !missing.is_empty() {
+        record(
+            &mut tx,
+            vec![NewEvent::new(SettingsChanged {
+                by: by.to_string(),
+                reason: "what the cluster provisions, from the first worker to start".into(),
+                settings: missing,
+            })],
+        )
+        .await?;
+    }
     tx.commit().await?;
-    Ok(())
+    let prefix = recorded(PREFIX_KEY).unwrap_or_else(|| proposed.device_prefix.clone());
+    let differs = (prefix != proposed.device_prefix).then(|| {
+        format!(
+            "--device-prefix {} differs from the cluster's {prefix}; this process uses the \
+             cluster's (the prefix is fixed when a cluster starts)",
+            proposed.device_prefix
+        )
+    });
+    Ok((
+        Identity {
+            provider: proposed.provider.clone(),
+            project: proposed.project.clone(),
+            device_prefix: prefix,
+        },
+        differs,
+    ))
 }
 
 /// Changes one setting through `shepherd.change_setting()`, which validates

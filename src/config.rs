@@ -334,8 +334,8 @@ impl Rescue {
         self.heartbeat * self.missed_heartbeats
     }
 
-    /// Refuses values with which a second run of a creation could start
-    /// while the first one's create is still on the wire.
+    /// Refuses values that cannot work: no heartbeat, no missed heartbeat,
+    /// no time for an API attempt.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.heartbeat.is_zero() {
             return Err(ConfigError::new(
@@ -355,6 +355,14 @@ impl Rescue {
                 "must be more than 0s",
             ));
         }
+        Ok(())
+    }
+
+    /// Refuses values with which a second run of a creation could start
+    /// while the first one's create is still on the wire: what matters on a
+    /// provider that does not itself refuse a second machine on a unit.
+    pub fn validate_for_creates(&self) -> Result<(), ConfigError> {
+        self.validate()?;
         if self.api_timeout + self.heartbeat >= self.window() {
             return Err(ConfigError::new(
                 "API attempt timeout (--api-timeout, --latitude-api-timeout)",

@@ -12,5 +12,6 @@ pub mod jobs;
 pub mod latitude;
 pub mod limiter;
 pub mod metal;
+pub mod pools;
 pub mod provider;
 pub mod secret;

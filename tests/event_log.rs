@@ -10,7 +10,7 @@ use chrono::{TimeDelta, Utc};
 use rand::{Rng, SeedableRng};
 use shepherd::events::event::*;
 use shepherd::events::store::{self, Follower};
-use shepherd::events::views::{self, PROVIDER_EQUINIX};
+use shepherd::events::views::{self, PROVIDER_METAL};
 use shepherd::events::{Event, NewEvent, record};
 use shepherd::metal::ErrorClass;
 use sqlx::PgPool;
@@ -55,6 +55,8 @@ fn one_of_each() -> Vec<Event> {
                     in_stock: true,
                     count: Some(12),
                 }),
+                machines: 3,
+                removed: false,
             }],
         }
         .into(),
@@ -88,6 +90,7 @@ fn one_of_each() -> Vec<Event> {
             manual: false,
             requested_by: None,
             sinbin_override: None,
+            place: None,
         }
         .into(),
         CreationAttemptFailed {
@@ -135,7 +138,7 @@ fn one_of_each() -> Vec<Event> {
         .into(),
         MachineAssimilated {
             machine_id: Uuid::new_v4(),
-            provider: PROVIDER_EQUINIX.into(),
+            provider: PROVIDER_METAL.into(),
             provider_id: d.to_string(),
             reservation: Some(r),
             hostname: Some("h".into()),
@@ -218,6 +221,58 @@ fn one_of_each() -> Vec<Event> {
             reason: "no job was left to end it".into(),
         }
         .into(),
+        PoolDeclared {
+            name: "web".into(),
+            plan: "c2-small-x86".into(),
+            site: "DAL".into(),
+            count: 3,
+            operating_system: "ubuntu_24_04_x64_lts".into(),
+            ssh_keys: vec![],
+            by: "cli:alice".into(),
+            reason: "launch".into(),
+        }
+        .into(),
+        PoolChanged {
+            name: "web".into(),
+            plan: "c2-small-x86".into(),
+            site: "DAL".into(),
+            count: 0,
+            operating_system: "ubuntu_24_04_x64_lts".into(),
+            ssh_keys: vec!["ssh_a".into()],
+            by: "cli:alice".into(),
+            reason: "winding down".into(),
+            confirmed: true,
+        }
+        .into(),
+        PoolRemoved {
+            name: "web".into(),
+            by: "cli:alice".into(),
+            reason: "gone".into(),
+            confirmed: true,
+        }
+        .into(),
+        MachineNotFound {
+            run,
+            machine_id: Uuid::new_v4(),
+            provider_id: d.to_string(),
+            message: "get-server: not found (404)".into(),
+        }
+        .into(),
+        MachineLost {
+            machine_id: Uuid::new_v4(),
+            provider: PROVIDER_METAL.into(),
+            provider_id: d.to_string(),
+            reservation: Some(r),
+            evidence: "not found twice".into(),
+        }
+        .into(),
+        LimitExceeded {
+            device: d.to_string(),
+            managed: 6,
+            in_flight: 0,
+            limit: 5,
+        }
+        .into(),
         CreationSettled {
             reservation: r,
             request: Uuid::new_v4(),
@@ -231,7 +286,7 @@ fn one_of_each() -> Vec<Event> {
         .into(),
         MachineReleased {
             machine_id: Uuid::new_v4(),
-            provider: PROVIDER_EQUINIX.into(),
+            provider: PROVIDER_METAL.into(),
             provider_id: d.to_string(),
             by: "ops".into(),
             reason: "deleted by hand".into(),
@@ -366,6 +421,7 @@ async fn a_retried_append_is_stored_once(pool: PgPool) {
         manual: true,
         requested_by: None,
         sinbin_override: None,
+        place: None,
     });
     for _ in 0..2 {
         let mut tx = pool.begin().await.unwrap();
@@ -392,6 +448,7 @@ async fn a_rollback_leaves_neither_events_nor_view_changes(pool: PgPool) {
                 manual: false,
                 requested_by: None,
                 sinbin_override: None,
+                place: None,
             }),
             NewEvent::new(DeviceCreated {
                 reservation: r,
@@ -596,7 +653,52 @@ fn random_event(rng: &mut impl Rng, reservations: &[Uuid], devices: &[Uuid]) -> 
     let r = reservations[rng.random_range(0..reservations.len())];
     let d = devices[rng.random_range(0..devices.len())];
     let offset = TimeDelta::seconds(rng.random_range(-3600..3600));
-    match rng.random_range(0..15) {
+    let pool = ["web", "db", "batch"][rng.random_range(0..3)].to_string();
+    match rng.random_range(0..19) {
+        18 => CreationSettled {
+            reservation: r,
+            request: Uuid::from_u128(rng.random_range(0..3)),
+            message: "m".into(),
+        }
+        .into(),
+        17 => MachineLost {
+            machine_id: Uuid::new_v4(),
+            provider: "latitude".into(),
+            provider_id: d.to_string(),
+            reservation: Some(r),
+            evidence: "e".into(),
+        }
+        .into(),
+        16 => PoolRemoved {
+            name: pool,
+            by: "ops".into(),
+            reason: "r".into(),
+            confirmed: true,
+        }
+        .into(),
+        15 if rng.random() => PoolDeclared {
+            name: pool,
+            plan: "p".into(),
+            site: "S".into(),
+            count: rng.random_range(0..9),
+            operating_system: "o".into(),
+            ssh_keys: vec![],
+            by: "ops".into(),
+            reason: "r".into(),
+        }
+        .into(),
+        15 => PoolChanged {
+            name: pool,
+            plan: "p".into(),
+            site: "S".into(),
+            count: rng.random_range(0..9),
+            operating_system: "o".into(),
+            ssh_keys: vec![format!("ssh_{}", rng.random::<u8>())],
+            by: "ops".into(),
+            reason: "r".into(),
+            confirmed: rng.random(),
+        }
+        .into(),
         14 => SettingsChanged {
             by: "ops".into(),
             reason: "r".into(),
@@ -610,7 +712,7 @@ fn random_event(rng: &mut impl Rng, reservations: &[Uuid], devices: &[Uuid]) -> 
         .into(),
         13 => MachineReleased {
             machine_id: Uuid::new_v4(),
-            provider: PROVIDER_EQUINIX.into(),
+            provider: PROVIDER_METAL.into(),
             provider_id: d.to_string(),
             by: "ops".into(),
             reason: "gone".into(),
@@ -642,6 +744,7 @@ fn random_event(rng: &mut impl Rng, reservations: &[Uuid], devices: &[Uuid]) -> 
             manual: rng.random(),
             requested_by: None,
             sinbin_override: None,
+            place: None,
         }
         .into(),
         1 => DeviceCreated {
@@ -682,7 +785,7 @@ fn random_event(rng: &mut impl Rng, reservations: &[Uuid], devices: &[Uuid]) -> 
         .into(),
         7 => MachineAssimilated {
             machine_id: Uuid::new_v4(),
-            provider: PROVIDER_EQUINIX.into(),
+            provider: PROVIDER_METAL.into(),
             provider_id: d.to_string(),
             reservation: Some(r),
             hostname: Some("h".into()),

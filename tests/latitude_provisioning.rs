@@ -78,6 +78,10 @@ impl World {
         )
         .await
         .unwrap();
+        // The pools are the cluster's, which every job reads.
+        shepherd::pools::establish(&db, &pools, "test")
+            .await
+            .unwrap();
         let ctx = Arc::new(JobContext::with_provider(
             db.clone(),
             Arc::new(provider),

@@ -158,6 +158,7 @@ async fn record_request_given_up(w: &World, reservation: Uuid, request: Uuid) {
                 manual: false,
                 requested_by: None,
                 sinbin_override: None,
+                place: None,
             }),
             shepherd::events::NewEvent::new(CreationGivenUp {
                 reservation,

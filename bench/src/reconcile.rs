@@ -139,7 +139,7 @@ async fn prepare(server: &Server, size: usize) -> anyhow::Result<(Stage, usize)>
         let device = stage.fake.add_foreign_device(r.id, &hostname, vec![]);
         events.push(NewEvent::new(MachineAssimilated {
             machine_id: uuid::Uuid::new_v4(),
-            provider: "equinix".into(),
+            provider: "metal".into(),
             provider_id: device.to_string(),
             reservation: Some(r.id),
             hostname: Some(hostname),

@@ -24,6 +24,8 @@ pub enum Stream {
     SshKey(String),
     Operator,
     Settings,
+    /// A pool of the cluster's desired state, by name.
+    Pool(String),
     /// Operations on the views themselves.
     Views,
     /// An operator's retries and cancels of single jobs.
@@ -39,6 +41,7 @@ impl Stream {
             Stream::SshKey(label) => format!("ssh_key/{label}"),
             Stream::Operator => "operator/controls".to_string(),
             Stream::Settings => "operator/settings".to_string(),
+            Stream::Pool(name) => format!("pool/{name}"),
             Stream::Views => "operator/views".to_string(),
             Stream::Jobs => "operator/jobs".to_string(),
         }
@@ -156,7 +159,36 @@ events! {
         /// Set when an operator admitted a penalised reservation on purpose.
         #[serde(default)]
         sinbin_override: Option<String>,
+        /// The unit's place, where the provider has places (`web/3`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        place: Option<String>,
     }
+    /// An operator declared a pool (or declared again one removed before).
+    PoolDeclared = "pool_declared", 1 {
+        name: String,
+        plan: String,
+        site: String,
+        count: u32,
+        operating_system: String,
+        ssh_keys: Vec<String>,
+        by: String,
+        reason: String,
+    }
+    /// An operator changed a pool; `confirmed` when it went to 0.
+    PoolChanged = "pool_changed", 1 {
+        name: String,
+        plan: String,
+        site: String,
+        count: u32,
+        operating_system: String,
+        ssh_keys: Vec<String>,
+        by: String,
+        reason: String,
+        #[serde(default)]
+        confirmed: bool,
+    }
+    /// An operator removed a pool, confirming that its machines go.
+    PoolRemoved = "pool_removed", 1 { name: String, by: String, reason: String, confirmed: bool }
     /// A manual creation was not admitted, and why.
     CreationRefused = "creation_refused", 1 { reservation: Uuid, request: Uuid, reason: String }
     /// One attempt to create a device failed; the job will try again.
@@ -231,6 +263,19 @@ events! {
     AdoptionRequested = "adoption_requested", 1 { run: Uuid, device: String, reservation: Option<Uuid>, witnessed: bool }
     /// A device waiting to be assimilated had no job left; the sweep gave it one.
     AssimilationResumed = "assimilation_resumed", 1 { device: String, reason: String }
+    /// A managed machine missing from a pass's listing, for which the
+    /// provider answered "not found" when asked by its id: a first sighting.
+    MachineNotFound = "machine_not_found", 1 { run: Uuid, machine_id: Uuid, provider_id: String, message: String }
+    /// The provider confirmed a managed machine gone ("not found", seen
+    /// twice some time apart): it is no longer managed, and its unit is
+    /// free to be filled again.
+    MachineLost = "machine_lost", 1 {
+        machine_id: Uuid,
+        provider: String,
+        provider_id: String,
+        reservation: Option<Uuid>,
+        evidence: String,
+    }
     /// An operator recorded that a managed machine is no longer managed
     /// (its device is gone), so passes stop reporting it missing.
     MachineReleased = "machine_released", 1 { machine_id: Uuid, provider: String, provider_id: String, by: String, reason: String }
@@ -241,6 +286,10 @@ events! {
     ReconcileCoalesced = "reconcile_coalesced", 1 { run: Uuid, newer_pass_started_at: DateTime<Utc> }
     /// Assimilation found the device already managed.
     AssimilationSkipped = "assimilation_skipped", 1 { device: String, machine_id: Uuid }
+    /// A machine of ours was recorded although it takes managed plus in
+    /// flight past the cluster's limit (it existed: hiding it would be
+    /// worse). The figures are after it was recorded.
+    LimitExceeded = "limit_exceeded", 1 { device: String, managed: u64, in_flight: u64, limit: u64 }
     /// Assimilation refused the device (unknown to the provider, or not ours).
     AssimilationRejected = "assimilation_rejected", 1 { device: String, reason: String }
     /// The managed SSH key exists with the configured public key.
@@ -273,6 +322,18 @@ fn upcast(event_type: &str, version: i32, mut body: Value) -> Value {
             map.entry("class").or_insert(Value::Null);
         }
     }
+    // Metal was called `equinix` in the log until 2026-12-04: one name for
+    // it everywhere now, the one `--provider` takes.
+    let renamed = match event_type {
+        "settings_changed" => body.pointer_mut("/settings/provider"),
+        "machine_assimilated" | "machine_released" | "machine_lost" => body.get_mut("provider"),
+        _ => None,
+    };
+    if let Some(provider) = renamed
+        && provider == "equinix"
+    {
+        *provider = Value::from("metal");
+    }
     body
 }
 
@@ -293,7 +354,12 @@ impl Event {
             Event::CreationSettled(e) => Stream::Reservation(e.reservation),
             Event::AssimilationResumed(e) => Stream::Device(e.device.clone()),
             Event::MachineReleased(e) => Stream::Device(e.provider_id.clone()),
+            Event::MachineNotFound(e) => Stream::Device(e.provider_id.clone()),
+            Event::MachineLost(e) => Stream::Device(e.provider_id.clone()),
             Event::SettingsChanged(_) => Stream::Settings,
+            Event::PoolDeclared(e) => Stream::Pool(e.name.clone()),
+            Event::PoolChanged(e) => Stream::Pool(e.name.clone()),
+            Event::PoolRemoved(e) => Stream::Pool(e.name.clone()),
             Event::CreationRequested(e) => Stream::Reservation(e.reservation),
             Event::CreationRefused(e) => Stream::Reservation(e.reservation),
             Event::CreationAttemptFailed(e) => Stream::Reservation(e.reservation),
@@ -306,6 +372,7 @@ impl Event {
             Event::AdoptionRequested(e) => Stream::Device(e.device.clone()),
             Event::AssimilationSkipped(e) => Stream::Device(e.device.clone()),
             Event::AssimilationRejected(e) => Stream::Device(e.device.clone()),
+            Event::LimitExceeded(e) => Stream::Device(e.device.clone()),
             Event::SshKeyEnsured(e) => Stream::SshKey(e.label.clone()),
             Event::AssimilationRequested(e) => Stream::Device(e.device.clone()),
             Event::ViewsReplaced(_) => Stream::Views,

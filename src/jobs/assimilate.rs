@@ -3,14 +3,18 @@
 //! Idempotent: a device already managed is a recorded no-op. A device the
 //! provider does not know, or one in another project, is rejected with the
 //! reason recorded. The check and the record happen under the device's lock,
-//! so two runs of the same job cannot both assimilate it.
+//! so two runs of the same job cannot both assimilate it; under its unit's
+//! lock, so no creation sends on the unit meanwhile; and under the capacity
+//! lock, so admissions count it at once.
 
 use chrono::{TimeDelta, Utc};
 use uuid::Uuid;
 
+use super::place::PlaceLock;
 use super::queue;
 use super::{AssimilateArgs, JobContext, JobError};
 use crate::events::event::*;
+use crate::events::views;
 use crate::events::{NewEvent, record};
 use crate::provider::ErrorClass;
 
@@ -48,40 +52,25 @@ pub async fn assimilate(
     args: &AssimilateArgs,
     job_id: &str,
 ) -> Result<AssimilateOutcome, JobError> {
-    // Our own create just returned this device: nothing to verify.
+    // Our own create just returned this device: nothing to verify, and its
+    // unit is held by it (made and not yet assimilated) since then.
     if let Some(facts) = &args.created {
-        return record_machine(
-            ctx,
-            args,
-            job_id,
-            args.reservation,
-            Some(facts.hostname.clone()),
-        )
-        .await;
+        let found = Found {
+            unit: args.reservation,
+            hostname: Some(facts.hostname.clone()),
+            witness: None,
+        };
+        return record_machine(ctx, args, job_id, found).await;
     }
+    // The machine's unit is read from the cluster's pools as they are now.
+    ctx.pools().await?;
     let facts = match ctx.provider.machine(&args.device).await {
         Ok(f) => f,
         Err(e)
             if matches!(e.class, ErrorClass::Transient | ErrorClass::RateLimited)
                 && args.attempt < ctx.config.assimilate_retry.max_attempts =>
         {
-            let next = AssimilateArgs {
-                attempt: args.attempt + 1,
-                ..args.clone()
-            };
-            let after = ctx.config.assimilate_retry.backoff(next.attempt);
-            let mut tx = ctx.pool.begin().await?;
-            queue::push_assimilate(
-                &mut tx,
-                &next,
-                Some(Utc::now() + TimeDelta::from_std(after).unwrap_or(TimeDelta::MAX)),
-            )
-            .await?;
-            tx.commit().await?;
-            tracing::warn!(device = %args.device, error = %e, attempt = args.attempt, "assimilation will be retried");
-            return Ok(AssimilateOutcome::Retrying {
-                next_attempt: next.attempt,
-            });
+            return retry_later(ctx, args, &e.to_string()).await;
         }
         Err(e) if e.not_found() => {
             return reject(
@@ -97,72 +86,156 @@ pub async fn assimilate(
     if let Some(reason) = facts.foreign {
         return reject(ctx, args, job_id, reason).await;
     }
-    record_machine(
-        ctx,
-        args,
-        job_id,
-        facts.unit.or(args.reservation),
-        facts.hostname,
-    )
-    .await
+    let found = Found {
+        unit: facts.unit.or(args.reservation),
+        hostname: facts.hostname,
+        witness: facts.witness,
+    };
+    // One owner per unit: no creation may send on the unit while a machine
+    // is recorded on it.
+    let Some(unit) = found.unit else {
+        return record_machine(ctx, args, job_id, found).await;
+    };
+    let Some(lock) = PlaceLock::try_take(&ctx.pool, unit).await? else {
+        return retry_later(ctx, args, "another run holds the machine's unit").await;
+    };
+    let outcome = record_machine(ctx, args, job_id, found).await;
+    lock.release().await;
+    outcome
 }
 
-/// Records the machine, or that it was already managed, under the device's lock.
+/// What is known of the machine to record.
+struct Found {
+    unit: Option<Uuid>,
+    hostname: Option<String>,
+    /// The request its witness names (unknown for our own create's answer,
+    /// which needs none).
+    witness: Option<String>,
+}
+
+async fn retry_later(
+    ctx: &JobContext,
+    args: &AssimilateArgs,
+    error: &str,
+) -> Result<AssimilateOutcome, JobError> {
+    let next = AssimilateArgs {
+        attempt: args.attempt + 1,
+        ..args.clone()
+    };
+    let after = ctx.config.assimilate_retry.backoff(next.attempt);
+    let mut tx = ctx.pool.begin().await?;
+    queue::push_assimilate(
+        &mut tx,
+        &next,
+        Some(Utc::now() + TimeDelta::from_std(after).unwrap_or(TimeDelta::MAX)),
+    )
+    .await?;
+    tx.commit().await?;
+    tracing::warn!(device = %args.device, %error, attempt = args.attempt, "assimilation will be retried");
+    Ok(AssimilateOutcome::Retrying {
+        next_attempt: next.attempt,
+    })
+}
+
+/// Records the machine, or that it was already managed, under the device's
+/// lock and the capacity lock, so that admissions see it at once. A machine
+/// of ours is recorded even past the limit (it exists and is billed; hiding
+/// it would be worse), and that is recorded too. Its unit's penalty ends:
+/// a unit a machine of ours stands on is never penalised.
 async fn record_machine(
     ctx: &JobContext,
     args: &AssimilateArgs,
     job_id: &str,
-    reservation: Option<Uuid>,
-    hostname: Option<String>,
+    found: Found,
 ) -> Result<AssimilateOutcome, JobError> {
     let mut tx = ctx.pool.begin().await?;
+    let capacity = queue::lock_capacity(&mut tx).await?;
     sqlx::query("select pg_advisory_xact_lock(hashtextextended($1, 0))")
         .bind(format!("device/{}", args.device))
         .execute(&mut *tx)
         .await?;
-    let existing: Option<Uuid> = sqlx::query_scalar(
-        "select machine_id from shepherd.managed_machines where provider = $1 and provider_id = $2",
+    let (existing, in_flight, owner): (Option<Uuid>, bool, Option<String>) = sqlx::query_as(
+        "select (select machine_id from shepherd.managed_machines
+                 where provider = $1 and provider_id = $2),
+                exists(select 1 from shepherd.unassimilated_devices where device_id = $2),
+                (select request from shepherd.pending_creations where reservation_id = $3)",
     )
     .bind(ctx.provider.name())
     .bind(&args.device)
-    .fetch_optional(&mut *tx)
+    .bind(found.unit)
+    .fetch_one(&mut *tx)
     .await?;
-    let outcome = match existing {
-        Some(machine_id) => {
-            record(
-                &mut tx,
-                vec![
-                    NewEvent::new(AssimilationSkipped {
-                        device: args.device.clone(),
-                        machine_id,
-                    })
-                    .caused_by(job_id),
-                ],
-            )
-            .await?;
-            AssimilateOutcome::AlreadyManaged { machine_id }
+    if let Some(machine_id) = existing {
+        record(
+            &mut tx,
+            vec![
+                NewEvent::new(AssimilationSkipped {
+                    device: args.device.clone(),
+                    machine_id,
+                })
+                .caused_by(job_id),
+            ],
+        )
+        .await?;
+        tx.commit().await?;
+        return Ok(AssimilateOutcome::AlreadyManaged { machine_id });
+    }
+    // A creation by another request still owns the unit: it may be sending,
+    // or its create may land later. The machine waits until it ends.
+    if let Some(owner) = &owner {
+        let its_own = found
+            .witness
+            .as_deref()
+            .is_some_and(|w| !w.is_empty() && owner.starts_with(w));
+        if !its_own {
+            drop(tx);
+            let reason = format!(
+                "a creation (request {owner}) is in flight on unit {}: a machine is recorded \
+                 there once it ends",
+                found.unit.map(|u| u.to_string()).unwrap_or_default()
+            );
+            return if args.manual {
+                reject(ctx, args, job_id, reason).await
+            } else {
+                retry_later(ctx, args, &reason).await
+            };
         }
-        None => {
-            let machine_id = Uuid::new_v4();
-            record(
-                &mut tx,
-                vec![
-                    NewEvent::new(MachineAssimilated {
-                        machine_id,
-                        provider: ctx.provider.name().into(),
-                        provider_id: args.device.clone(),
-                        reservation,
-                        hostname,
-                    })
-                    .caused_by(job_id),
-                ],
-            )
-            .await?;
-            AssimilateOutcome::Assimilated { machine_id }
-        }
-    };
+    }
+    let machine_id = Uuid::new_v4();
+    let mut events = vec![NewEvent::new(MachineAssimilated {
+        machine_id,
+        provider: ctx.provider.name().into(),
+        provider_id: args.device.clone(),
+        reservation: found.unit,
+        hostname: found.hostname,
+    })];
+    // Counted in flight already when made or adopted; else one more.
+    let used = capacity.managed + capacity.in_flight + u64::from(!in_flight);
+    if capacity.limit.is_limited() && used > capacity.limit.0 {
+        tracing::warn!(device = %args.device, limit = capacity.limit.0, used, "a machine of ours takes the cluster past its limit; recorded anyway");
+        events.push(NewEvent::new(LimitExceeded {
+            device: args.device.clone(),
+            managed: capacity.managed + 1,
+            in_flight: capacity.in_flight.saturating_sub(u64::from(in_flight)),
+            limit: capacity.limit.0,
+        }));
+    }
+    if let Some(unit) = found.unit
+        && views::penalty(&mut tx, unit).await?.is_some()
+    {
+        events.push(NewEvent::new(PenaltyCleared {
+            reservation: unit,
+            by: "shepherd".into(),
+            reason: format!("machine {} of ours stands on the unit", args.device),
+        }));
+    }
+    record(
+        &mut tx,
+        events.into_iter().map(|e| e.caused_by(job_id)).collect(),
+    )
+    .await?;
     tx.commit().await?;
-    Ok(outcome)
+    Ok(AssimilateOutcome::Assimilated { machine_id })
 }
 
 async fn reject(

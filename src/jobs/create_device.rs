@@ -117,16 +117,28 @@ pub async fn create_device(
     // killed or presumed dead, a drain cut short), which may follow a POST
     // whose outcome nobody saw; and who owns the reservation's creation (a
     // re-run of the same request resumes it).
-    let (stored, rerun, owner): (Option<serde_json::Value>, Option<bool>, Option<String>) =
-        sqlx::query_as(
-            "select (select jsonb_object_agg(key, value) from shepherd.cluster_settings),
-                    (select attempts > 1 from apalis.jobs where id = $1),
-                    (select request from shepherd.pending_creations where reservation_id = $2)",
-        )
-        .bind(job_id)
-        .bind(args.reservation)
-        .fetch_one(&ctx.pool)
-        .await?;
+    type First = (
+        Option<serde_json::Value>,
+        Option<bool>,
+        Option<String>,
+        Option<serde_json::Value>,
+    );
+    let (stored, rerun, owner, pools): First = sqlx::query_as(
+        "select (select jsonb_object_agg(key, value) from shepherd.cluster_settings),
+                (select attempts > 1 from apalis.jobs where id = $1),
+                (select request from shepherd.pending_creations where reservation_id = $2),
+                (select jsonb_agg(to_jsonb(p)) from shepherd.pools p)",
+    )
+    .bind(job_id)
+    .bind(args.reservation)
+    .fetch_one(&ctx.pool)
+    .await?;
+    let pools: Vec<crate::pools::PoolRow> = match pools {
+        Some(json) => serde_json::from_value(json)
+            .map_err(|e| JobError::Database(sqlx::Error::Decode(Box::new(e))))?,
+        None => vec![],
+    };
+    ctx.adopt_pools(&pools);
     let stored = match stored {
         Some(serde_json::Value::Object(map)) => map.into_iter().collect(),
         _ => Default::default(),
@@ -779,6 +791,11 @@ async fn admit_manual(
         // Anything else is for the create to meet and classify.
         Err(_) => {}
     }
+    let units = [queue::UnitFacts {
+        unit: args.reservation,
+        scope: ctx.provider.unit_scope(args.reservation),
+        place: ctx.provider.unit_label(args.reservation),
+    }];
     let mut tx = ctx.pool.begin().await?;
     let (_, refused) = queue::admit(
         &mut tx,
@@ -789,6 +806,7 @@ async fn admit_manual(
             caused_by: Some(job_id),
             requested_by: args.requested_by.clone(),
             sinbin_override: args.sinbin_override.clone(),
+            units: &units,
         },
     )
     .await?;

@@ -187,7 +187,24 @@ impl JobContext {
     pub async fn settings(&self) -> Result<ClusterSettings, sqlx::Error> {
         let mut conn = self.pool.acquire().await?;
         let stored = cluster::stored(&mut conn).await?;
+        let pools = crate::pools::read(&mut conn).await?;
+        self.adopt_pools(&pools);
         self.adopt(&stored)
+    }
+
+    /// The cluster's pools now, adopted by this process's provider. Read
+    /// at the start of every job that maps machines to units.
+    pub async fn pools(&self) -> Result<(), sqlx::Error> {
+        let mut conn = self.pool.acquire().await?;
+        let pools = crate::pools::read(&mut conn).await?;
+        self.adopt_pools(&pools);
+        Ok(())
+    }
+
+    /// Adopts pools read as part of a job's own first query.
+    pub fn adopt_pools(&self, pools: &[crate::pools::PoolRow]) {
+        let declared: Vec<_> = pools.iter().map(crate::pools::PoolRow::declared).collect();
+        self.provider.set_pools(&declared);
     }
 
     /// Adopts settings read as part of a job's own first query.

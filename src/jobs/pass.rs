@@ -363,6 +363,8 @@ mod tests {
                 in_stock: true,
                 count,
             }),
+            machines: 0,
+            removed: false,
         };
         let inventory = Inventory {
             // Counted 2, counted 5 but penalised, in stock without a count.

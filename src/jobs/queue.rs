@@ -149,6 +149,19 @@ pub struct Admission<'a> {
     pub requested_by: Option<String>,
     /// An operator's reason to admit penalised reservations anyway.
     pub sinbin_override: Option<String>,
+    /// What the provider says of the units beside their ids.
+    pub units: &'a [UnitFacts],
+}
+
+/// What admission knows of a unit beside its id.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UnitFacts {
+    pub unit: Uuid,
+    /// The stock it draws on (`Unit::scope`), where it shares one: a
+    /// penalty of its scope holds it back as its own would.
+    pub scope: Option<String>,
+    /// Its place, where the provider has places (`web/3`).
+    pub place: Option<String>,
 }
 
 /// Admits creations for `reservations` in order, as far as the cluster's
@@ -178,13 +191,36 @@ pub async fn admit(
     .bind(&ids)
     .fetch_all(&mut *conn)
     .await?;
-    let penalised: Vec<(Uuid, DateTime<Utc>, String)> = sqlx::query_as(
-        "select reservation_id, until, cause from shepherd.sinbin
-         where reservation_id = any($1) and now() <= until",
+    // Penalties of the units themselves, and of the stock they draw on.
+    let scopes: Vec<String> = how.units.iter().filter_map(|u| u.scope.clone()).collect();
+    let penalties: Vec<(Uuid, DateTime<Utc>, String, Option<String>)> = sqlx::query_as(
+        "select reservation_id, until, cause, scope from shepherd.sinbin
+         where (reservation_id = any($1) or scope = any($2)) and now() <= until",
     )
     .bind(&ids)
+    .bind(&scopes)
     .fetch_all(&mut *conn)
     .await?;
+    let penalised: Vec<(Uuid, DateTime<Utc>, String)> = reservations
+        .iter()
+        .filter_map(|(unit, _)| {
+            let scope = how
+                .units
+                .iter()
+                .find(|u| u.unit == *unit)
+                .and_then(|u| u.scope.as_ref());
+            penalties
+                .iter()
+                .find(|(r, _, _, s)| r == unit || (s.is_some() && s.as_ref() == scope))
+                .map(|(_, until, cause, s)| {
+                    let cause = match s {
+                        Some(s) if Some(s) == scope => format!("{cause} (holds back {s})"),
+                        _ => cause.clone(),
+                    };
+                    (*unit, *until, cause)
+                })
+        })
+        .collect();
 
     let mut room = capacity.room;
     let mut admitted = Vec::new();
@@ -236,6 +272,11 @@ pub async fn admit(
                 manual: how.manual,
                 requested_by: how.requested_by.clone(),
                 sinbin_override: how.sinbin_override.clone().filter(|_| overridden),
+                place: how
+                    .units
+                    .iter()
+                    .find(|u| u.unit == reservation)
+                    .and_then(|u| u.place.clone()),
             });
             match how.caused_by {
                 Some(job) => e.caused_by(job),

@@ -33,6 +33,8 @@ pub struct ReconcileOutcome {
     pub adopted: Vec<String>,
     pub unknown_devices: Vec<String>,
     pub missing_devices: Vec<String>,
+    /// Managed machines the provider confirmed gone, recorded as lost.
+    pub lost: Vec<String>,
 }
 
 async fn note(ctx: &JobContext, job_id: &str, events: Vec<Event>) -> Result<(), JobError> {
@@ -186,7 +188,7 @@ async fn run_pass(
     // admission counts come from the same moment or later.
     let fleet = read_fleet(&ctx.pool).await?;
     let ours = our_requests(&ctx.pool, &devices).await?;
-    let comparison = compare(
+    let mut comparison = compare(
         &devices,
         &before,
         &fleet,
@@ -194,15 +196,38 @@ async fn run_pass(
         settings.assimilate,
         &ours,
     );
-    out.managed = fleet.managed.len() as u64;
+    // A managed machine missing from the listing is a fact to confirm:
+    // looked up by its id, lost only on a definite "not found" seen twice.
+    let confirmed = confirm_missing(ctx, &settings, job_id, run, &comparison.missing).await?;
+    comparison.missing = confirmed.uncertain;
+    out.lost = confirmed.lost;
+    out.managed = fleet.managed.len() as u64 - out.lost.len() as u64;
     out.in_flight = fleet.in_flight();
 
     if !comparison.adopt.is_empty() {
         // Adopted devices count as in flight from here, so the limit
-        // leaves room for them before any creation is admitted.
+        // leaves room for them before any creation is admitted. Under the
+        // capacity lock: a manual admission cannot slip in between, and a
+        // unit a creation took since the fleet was read is left to it.
         let mut tx = ctx.pool.begin().await?;
-        let events = comparison
+        let capacity = queue::lock_capacity(&mut tx).await?;
+        let units: Vec<Uuid> = comparison
             .adopt
+            .iter()
+            .filter_map(|a| a.reservation)
+            .collect();
+        let taken: Vec<Uuid> = sqlx::query_scalar(
+            "select reservation_id from shepherd.pending_creations where reservation_id = any($1)",
+        )
+        .bind(&units)
+        .fetch_all(&mut *tx)
+        .await?;
+        let adopt: Vec<&pass::Adoption> = comparison
+            .adopt
+            .iter()
+            .filter(|a| a.reservation.is_none_or(|u| !taken.contains(&u)))
+            .collect();
+        let mut events: Vec<NewEvent> = adopt
             .iter()
             .map(|a| {
                 NewEvent::new(AdoptionRequested {
@@ -214,8 +239,25 @@ async fn run_pass(
                 .caused_by(job_id)
             })
             .collect();
+        // A machine of ours exists whether or not the limit has room for
+        // it: it is adopted, and the excess recorded.
+        let used = capacity.managed + capacity.in_flight + adopt.len() as u64;
+        if capacity.limit.is_limited()
+            && used > capacity.limit.0
+            && let Some(last) = adopt.last()
+        {
+            events.push(
+                NewEvent::new(LimitExceeded {
+                    device: last.device.clone(),
+                    managed: capacity.managed,
+                    in_flight: capacity.in_flight + adopt.len() as u64,
+                    limit: capacity.limit.0,
+                })
+                .caused_by(job_id),
+            );
+        }
         record(&mut tx, events).await?;
-        for a in &comparison.adopt {
+        for a in &adopt {
             let args = AssimilateArgs {
                 device: a.device.clone(),
                 reservation: a.reservation,
@@ -226,7 +268,7 @@ async fn run_pass(
             queue::push_assimilate(&mut tx, &args, None).await?;
         }
         tx.commit().await?;
-        out.adopted = comparison.adopt.iter().map(|a| a.device.clone()).collect();
+        out.adopted = adopt.iter().map(|a| a.device.clone()).collect();
         // One line per device, so each id is a field of its own (a log
         // pipeline finds a device's line by its id, not inside a list).
         tracing::warn!(
@@ -242,8 +284,10 @@ async fn run_pass(
         let mut reason = "the provider and shepherd disagree about which machines exist; refusing to do any work".to_string();
         if !comparison.missing.is_empty() {
             reason.push_str(
-                " (a managed machine whose device is gone: once you know why, record it with \
-                 `shepherd machines release <device> --reason ...`)",
+                " (a managed machine missing from the listing: it is looked up by its id at \
+                 every pass, and recorded as lost once the provider says twice, some time \
+                 apart, that it does not know it; `shepherd machines release <device> --reason \
+                 ...` records it at once)",
             );
         }
         tracing::error!(
@@ -333,6 +377,18 @@ async fn run_pass(
         .iter()
         .map(|&r| (r, Uuid::new_v4()))
         .collect();
+    let units: Vec<queue::UnitFacts> = chosen
+        .iter()
+        .map(|(unit, _)| queue::UnitFacts {
+            unit: *unit,
+            scope: inventory
+                .units
+                .iter()
+                .find(|u| u.id == *unit)
+                .and_then(|u| u.scope.clone()),
+            place: ctx.provider.unit_label(*unit),
+        })
+        .collect();
     let (admitted, refused) = queue::admit(
         &mut tx,
         &chosen,
@@ -340,6 +396,7 @@ async fn run_pass(
             push_jobs: true,
             caused_by: Some(job_id),
             requested_by: Some("reconcile".into()),
+            units: &units,
             ..Default::default()
         },
     )
@@ -382,6 +439,109 @@ async fn run_pass(
         enqueued = out.enqueued.len(),
         "reconcile pass finished"
     );
+    Ok(out)
+}
+
+/// What the pass made of the managed machines its listing lacked.
+struct Confirmed {
+    /// Still a discrepancy: the machine exists (the listing omitted it), a
+    /// first "not found", or a look that failed.
+    uncertain: Vec<String>,
+    /// Recorded as lost: the provider said twice, some time apart, that it
+    /// does not know them.
+    lost: Vec<String>,
+}
+
+/// Looks each missing machine up by its id. A machine recorded within the
+/// settle window is not missing yet: the listings can lag behind creates.
+/// A definite "not found" is recorded (`machine_not_found`); one seen again
+/// at least a quarter of the settle window later (and no sooner than ten
+/// seconds) confirms it, and the machine is recorded as lost
+/// (`machine_lost`, with the evidence), which frees its unit. Anything less
+/// certain leaves it a discrepancy, and the pass refuses to work.
+async fn confirm_missing(
+    ctx: &JobContext,
+    settings: &crate::cluster::ClusterSettings,
+    job_id: &str,
+    run: Uuid,
+    missing: &[String],
+) -> Result<Confirmed, JobError> {
+    let mut out = Confirmed {
+        uncertain: vec![],
+        lost: vec![],
+    };
+    if missing.is_empty() {
+        return Ok(out);
+    }
+    let settle =
+        chrono::TimeDelta::from_std(settings.settle_window).unwrap_or(chrono::TimeDelta::MAX);
+    let gap = (settle / 4).max(chrono::TimeDelta::seconds(10));
+    for id in missing {
+        let row: Option<(
+            Uuid,
+            Option<Uuid>,
+            chrono::DateTime<chrono::Utc>,
+            chrono::DateTime<chrono::Utc>,
+            Option<chrono::DateTime<chrono::Utc>>,
+        )> = sqlx::query_as(
+            "select m.machine_id, m.reservation_id, m.assimilated_at, now(),
+                        (select max(e.recorded_at) from shepherd.events e
+                         where e.stream = 'device/' || m.provider_id
+                           and e.event_type = 'machine_not_found'
+                           and e.recorded_at >= m.assimilated_at)
+                 from shepherd.managed_machines m where m.provider_id = $1",
+        )
+        .bind(id)
+        .fetch_optional(&ctx.pool)
+        .await?;
+        // Released meanwhile: nothing to confirm.
+        let Some((machine_id, unit, recorded_at, now, seen_gone)) = row else {
+            continue;
+        };
+        if now - recorded_at < settle {
+            tracing::info!(device = %id, "a machine recorded within the settle window is not listed yet");
+            continue;
+        }
+        match ctx.provider.machine(id).await {
+            Ok(_) => {
+                tracing::warn!(device = %id, "the listing omitted a machine that exists");
+                out.uncertain.push(id.clone());
+            }
+            Err(e) if e.not_found() => {
+                let event: Event = match seen_gone {
+                    Some(first) if now - first >= gap => {
+                        tracing::warn!(device = %id, %first, "the provider does not know a managed machine, seen twice: recorded as lost");
+                        out.lost.push(id.clone());
+                        MachineLost {
+                            machine_id,
+                            provider: ctx.provider.name().into(),
+                            provider_id: id.clone(),
+                            reservation: unit,
+                            evidence: format!(
+                                "not listed, and the provider answered \"not found\" for it at {first} and at {now}"
+                            ),
+                        }
+                        .into()
+                    }
+                    _ => {
+                        out.uncertain.push(id.clone());
+                        MachineNotFound {
+                            run,
+                            machine_id,
+                            provider_id: id.clone(),
+                            message: e.to_string(),
+                        }
+                        .into()
+                    }
+                };
+                note(ctx, job_id, vec![event]).await?;
+            }
+            Err(e) => {
+                tracing::warn!(device = %id, error = %e, "could not look a missing machine up");
+                out.uncertain.push(id.clone());
+            }
+        }
+    }
     Ok(out)
 }
 

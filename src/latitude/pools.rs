@@ -11,7 +11,6 @@
 //! one server, and the sinbin penalises it.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::str::FromStr;
 
 use serde::Serialize;
 use uuid::Uuid;
@@ -27,67 +26,7 @@ pub const REQUEST_DIGITS: usize = 8;
 /// Places per pool: indexes of up to three digits.
 pub const COUNT_MAX: u32 = 1000;
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Pool {
-    /// Short, in hostnames: lowercase letters, digits and `-`.
-    pub name: String,
-    pub plan: String,
-    pub site: String,
-    pub count: u32,
-    pub operating_system: String,
-    /// Ids of the project's SSH keys to put on each server.
-    pub ssh_keys: Vec<String>,
-}
-
-impl FromStr for Pool {
-    type Err = String;
-
-    /// `name=web,plan=c2-small-x86,site=SAO2,count=3,os=ubuntu_24_04_x64_lts`
-    /// with optional `ssh_keys=ssh_a+ssh_b`.
-    fn from_str(s: &str) -> Result<Pool, String> {
-        let mut fields: HashMap<&str, &str> = HashMap::new();
-        for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-            let (k, v) = part
-                .split_once('=')
-                .ok_or_else(|| format!("pool {s:?}: {part:?} is not key=value"))?;
-            if fields.insert(k.trim(), v.trim()).is_some() {
-                return Err(format!("pool {s:?}: {k} given twice"));
-            }
-        }
-        let mut take = |key: &str| {
-            fields
-                .remove(key)
-                .filter(|v| !v.is_empty())
-                .ok_or_else(|| format!("pool {s:?}: {key}= is missing"))
-        };
-        let pool = Pool {
-            name: take("name")?.to_string(),
-            plan: take("plan")?.to_string(),
-            // The API's sites are upper-case (`DAL`); one typed `dal` is
-            // the same site.
-            site: take("site")?.to_ascii_uppercase(),
-            count: take("count")?
-                .parse()
-                .map_err(|_| format!("pool {s:?}: count= is not a whole number"))?,
-            operating_system: take("os")?.to_string(),
-            ssh_keys: fields
-                .remove("ssh_keys")
-                .map(|k| {
-                    k.split('+')
-                        .filter(|k| !k.is_empty())
-                        .map(str::to_string)
-                        .collect()
-                })
-                .unwrap_or_default(),
-        };
-        if let Some(extra) = fields.keys().next() {
-            return Err(format!(
-                "pool {s:?}: unknown key {extra:?} (name, plan, site, count, os, ssh_keys)"
-            ));
-        }
-        Ok(pool)
-    }
-}
+pub use crate::provider::pool::Pool;
 
 /// Checks pools against each other and the hostname prefix.
 pub fn validate(pools: &[Pool], prefix: &str) -> Result<(), String> {

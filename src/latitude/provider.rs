@@ -15,7 +15,7 @@
 //! client looking the hostname up, never by sending it again.
 
 use std::collections::{BTreeMap, HashSet};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use futures::future::BoxFuture;
 
@@ -28,6 +28,7 @@ use crate::config::Rate;
 use crate::limiter::Limiter;
 use crate::provider::ErrorClass;
 use crate::provider::discipline::Pacer;
+use crate::provider::pool::Declared;
 use crate::provider::{
     Created, Failure, Fence, Inventory, Machine, MachineFacts, PoolReport, PoolStock, Provider,
     ProviderError, ProviderResult, Survey, Unit,
@@ -42,26 +43,47 @@ const UNIT_NAMESPACE: Uuid = Uuid::from_u128(0x5e3a_77c2_1b0d_4f7e_9a61_3c2e_8d4
 #[derive(Debug, Clone)]
 pub struct LatitudeProvider {
     client: LatitudeClient,
-    pools: Arc<Vec<Pool>>,
     prefix: String,
-    /// Unit id → (pool, place).
-    places: Arc<BTreeMap<Uuid, (usize, u32)>>,
+    /// The cluster's pools, replaced whenever a job reads them anew.
+    places: Arc<RwLock<Arc<Places>>>,
+}
+
+/// The pools and their places, as one snapshot.
+#[derive(Debug, Default)]
+struct Places {
+    /// Every pool the cluster declared, removed ones included (their
+    /// machines may still stand while they drain).
+    pools: Vec<Declared>,
+    /// Unit id → (pool, place), for every place a machine may stand on.
+    units: BTreeMap<Uuid, (usize, u32)>,
+}
+
+impl Places {
+    fn of(project: &str, pools: Vec<Declared>) -> Places {
+        let mut units = BTreeMap::new();
+        for (i, d) in pools.iter().enumerate() {
+            for index in 0..d.places_known() {
+                units.insert(unit_id(project, &d.pool.name, index), (i, index));
+            }
+        }
+        Places { pools, units }
+    }
+
+    fn all(&self) -> Vec<Pool> {
+        self.pools.iter().map(|d| d.pool.clone()).collect()
+    }
 }
 
 impl LatitudeProvider {
+    /// A provider for these pools (a process's flags, or the cluster's).
     pub fn new(client: LatitudeClient, pools: Vec<Pool>, prefix: String) -> Result<Self, String> {
         pools::validate(&pools, &prefix)?;
-        let mut places = BTreeMap::new();
-        for (i, p) in pools.iter().enumerate() {
-            for index in 0..p.count {
-                places.insert(unit_id(client.project(), &p.name, index), (i, index));
-            }
-        }
+        let declared = pools.into_iter().map(Declared::new).collect();
+        let places = Places::of(client.project(), declared);
         Ok(LatitudeProvider {
             client,
-            pools: Arc::new(pools),
             prefix,
-            places: Arc::new(places),
+            places: Arc::new(RwLock::new(Arc::new(places))),
         })
     }
 
@@ -69,24 +91,35 @@ impl LatitudeProvider {
         &self.client
     }
 
+    fn snapshot(&self) -> Arc<Places> {
+        self.places
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
     /// The unit id of place `index` of `pool`, as every process derives it.
     pub fn unit(&self, pool: &str, index: u32) -> Uuid {
         unit_id(self.client.project(), pool, index)
     }
 
-    fn place(&self, unit: Uuid) -> Result<(&Pool, u32), ProviderError> {
-        let (pool, index) = self.places.get(&unit).ok_or_else(|| ProviderError {
+    /// The pool and place of a unit, among every place a machine may stand
+    /// on.
+    fn place(&self, unit: Uuid) -> Result<(Pool, u32), ProviderError> {
+        let places = self.snapshot();
+        let (pool, index) = places.units.get(&unit).ok_or_else(|| ProviderError {
             class: ErrorClass::Permanent,
             failure: Failure::NotFound,
-            message: format!("{unit} is not a place in any pool shepherd keeps"),
+            message: format!("{unit} is not a place in any pool of the cluster"),
         })?;
-        Ok((&self.pools[*pool], *index))
+        Ok((places.pools[*pool].pool.clone(), *index))
     }
 
     fn as_machine(&self, s: &Server) -> Machine {
+        let pools = self.snapshot().all();
         let named = s
             .hostname()
-            .and_then(|h| pools::parse(&self.prefix, &self.pools, h));
+            .and_then(|h| pools::parse(&self.prefix, &pools, h));
         Machine {
             id: s.id.clone(),
             hostname: s.hostname().map(str::to_string),
@@ -168,9 +201,25 @@ impl Provider for LatitudeProvider {
         self.pool_reports(machines)
     }
 
+    /// A place of a pool as declared now: one a creation may take.
     fn unit_exists(&self, unit: Uuid) -> ProviderResult<'_, bool> {
-        let known = self.places.contains_key(&unit);
-        Box::pin(async move { Ok(known) })
+        let places = self.snapshot();
+        let current = places.units.get(&unit).is_some_and(|(pool, index)| {
+            let d = &places.pools[*pool];
+            !d.removed && *index < d.pool.count
+        });
+        Box::pin(async move { Ok(current) })
+    }
+
+    fn set_pools(&self, pools: &[Declared]) {
+        let unchanged = self.snapshot().pools == pools;
+        if !unchanged {
+            let places = Places::of(self.client.project(), pools.to_vec());
+            *self
+                .places
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(places);
+        }
     }
 
     fn unit_label(&self, unit: Uuid) -> Option<String> {
@@ -223,7 +272,7 @@ impl Provider for LatitudeProvider {
                     let mut e = ProviderError::from(e);
                     if out_of_stock {
                         e.failure = Failure::OutOfStock {
-                            scope: Some(scope(pool)),
+                            scope: Some(scope(&pool)),
                         };
                     }
                     e
@@ -236,7 +285,7 @@ impl Provider for LatitudeProvider {
     }
 
     fn unit_scope(&self, unit: Uuid) -> Option<String> {
-        self.place(unit).ok().map(|(pool, _)| scope(pool))
+        self.place(unit).ok().map(|(pool, _)| scope(&pool))
     }
 
     fn find_created(&self, unit: Uuid, request: Uuid) -> ProviderResult<'_, Option<Created>> {
@@ -275,9 +324,16 @@ impl LatitudeProvider {
     /// The places of every pool against the servers listed, and the stock
     /// of each plan at each site, read once per plan and site.
     async fn inventory(&self, machines: &[Machine]) -> Result<Inventory, ProviderError> {
+        let places = self.snapshot();
         let taken: HashSet<Uuid> = machines.iter().filter_map(|m| m.unit).collect();
+        let live: Vec<&Pool> = places
+            .pools
+            .iter()
+            .filter(|d| !d.removed)
+            .map(|d| &d.pool)
+            .collect();
         let mut stock: BTreeMap<(&str, &str), Stock> = BTreeMap::new();
-        for p in self.pools.iter() {
+        for p in &live {
             if let std::collections::btree_map::Entry::Vacant(slot) =
                 stock.entry((p.plan.as_str(), p.site.as_str()))
             {
@@ -288,7 +344,10 @@ impl LatitudeProvider {
             units: vec![],
             pools: self.pool_reports(machines),
         };
-        for (p, report) in self.pools.iter().zip(inventory.pools.iter_mut()) {
+        for report in inventory.pools.iter_mut() {
+            let Some(p) = live.iter().find(|p| p.name == report.name) else {
+                continue;
+            };
             let level = stock[&(p.plan.as_str(), p.site.as_str())];
             let in_stock = matches!(level, Stock::Some(_));
             report.stock = Some(PoolStock {
@@ -313,33 +372,41 @@ impl LatitudeProvider {
         Ok(inventory)
     }
 
-    /// Each pool's places against the servers listed, stock not read.
+    /// Each pool's places against the servers listed, stock not read: the
+    /// pools declared now, and removed ones while machines of theirs stand.
     fn pool_reports(&self, machines: &[Machine]) -> Vec<PoolReport> {
-        let mut reports: Vec<PoolReport> = self
+        let places = self.snapshot();
+        let mut reports: Vec<PoolReport> = places
             .pools
             .iter()
-            .map(|p| PoolReport {
-                name: p.name.clone(),
-                plan: p.plan.clone(),
-                site: p.site.clone(),
-                scope: scope(p),
-                count: p.count,
+            .map(|d| PoolReport {
+                name: d.pool.name.clone(),
+                plan: d.pool.plan.clone(),
+                site: d.pool.site.clone(),
+                scope: scope(&d.pool),
+                count: d.pool.count,
                 taken: 0,
                 failed: 0,
                 stock: None,
+                machines: 0,
+                removed: d.removed,
             })
             .collect();
-        // Places, not servers: a place counts once whatever stands on it.
+        // Places, not servers: a current place counts once whatever stands
+        // on it; every machine counts in `machines`.
         let mut seen = HashSet::new();
         for m in machines {
             let Some(unit) = m.unit else { continue };
-            if let Some((pool, _)) = self.places.get(&unit)
-                && seen.insert(unit)
-            {
-                reports[*pool].taken += 1;
-                reports[*pool].failed += u32::from(m.failed);
+            if let Some((pool, index)) = places.units.get(&unit) {
+                let report = &mut reports[*pool];
+                report.machines += 1;
+                if *index < report.count && seen.insert(unit) {
+                    report.taken += 1;
+                    report.failed += u32::from(m.failed);
+                }
             }
         }
+        reports.retain(|r| !r.removed || r.machines > 0);
         reports
     }
 
@@ -357,6 +424,7 @@ impl LatitudeProvider {
             Ok(MachineFacts {
                 unit: machine.unit,
                 hostname: machine.hostname,
+                witness: machine.witness,
                 foreign: (!ours).then(|| {
                     format!(
                         "the server belongs to project {}, not to shepherd's",

@@ -16,7 +16,7 @@ use crate::provider::{
 };
 
 /// The name machines of this provider carry in the views.
-pub const NAME: &str = "equinix";
+pub const NAME: &str = "metal";
 
 #[derive(Debug, Clone)]
 pub struct MetalProvider {
@@ -207,6 +207,7 @@ impl Provider for MetalProvider {
             Ok(MachineFacts {
                 unit: device.reservation_id(),
                 hostname: device.hostname.clone(),
+                witness: machine(&device).witness,
                 foreign,
             })
         })

@@ -19,9 +19,11 @@ use crate::limiter::Limiter;
 
 mod class;
 pub mod discipline;
+pub mod pool;
 
 pub use class::ErrorClass;
 pub use discipline::Fence;
+pub use pool::Pool;
 
 /// A machine as a listing shows it.
 #[derive(Debug, Clone, PartialEq)]
@@ -78,6 +80,13 @@ pub struct PoolReport {
     pub taken: u32,
     /// Of those, machines whose deployment failed.
     pub failed: u32,
+    /// Machines of the pool on any of its places: more than `taken` when
+    /// some stand beyond its count or two stand on one place (surplus).
+    #[serde(default)]
+    pub machines: u32,
+    /// The pool was removed and drains.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub removed: bool,
     /// The stock, when the pass read it (a pass at the limit does not).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stock: Option<PoolStock>,
@@ -107,6 +116,8 @@ pub struct Created {
 pub struct MachineFacts {
     pub unit: Option<Uuid>,
     pub hostname: Option<String>,
+    /// The request its witness names, if it carries one of shepherd's.
+    pub witness: Option<String>,
     /// Why the machine is not shepherd's to manage (another project), if so.
     pub foreign: Option<String>,
 }
@@ -256,4 +267,7 @@ pub trait Provider: Send + Sync + 'static {
 
     /// Adopts the cluster's API budget.
     fn set_api_rate(&self, rate: Rate);
+
+    /// Adopts the cluster's pools (a provider without pools has none).
+    fn set_pools(&self, _pools: &[pool::Declared]) {}
 }

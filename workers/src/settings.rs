@@ -435,12 +435,8 @@ impl LatitudeArgs {
         &self,
         pool: &PgPool,
         config: &ProvisionerConfig,
+        pools: &[shepherd::provider::pool::Declared],
     ) -> anyhow::Result<shepherd::latitude::provider::LatitudeProvider> {
-        if self.pools.is_empty() {
-            bail!(
-                "--provider latitude needs at least one --pool name=...,plan=...,site=...,count=N,os=..."
-            );
-        }
         let mut client_config = self.client_config()?;
         client_config.attempt_timeout = config.rescue.api_timeout;
         let client = shepherd::latitude::LatitudeClient::for_cluster(
@@ -452,11 +448,14 @@ impl LatitudeArgs {
                 per: std::time::Duration::from_secs(60),
             },
         )?;
-        shepherd::latitude::provider::LatitudeProvider::new(
+        let provider = shepherd::latitude::provider::LatitudeProvider::new(
             client,
-            self.pools.clone(),
+            vec![],
             config.device_prefix.clone(),
         )
-        .map_err(anyhow::Error::msg)
+        .map_err(anyhow::Error::msg)?;
+        use shepherd::provider::Provider;
+        provider.set_pools(pools);
+        Ok(provider)
     }
 }

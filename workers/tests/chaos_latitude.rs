@@ -94,6 +94,9 @@ async fn latitude_chaos_breaks_no_invariant(pool: PgPool) {
         // window, as a worker requires.
         "--latitude-api-timeout",
         "1500ms",
+        // The fake shows a server the moment it is made: a short window.
+        "--settle-window",
+        "3s",
     ];
     for _ in 0..3 {
         c.spawn_worker_with_env(&worker_args, &env);

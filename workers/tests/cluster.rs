@@ -240,16 +240,24 @@ async fn bad_settings_are_refused_before_any_call(pool: PgPool) {
         (&["worker", "--per-page=-5"], "--per-page"),
         (&["worker", "--db-connections=-1"], "--db-connections"),
         (&["worker", "--db-connections", "0"], "--db-connections"),
-        (&["worker", "--db-connections", "4"], "needs at least 15"),
+        // A creation holds its unit's lock beside its work: two each.
+        (&["worker", "--db-connections", "4"], "needs at least 19"),
         (
             &[
                 "worker",
                 "--db-connections",
-                "15",
+                "19",
                 "--create-concurrency",
                 "8",
             ],
-            "needs at least 19",
+            "needs at least 27",
+        ),
+        // A worker that never beats, or is given up at once, cannot hold
+        // its jobs.
+        (&["worker", "--heartbeat", "0s"], "heartbeat (--heartbeat)"),
+        (
+            &["worker", "--missed-heartbeats", "0"],
+            "missed heartbeats (--missed-heartbeats)",
         ),
         (&["worker", "--create-attempts=-2"], "--create-attempts"),
         (&["worker", "--penalty", "soon"], "--penalty"),

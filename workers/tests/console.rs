@@ -127,7 +127,7 @@ async fn machines_are_paged_and_searchable(pool: PgPool) {
         events.push(shepherd::events::NewEvent::new(
             shepherd::events::event::MachineAssimilated {
                 machine_id: uuid::Uuid::new_v4(),
-                provider: "equinix".into(),
+                provider: "metal".into(),
                 provider_id: uuid::Uuid::new_v4().to_string(),
                 reservation: Some(uuid::Uuid::new_v4()),
                 hostname: Some(format!("shepherd-{n:03}")),
@@ -144,7 +144,7 @@ async fn machines_are_paged_and_searchable(pool: PgPool) {
         vec![shepherd::events::NewEvent::new(
             shepherd::events::event::MachineAssimilated {
                 machine_id: uuid::Uuid::new_v4(),
-                provider: "equinix".into(),
+                provider: "metal".into(),
                 provider_id: uuid::Uuid::new_v4().to_string(),
                 reservation: None,
                 hostname: Some("odd_<name>%".into()),

@@ -136,7 +136,7 @@ async fn the_status_page_warns_and_tells_live_workers_from_gone(pool: PgPool) {
         events.push(shepherd::events::NewEvent::new(
             shepherd::events::event::MachineAssimilated {
                 machine_id: uuid::Uuid::new_v4(),
-                provider: "equinix".into(),
+                provider: "metal".into(),
                 provider_id: uuid::Uuid::new_v4().to_string(),
                 reservation: Some(r),
                 hostname: None,
@@ -150,6 +150,7 @@ async fn the_status_page_warns_and_tells_live_workers_from_gone(pool: PgPool) {
             manual: false,
             requested_by: None,
             sinbin_override: None,
+            place: None,
         },
     ));
     events.push(shepherd::events::NewEvent::new(

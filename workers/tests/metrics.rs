@@ -247,6 +247,8 @@ async fn pools_and_their_stock_show_on_the_page_and_in_metrics(pool: PgPool) {
         taken,
         failed,
         stock,
+        machines: taken,
+        removed: false,
     };
     let counted = |in_stock, count| {
         Some(PoolStock {

@@ -308,11 +308,16 @@ async fn plan_reads_the_pools_through_the_seam(pool: sqlx::PgPool) {
 #[sqlx::test(migrations = false)]
 async fn a_worker_for_another_provider_is_refused(pool: sqlx::PgPool) {
     shepherd::db::migrate(&pool).await.unwrap();
-    shepherd::cluster::establish_provider(&pool, "equinix", "test")
+    let metal = shepherd::cluster::Identity {
+        provider: "metal".into(),
+        project: "2b0f6b1c-0d3a-4e8a-9a4b-1d2c3e4f5a6b".into(),
+        device_prefix: "shepherd-".into(),
+    };
+    shepherd::cluster::establish_identity(&pool, &metal, "test")
         .await
         .unwrap();
     // Recorded once: a second Metal worker starts as before.
-    shepherd::cluster::establish_provider(&pool, "equinix", "test")
+    shepherd::cluster::establish_identity(&pool, &metal, "test")
         .await
         .unwrap();
     let url = common::database_url(&pool).await;
@@ -341,8 +346,7 @@ async fn a_worker_for_another_provider_is_refused(pool: sqlx::PgPool) {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(
-        stderr.contains("this cluster provisions equinix")
-            && stderr.contains("--provider latitude"),
+        stderr.contains("this cluster provisions metal") && stderr.contains("--provider latitude"),
         "{stderr}"
     );
     let providers: Vec<String> = sqlx::query_scalar(
@@ -351,7 +355,7 @@ async fn a_worker_for_another_provider_is_refused(pool: sqlx::PgPool) {
     .fetch_all(&pool)
     .await
     .unwrap();
-    assert_eq!(providers, vec!["equinix"]);
+    assert_eq!(providers, vec!["metal"]);
 }
 
 /// A Latitude worker whose API attempt could outlast its rescue window is
@@ -387,7 +391,7 @@ fn a_latitude_worker_whose_create_could_outlast_its_rescue_window_is_refused() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(
-        stderr.contains("--latitude-api-timeout 2s plus one --heartbeat (1s)")
+        stderr.contains("--latitude-api-timeout): 2s plus one heartbeat (1s)")
             && stderr.contains("rescue window")
             && stderr.contains("= 3s)"),
         "{stderr}"

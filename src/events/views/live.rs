@@ -22,7 +22,7 @@ pub(crate) async fn apply_live(
     if keys.is_empty() || events.is_empty() {
         return Ok(());
     }
-    let before = load(
+    let mut before = load(
         conn,
         &keys.reservations,
         &keys.devices,
@@ -30,6 +30,9 @@ pub(crate) async fn apply_live(
         keys.settings,
     )
     .await?;
+    if !keys.pools.is_empty() {
+        before.pools = read_pools(&mut *conn, Some(&keys.pools)).await?;
+    }
     let mut after = before.clone();
     for e in events {
         apply(&mut after, &e.event, e.recorded_at);
@@ -71,7 +74,7 @@ pub(super) async fn load(
               select reservation_id, until, cause, failures, scope from shepherd.sinbin
               where reservation_id = any($2)) s) as sinbin,
            (select coalesce(json_agg(p), '[]') from (
-              select reservation_id, request, enqueued_at, unresolved_since, last_error
+              select reservation_id, request, enqueued_at, unresolved_since, last_error, place
               from shepherd.pending_creations where reservation_id = any($2)) p) as pending,
            (select coalesce(json_agg(u), '[]') from (
               select device_id, reservation_id, hostname, created_at
@@ -130,6 +133,14 @@ pub(super) async fn write_changes(
         .iter()
         .filter(|(k, v)| before.settings.get(*k) != Some(*v));
     write_settings(conn, changed).await?;
+    let (gone, changed) = diff(&before.pools, &after.pools);
+    if !gone.is_empty() {
+        sqlx::query("delete from shepherd.pools where name = any($1)")
+            .bind(gone.into_iter().cloned().collect::<Vec<_>>())
+            .execute(&mut *conn)
+            .await?;
+    }
+    insert_pools(conn, changed.into_iter()).await?;
     let (gone, changed) = diff(&before.machines, &after.machines);
     if !gone.is_empty() {
         sqlx::query("delete from shepherd.managed_machines where provider_id = any($1)")

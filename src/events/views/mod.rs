@@ -15,7 +15,9 @@ use uuid::Uuid;
 use super::event::Event;
 pub use crate::config::PenaltyPolicy;
 
-pub const PROVIDER_EQUINIX: &str = "equinix";
+/// Metal's name in the views (events written before 2026-12-04 say
+/// `equinix`, and read as `metal`).
+pub const PROVIDER_METAL: &str = "metal";
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ManagedMachine {
@@ -54,6 +56,9 @@ pub struct PendingCreation {
     /// Since when its outcome is unknown, if it is.
     pub unresolved_since: Option<DateTime<Utc>>,
     pub last_error: Option<String>,
+    /// The unit's place, where the provider has places (`web/3`).
+    #[serde(default)]
+    pub place: Option<String>,
 }
 
 /// One cluster setting as the view holds it.
@@ -69,6 +74,39 @@ pub struct UnassimilatedDevice {
     pub reservation_id: Option<Uuid>,
     pub hostname: Option<String>,
     pub created_at: DateTime<Utc>,
+}
+
+/// A pool of the cluster's desired state, as the view holds it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PoolRow {
+    pub name: String,
+    pub plan: String,
+    pub site: String,
+    pub count: u32,
+    pub operating_system: String,
+    pub ssh_keys: Vec<String>,
+    /// The most places it ever had: machines may stand on them while it
+    /// drains.
+    pub places_ever: u32,
+    /// Removed: its count is 0 and it drains.
+    pub removed: bool,
+    pub updated_at: DateTime<Utc>,
+    pub updated_by: String,
+    pub reason: String,
+}
+
+impl PoolRow {
+    /// The pool as a provider takes it.
+    pub fn pool(&self) -> crate::provider::Pool {
+        crate::provider::Pool {
+            name: self.name.clone(),
+            plan: self.plan.clone(),
+            site: self.site.clone(),
+            count: self.count,
+            operating_system: self.operating_system.clone(),
+            ssh_keys: self.ssh_keys.clone(),
+        }
+    }
 }
 
 /// Creations are paused, by whom and why.
@@ -90,6 +128,7 @@ pub struct ViewState {
     pub pending_creations: BTreeMap<Uuid, PendingCreation>,
     pub unassimilated: BTreeMap<String, UnassimilatedDevice>,
     pub settings: BTreeMap<String, Setting>,
+    pub pools: BTreeMap<String, PoolRow>,
 }
 
 /// Folds one event into the views. `at` is the event's recorded time, so
@@ -105,6 +144,7 @@ pub fn apply(state: &mut ViewState, event: &Event, at: DateTime<Utc>) {
                     enqueued_at: at,
                     unresolved_since: None,
                     last_error: None,
+                    place: e.place.clone(),
                 },
             );
         }
@@ -143,6 +183,9 @@ pub fn apply(state: &mut ViewState, event: &Event, at: DateTime<Utc>) {
         Event::MachineReleased(e) => {
             state.machines.remove(&e.provider_id);
         }
+        Event::MachineLost(e) => {
+            state.machines.remove(&e.provider_id);
+        }
         Event::SettingsChanged(e) => {
             for (key, value) in &e.settings {
                 state.settings.insert(
@@ -152,6 +195,43 @@ pub fn apply(state: &mut ViewState, event: &Event, at: DateTime<Utc>) {
                         updated_at: at,
                     },
                 );
+            }
+        }
+        Event::PoolDeclared(e) => set_pool(
+            state,
+            &e.name,
+            crate::provider::Pool {
+                name: e.name.clone(),
+                plan: e.plan.clone(),
+                site: e.site.clone(),
+                count: e.count,
+                operating_system: e.operating_system.clone(),
+                ssh_keys: e.ssh_keys.clone(),
+            },
+            (&e.by, &e.reason),
+            at,
+        ),
+        Event::PoolChanged(e) => set_pool(
+            state,
+            &e.name,
+            crate::provider::Pool {
+                name: e.name.clone(),
+                plan: e.plan.clone(),
+                site: e.site.clone(),
+                count: e.count,
+                operating_system: e.operating_system.clone(),
+                ssh_keys: e.ssh_keys.clone(),
+            },
+            (&e.by, &e.reason),
+            at,
+        ),
+        Event::PoolRemoved(e) => {
+            if let Some(p) = state.pools.get_mut(&e.name) {
+                p.removed = true;
+                p.count = 0;
+                p.updated_at = at;
+                p.updated_by = e.by.clone();
+                p.reason = e.reason.clone();
             }
         }
         Event::CreationGivenUp(e) => close_pending(state, e.reservation, e.request),
@@ -240,12 +320,44 @@ pub fn apply(state: &mut ViewState, event: &Event, at: DateTime<Utc>) {
         | Event::AssimilationResumed(_)
         | Event::CreationAttemptFailed(_)
         | Event::CreationRefused(_)
+        | Event::LimitExceeded(_)
+        | Event::MachineNotFound(_)
         | Event::SshKeyEnsured(_)
         | Event::AssimilationRequested(_)
         | Event::ViewsReplaced(_)
         | Event::JobRetried(_)
         | Event::Unknown { .. } => {}
     }
+}
+
+/// A pool declared or changed: its places ever grow with its count.
+fn set_pool(
+    state: &mut ViewState,
+    name: &str,
+    pool: crate::provider::Pool,
+    (by, reason): (&str, &str),
+    at: DateTime<Utc>,
+) {
+    let places_ever = state
+        .pools
+        .get(name)
+        .map_or(pool.count, |p| p.places_ever.max(pool.count));
+    state.pools.insert(
+        name.to_string(),
+        PoolRow {
+            name: name.to_string(),
+            plan: pool.plan,
+            site: pool.site,
+            count: pool.count,
+            operating_system: pool.operating_system,
+            ssh_keys: pool.ssh_keys,
+            places_ever,
+            removed: false,
+            updated_at: at,
+            updated_by: by.to_string(),
+            reason: reason.to_string(),
+        },
+    );
 }
 
 /// Ends a reservation's pending creation, but only the one `request` owns:
@@ -267,6 +379,7 @@ fn close_pending(state: &mut ViewState, reservation: Uuid, request: Option<Uuid>
 pub(crate) struct Keys {
     reservations: Vec<Uuid>,
     devices: Vec<String>,
+    pools: Vec<String>,
     controls: bool,
     settings: bool,
 }
@@ -286,7 +399,11 @@ impl Keys {
                 Event::CreationUnresolved(e) => k.reservations.push(e.reservation),
                 Event::CreationSettled(e) => k.reservations.push(e.reservation),
                 Event::MachineReleased(e) => k.devices.push(e.provider_id.clone()),
+                Event::MachineLost(e) => k.devices.push(e.provider_id.clone()),
                 Event::SettingsChanged(_) => k.settings = true,
+                Event::PoolDeclared(e) => k.pools.push(e.name.clone()),
+                Event::PoolChanged(e) => k.pools.push(e.name.clone()),
+                Event::PoolRemoved(e) => k.pools.push(e.name.clone()),
                 Event::RaceLost(e) => k.reservations.push(e.reservation),
                 Event::ReservationPenalised(e) => k.reservations.push(e.reservation),
                 Event::PenaltyCleared(e) => k.reservations.push(e.reservation),
@@ -305,11 +422,17 @@ impl Keys {
         k.reservations.dedup();
         k.devices.sort();
         k.devices.dedup();
+        k.pools.sort();
+        k.pools.dedup();
         k
     }
 
     fn is_empty(&self) -> bool {
-        self.reservations.is_empty() && self.devices.is_empty() && !self.controls && !self.settings
+        self.reservations.is_empty()
+            && self.devices.is_empty()
+            && self.pools.is_empty()
+            && !self.controls
+            && !self.settings
     }
 
     /// Serialises writers per reservation and device, in a fixed order so two
@@ -323,6 +446,7 @@ impl Keys {
             .iter()
             .map(|r| format!("reservation/{r}"))
             .chain(self.devices.iter().map(|d| format!("device/{d}")))
+            .chain(self.pools.iter().map(|p| format!("pool/{p}")))
             .chain(self.controls.then(|| "operator/controls".to_string()))
             .chain(self.settings.then(|| "operator/settings".to_string()))
             .collect();
@@ -343,7 +467,7 @@ mod tables;
 
 pub(crate) use live::apply_live;
 pub use rebuild::{RebuildReport, differences, fold_log, rebuild, rebuild_by};
-pub use tables::{is_penalised, penalty, read_live, read_pause};
+pub use tables::{is_penalised, penalty, read_live, read_pause, read_pools};
 
 #[cfg(test)]
 mod tests {
@@ -361,6 +485,7 @@ mod tests {
                 manual: true,
                 requested_by: None,
                 sinbin_override: None,
+                place: None,
             })
         };
         let given_up = |request| {

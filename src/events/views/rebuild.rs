@@ -85,6 +85,7 @@ pub fn differences(live: &ViewState, rebuilt: &ViewState) -> Vec<String> {
             live.paused, rebuilt.paused
         ));
     }
+    describe_diff("pools", &live.pools, &rebuilt.pools, &mut out);
     describe_diff(
         "managed_machines",
         &live.machines,
@@ -143,8 +144,8 @@ pub async fn rebuild_by(
         let mut tx = pool.begin().await?;
         sqlx::query(
             "lock table shepherd.managed_machines, shepherd.sinbin, shepherd.pending_creations,
-             shepherd.unassimilated_devices, shepherd.controls, shepherd.cluster_settings
-             in exclusive mode",
+             shepherd.unassimilated_devices, shepherd.controls, shepherd.cluster_settings,
+             shepherd.pools in exclusive mode",
         )
         .execute(&mut *tx)
         .await?;
@@ -153,12 +154,13 @@ pub async fn rebuild_by(
         sqlx::raw_sql(
             "delete from shepherd.managed_machines; delete from shepherd.sinbin;
              delete from shepherd.pending_creations; delete from shepherd.unassimilated_devices;
-             delete from shepherd.cluster_settings",
+             delete from shepherd.cluster_settings; delete from shepherd.pools",
         )
         .execute(&mut *tx)
         .await?;
         write_pause(&mut tx, rebuilt.paused.as_ref()).await?;
         write_settings(&mut tx, rebuilt.settings.iter()).await?;
+        insert_pools(&mut tx, rebuilt.pools.values()).await?;
         insert_machines(&mut tx, rebuilt.machines.values()).await?;
         insert_penalties(&mut tx, rebuilt.sinbin.values()).await?;
         insert_pending(&mut tx, rebuilt.pending_creations.values()).await?;

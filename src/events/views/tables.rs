@@ -68,6 +68,72 @@ pub(super) async fn write_settings<'a>(
     Ok(())
 }
 
+/// The pools (all of them, or those named), by name.
+pub async fn read_pools(
+    conn: &mut PgConnection,
+    names: Option<&[String]>,
+) -> Result<BTreeMap<String, PoolRow>, sqlx::Error> {
+    let rows = sqlx::query(
+        "select name, plan, site, count, operating_system, ssh_keys, places_ever, removed,
+                updated_at, updated_by, reason
+         from shepherd.pools where $1::text[] is null or name = any($1)",
+    )
+    .bind(names)
+    .fetch_all(&mut *conn)
+    .await?;
+    Ok(rows
+        .iter()
+        .map(|row| {
+            let p = PoolRow {
+                name: row.get("name"),
+                plan: row.get("plan"),
+                site: row.get("site"),
+                count: row.get::<i32, _>("count").max(0) as u32,
+                operating_system: row.get("operating_system"),
+                ssh_keys: row.get("ssh_keys"),
+                places_ever: row.get::<i32, _>("places_ever").max(0) as u32,
+                removed: row.get("removed"),
+                updated_at: row.get("updated_at"),
+                updated_by: row.get("updated_by"),
+                reason: row.get("reason"),
+            };
+            (p.name.clone(), p)
+        })
+        .collect())
+}
+
+pub(super) async fn insert_pools<'a>(
+    conn: &mut PgConnection,
+    rows: impl Iterator<Item = &'a PoolRow>,
+) -> Result<(), sqlx::Error> {
+    for p in rows {
+        sqlx::query(
+            "insert into shepherd.pools (name, plan, site, count, operating_system, ssh_keys,
+                                         places_ever, removed, updated_at, updated_by, reason)
+             values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+             on conflict (name) do update set plan = excluded.plan, site = excluded.site,
+               count = excluded.count, operating_system = excluded.operating_system,
+               ssh_keys = excluded.ssh_keys, places_ever = excluded.places_ever,
+               removed = excluded.removed, updated_at = excluded.updated_at,
+               updated_by = excluded.updated_by, reason = excluded.reason",
+        )
+        .bind(&p.name)
+        .bind(&p.plan)
+        .bind(&p.site)
+        .bind(p.count as i32)
+        .bind(&p.operating_system)
+        .bind(&p.ssh_keys)
+        .bind(p.places_ever as i32)
+        .bind(p.removed)
+        .bind(p.updated_at)
+        .bind(&p.updated_by)
+        .bind(&p.reason)
+        .execute(&mut *conn)
+        .await?;
+    }
+    Ok(())
+}
+
 /// Whether creations are paused, and by whom.
 pub async fn read_pause(conn: &mut PgConnection) -> Result<Option<Pause>, sqlx::Error> {
     let row: Option<(String, String, DateTime<Utc>)> = sqlx::query_as(
@@ -141,17 +207,18 @@ pub(super) async fn insert_pending<'a>(
     }
     sqlx::query(
         "insert into shepherd.pending_creations
-           (reservation_id, request, enqueued_at, unresolved_since, last_error)
-         select * from unnest($1::uuid[], $2::text[], $3::timestamptz[], $4::timestamptz[], $5::text[])
+           (reservation_id, request, enqueued_at, unresolved_since, last_error, place)
+         select * from unnest($1::uuid[], $2::text[], $3::timestamptz[], $4::timestamptz[], $5::text[], $6::text[])
          on conflict (reservation_id) do update set request = excluded.request,
            enqueued_at = excluded.enqueued_at, unresolved_since = excluded.unresolved_since,
-           last_error = excluded.last_error",
+           last_error = excluded.last_error, place = excluded.place",
     )
     .bind(rows.iter().map(|p| p.reservation_id).collect::<Vec<_>>())
     .bind(rows.iter().map(|p| p.request.clone()).collect::<Vec<_>>())
     .bind(rows.iter().map(|p| p.enqueued_at).collect::<Vec<_>>())
     .bind(rows.iter().map(|p| p.unresolved_since).collect::<Vec<_>>())
     .bind(rows.iter().map(|p| p.last_error.clone()).collect::<Vec<_>>())
+    .bind(rows.iter().map(|p| p.place.clone()).collect::<Vec<_>>())
     .execute(&mut *conn)
     .await?;
     Ok(())
@@ -208,6 +275,7 @@ pub(super) fn pending_from_row(row: &sqlx::postgres::PgRow) -> PendingCreation {
         enqueued_at: row.get("enqueued_at"),
         unresolved_since: row.get("unresolved_since"),
         last_error: row.get("last_error"),
+        place: row.get("place"),
     }
 }
 
@@ -229,6 +297,7 @@ pub(super) async fn read_tables(conn: &mut PgConnection) -> Result<ViewState, sq
     let mut state = ViewState {
         paused: read_pause(&mut *conn).await?,
         settings: read_settings(&mut *conn).await?,
+        pools: read_pools(&mut *conn, None).await?,
         ..ViewState::default()
     };
     for row in sqlx::query("select * from shepherd.managed_machines")

@@ -283,6 +283,10 @@ pub async fn run(args: DemoArgs, stop: Stop) -> anyhow::Result<DemoSummary> {
         "demo",
     )
     .await?;
+    if matches!(fake, Fake::Latitude(_)) {
+        // Its pools become the cluster's, which every job reads.
+        shepherd::pools::establish(&pool, &latitude_pools(), "demo").await?;
+    }
     let retry = RetrySettings {
         initial_interval: Duration::from_millis(100),
         max_interval: Duration::from_secs(1),

@@ -104,6 +104,7 @@ pub async fn enqueue(command: EnqueueCommand) -> anyhow::Result<()> {
                     caused_by: None,
                     requested_by: Some(format!("cli:{}", who())),
                     sinbin_override: args.override_sinbin.clone(),
+                    units: &[],
                 },
             )
             .await?;

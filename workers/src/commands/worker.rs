@@ -139,6 +139,9 @@ impl WorkerArgs {
         config.latitude_reads_per_minute = self.latitude.latitude_reads_per_minute;
         config.latitude_writes_per_minute = self.latitude.latitude_writes_per_minute;
         config.validate()?;
+        if self.provider == ProviderKind::Latitude {
+            config.rescue.validate_for_creates()?;
+        }
         Ok(config)
     }
 
@@ -211,11 +214,6 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
         }
         ProviderKind::Latitude => {
             args.latitude.client_config()?;
-            if args.latitude.pools.is_empty() {
-                anyhow::bail!(
-                    "--provider latitude needs at least one --pool name=...,plan=...,site=...,count=N,os=..."
-                );
-            }
             shepherd::latitude::pools::validate(&args.latitude.pools, &config.device_prefix)
                 .map_err(anyhow::Error::msg)?;
         }
@@ -246,26 +244,77 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
     config.rescue = cluster.rescue;
     config.latitude_reads_per_minute = cluster.latitude_reads_per_minute;
     config.latitude_writes_per_minute = cluster.latitude_writes_per_minute;
-    config
-        .rescue
-        .validate()
-        .context("the cluster's rescue settings cannot be used")?;
-    let config = Arc::new(config);
-    let provider_name = match args.provider {
-        ProviderKind::Metal => shepherd::metal::provider::NAME,
-        ProviderKind::Latitude => shepherd::latitude::provider::NAME,
+    if args.provider == ProviderKind::Latitude {
+        config
+            .rescue
+            .validate_for_creates()
+            .context("the cluster's rescue settings cannot be used")?;
+    }
+    let (provider_name, project) = match args.provider {
+        ProviderKind::Metal => (
+            shepherd::metal::provider::NAME,
+            args.metal.project()?.to_string(),
+        ),
+        ProviderKind::Latitude => (
+            shepherd::latitude::provider::NAME,
+            args.latitude.client_config()?.project,
+        ),
     };
-    shepherd::cluster::establish_provider(
+    let (identity, differs) = shepherd::cluster::establish_identity(
         &pool,
-        provider_name,
+        &shepherd::cluster::Identity {
+            provider: provider_name.to_string(),
+            project,
+            device_prefix: config.device_prefix.clone(),
+        },
         &format!("worker:{}", process_name()),
     )
     .await
     .context("cannot start this worker for this cluster")?;
+    if let Some(d) = differs {
+        tracing::warn!("{d}");
+    }
+    config.device_prefix = identity.device_prefix;
+    let config = Arc::new(config);
     let client_metrics = ClientMetrics::default();
     let listener = tokio::net::TcpListener::bind(args.metrics_listen)
         .await
         .with_context(|| format!("--metrics-listen: cannot listen on {}", args.metrics_listen))?;
+    // The pools are the cluster's: the first worker declares its flags'
+    // pools, later ones adopt the cluster's and say which flags differ.
+    let pools = match args.provider {
+        ProviderKind::Metal => vec![],
+        ProviderKind::Latitude => {
+            let established = shepherd::pools::establish(
+                &pool,
+                &args.latitude.pools,
+                &format!("worker:{}", process_name()),
+            )
+            .await
+            .context("cannot read or declare the cluster's pools")?;
+            for d in &established.differences {
+                tracing::warn!("{d}");
+            }
+            let live = established.pools.iter().filter(|p| !p.removed).count();
+            if live == 0 {
+                tracing::warn!(
+                    "the cluster has no pools: nothing is provisioned until one is declared \
+                     (shepherd pools set NAME plan=...,site=...,count=N,os=... --reason \"...\")"
+                );
+            }
+            tracing::info!(
+                pools = live,
+                first = established.first,
+                "pools {}",
+                if established.first {
+                    "declared from this process's flags"
+                } else {
+                    "adopted from the cluster"
+                }
+            );
+            established.pools
+        }
+    };
     let metal = MetalArgs {
         api_timeout: config.rescue.api_timeout,
         ..args.metal.clone()
@@ -279,7 +328,7 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
         ),
         ProviderKind::Latitude => JobContext::with_provider(
             pool.clone(),
-            Arc::new(args.latitude.provider(&pool, &config)?),
+            Arc::new(args.latitude.provider(&pool, &config, &pools)?),
             config.clone(),
             public_key,
         ),

@@ -114,7 +114,7 @@ pub async fn append(pool: &PgPool, events: Vec<Event>) {
 pub fn assimilated(device: Uuid, reservation: Uuid, hostname: &str) -> Event {
     MachineAssimilated {
         machine_id: Uuid::new_v4(),
-        provider: "equinix".into(),
+        provider: "metal".into(),
         provider_id: device.to_string(),
         reservation: Some(reservation),
         hostname: Some(hostname.into()),
@@ -153,6 +153,7 @@ pub async fn seed(pool: &PgPool) -> Fleet {
                 manual: false,
                 requested_by: None,
                 sinbin_override: None,
+                place: None,
             }
             .into(),
             DeviceCreated {
@@ -171,6 +172,7 @@ pub async fn seed(pool: &PgPool) -> Fleet {
                 manual: true,
                 requested_by: None,
                 sinbin_override: None,
+                place: None,
             }
             .into(),
             ReservationPenalised {

@@ -1,0 +1,182 @@
+//! The cluster's pools: its desired state where the provider has no
+//! reservations ("keep 12 of plan X in site Y"). Held in Postgres as a view
+//! (`shepherd.pools`) folded from audited events (`pool_declared`,
+//! `pool_changed`, `pool_removed`, each with who and why), like the
+//! settings: every worker, command, SQL function and page reads the same
+//! pools, and they change for everyone at once.
+//!
+//! The rules live in one place, the SQL functions `shepherd.set_pool()` and
+//! `shepherd.remove_pool()`, which the commands, the console and psql all
+//! call: names that hostnames cannot confuse, a count of 0 or a removal
+//! only with a recorded confirmation, and a pool's plan, site and OS fixed
+//! while it has machines (declare a new pool and remove the old one, which
+//! drains as the new one fills: no pool is ever half one thing and half
+//! another).
+
+use std::fmt;
+
+use sqlx::{PgConnection, PgPool};
+
+use crate::events::StoreError;
+pub use crate::events::views::PoolRow;
+use crate::provider::Pool;
+use crate::provider::pool::Declared;
+
+impl PoolRow {
+    /// The pool as a provider takes it.
+    pub fn declared(&self) -> Declared {
+        Declared {
+            pool: self.pool(),
+            places_ever: self.places_ever,
+            removed: self.removed,
+        }
+    }
+}
+
+/// Every pool the cluster ever declared, removed ones included, by name.
+pub async fn read(conn: &mut PgConnection) -> Result<Vec<PoolRow>, sqlx::Error> {
+    Ok(crate::events::views::read_pools(conn, None)
+        .await?
+        .into_values()
+        .collect())
+}
+
+/// The pools as a provider takes them.
+pub async fn declared(db: &PgPool) -> Result<Vec<Declared>, sqlx::Error> {
+    let mut conn = db.acquire().await?;
+    Ok(read(&mut conn)
+        .await?
+        .iter()
+        .map(PoolRow::declared)
+        .collect())
+}
+
+/// What a change did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    Declared,
+    Changed,
+    Unchanged,
+}
+
+impl fmt::Display for Change {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Change::Declared => "declared",
+            Change::Changed => "changed",
+            Change::Unchanged => "unchanged",
+        })
+    }
+}
+
+/// Declares or changes a pool through `shepherd.set_pool()`. A count of 0
+/// needs `confirm`; the error names what was refused.
+pub async fn set(
+    conn: &mut PgConnection,
+    pool: &Pool,
+    reason: &str,
+    by: &str,
+    confirm: bool,
+) -> Result<Change, sqlx::Error> {
+    let done: String =
+        sqlx::query_scalar("select shepherd.set_pool($1, $2, $3, $4, $5, $6, $7, $8, $9)")
+            .bind(&pool.name)
+            .bind(&pool.plan)
+            .bind(&pool.site)
+            .bind(i32::try_from(pool.count).unwrap_or(i32::MAX))
+            .bind(&pool.operating_system)
+            .bind(&pool.ssh_keys)
+            .bind(reason)
+            .bind(by)
+            .bind(confirm)
+            .fetch_one(&mut *conn)
+            .await?;
+    Ok(match done.as_str() {
+        "declared" => Change::Declared,
+        "changed" => Change::Changed,
+        _ => Change::Unchanged,
+    })
+}
+
+/// Removes a pool through `shepherd.remove_pool()` (its machines are then
+/// deleted as it drains, so it needs `confirm`). False if there was none.
+pub async fn remove(
+    conn: &mut PgConnection,
+    name: &str,
+    reason: &str,
+    by: &str,
+    confirm: bool,
+) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar("select shepherd.remove_pool($1, $2, $3, $4)")
+        .bind(name)
+        .bind(reason)
+        .bind(by)
+        .bind(confirm)
+        .fetch_one(&mut *conn)
+        .await
+}
+
+/// What a starting process settled on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Established {
+    /// This process declared the cluster's first pools, from its flags.
+    pub first: bool,
+    pub pools: Vec<Declared>,
+    /// Pools given by flag that differ from the cluster's, in words.
+    pub differences: Vec<String>,
+}
+
+/// The first process of a cluster with no pools yet declares its flags'
+/// pools; a later one adopts the cluster's and says which of its flags
+/// differ (the cluster's pools change with `shepherd pools set|apply`,
+/// never with a process's flags).
+pub async fn establish(db: &PgPool, flags: &[Pool], by: &str) -> Result<Established, StoreError> {
+    let mut tx = db.begin().await?;
+    sqlx::query("select pg_advisory_xact_lock(hashtextextended('operator/pools', 0))")
+        .execute(&mut *tx)
+        .await?;
+    let ever: bool = sqlx::query_scalar(
+        "select exists(select 1 from shepherd.events
+                       where event_type in ('pool_declared', 'pool_changed', 'pool_removed'))",
+    )
+    .fetch_one(&mut *tx)
+    .await?;
+    let first = !ever && !flags.is_empty();
+    if first {
+        for p in flags {
+            set(
+                &mut tx,
+                p,
+                "the cluster's first pools, from the flags of the first process to start",
+                by,
+                false,
+            )
+            .await?;
+        }
+    }
+    let rows = read(&mut tx).await?;
+    tx.commit().await?;
+    let mut differences = Vec::new();
+    if !first {
+        for p in flags {
+            match rows.iter().find(|r| r.name == p.name && !r.removed) {
+                None => differences.push(format!(
+                    "--pool {}: the cluster has no such pool; this process keeps the cluster's \
+                     (declare it with: shepherd pools set {} plan={},site={},count={},os={} --reason \"...\")",
+                    p.name, p.name, p.plan, p.site, p.count, p.operating_system
+                )),
+                Some(r) if r.pool() != *p => differences.push(format!(
+                    "--pool {}: differs from the cluster's (plan={}, site={}, count={}, os={}); this \
+                     process uses the cluster's (change it with: shepherd pools set ... --reason \"...\")",
+                    p.name, r.plan, r.site, r.count, r.operating_system
+                )),
+                Some(_) => {}
+            }
+        }
+    }
+    Ok(Established {
+        first,
+        pools: rows.iter().map(PoolRow::declared).collect(),
+        differences,
+    })
+}
