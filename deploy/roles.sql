@@ -28,7 +28,7 @@ grant select, insert on shepherd.events to shepherd_worker;
 grant select, insert, update, delete on
     shepherd.managed_machines, shepherd.sinbin, shepherd.pending_creations,
     shepherd.unassimilated_devices, shepherd.controls,
-    shepherd.limiters, shepherd.cluster_settings
+    shepherd.limiters, shepherd.cluster_settings, shepherd.pools
     to shepherd_worker;
 
 -- The operator views, read by the status page and `shepherd status`.

@@ -241,7 +241,9 @@ async fn a_pool_without_stock_waits_and_the_limit_holds(db: PgPool) {
 
 #[sqlx::test(migrations = false)]
 async fn under_latitudes_faults_no_pool_overfills_and_nothing_is_lost(db: PgPool) {
-    let w = World::new(db, 9, vec![pool("web", "DAL", 6), pool("db", "ASH", 4)]).await;
+    // Pools are taken in the order of their names: app's creates come
+    // first, so the other party's servers land in DAL, which has stock.
+    let w = World::new(db, 9, vec![pool("app", "DAL", 6), pool("db", "ASH", 4)]).await;
     // ASH holds 2 of the plan: the first pass sees it in stock and admits
     // two of db's places, and the stock runs out before their creates.
     assert!(w.fake.set_stock("c2-small-x86", "ASH", 2));
@@ -280,13 +282,13 @@ async fn under_latitudes_faults_no_pool_overfills_and_nothing_is_lost(db: PgPool
     let others = servers.iter().filter(|s| s.created_by_other).count();
     assert_eq!(others, 2, "another party's servers are part of the world");
     let ours = servers.len() - others;
-    // 6 of web, and of db what ASH's stock allowed: the limit is 9.
+    // 6 of app, and of db what ASH's stock allowed: the limit is 9.
     assert!((6..=9).contains(&ours), "{ours} servers of ours");
-    let web = servers
+    let app = servers
         .iter()
-        .filter(|s| s.hostname.starts_with("shepherd-web-"))
+        .filter(|s| s.hostname.starts_with("shepherd-app-"))
         .count();
-    assert_eq!(web, 6, "web is not full");
+    assert_eq!(app, 6, "app is not full");
     // The creates that were made and answered 500 were found by their
     // hostname, not sent again.
     let recovered = w

@@ -279,6 +279,8 @@ mod tests {
             unit: None,
             witness: witness.map(str::to_string),
             failed: false,
+            ready: true,
+            created_at: None,
         }
     }
 
@@ -349,6 +351,7 @@ mod tests {
             taken: false,
             provisionable: true,
             scope: Some(scope.to_string()),
+            pool: None,
         };
         let report = |scope: &str, count| PoolReport {
             name: scope.into(),

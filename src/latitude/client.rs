@@ -473,6 +473,56 @@ impl LatitudeClient {
         Ok(created.data.id)
     }
 
+    /// Deletes a server, asking `fence` right before each attempt leaves.
+    /// `Ok(true)` when the server was gone before this call (a 404 on the
+    /// first attempt); a 404 after an attempt whose answer was not seen
+    /// means that attempt did the work. Deleting is safe to repeat, so an
+    /// unseen answer is retried; a budget spent on them ends as
+    /// `Ambiguous`.
+    pub async fn delete_server_fenced<F, Fut>(
+        &self,
+        id: &str,
+        fence: F,
+    ) -> Result<bool, LatitudeError>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<(), String>>,
+    {
+        let call = "destroy-server";
+        let mut backoff = self.inner.retry.backoff();
+        let mut unseen = false;
+        loop {
+            let path = format!("/servers/{id}");
+            let err = match self
+                .attempt_fenced(call, Method::DELETE, &path, &[], None, &fence)
+                .await
+            {
+                Ok(_) => return Ok(false),
+                Err(LatitudeError::NotFound { .. }) => return Ok(!unseen),
+                Err(
+                    e @ (LatitudeError::RateLimited { .. } | LatitudeError::ConnectFailed { .. }),
+                ) => e,
+                Err(e @ LatitudeError::Transient { .. }) => {
+                    unseen = true;
+                    e
+                }
+                Err(e) => return Err(e),
+            };
+            let Some(wait) = next_wait(&mut backoff, &err) else {
+                return Err(if unseen {
+                    LatitudeError::Ambiguous {
+                        call,
+                        reason: err.to_string(),
+                    }
+                } else {
+                    err
+                });
+            };
+            tracing::info!(call, wait_ms = wait.as_millis() as u64, error = %err, "delete not done; sending it again after a wait");
+            tokio::time::sleep(wait).await;
+        }
+    }
+
     /// Deletes a server; a 404 after an attempt that looked failed means
     /// that attempt did the work.
     pub async fn delete_server(&self, id: &str) -> Result<(), LatitudeError> {

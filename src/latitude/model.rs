@@ -129,6 +129,14 @@ impl Server {
         }
     }
 
+    /// When the API says it was made.
+    pub fn created_at(&self) -> Option<chrono::DateTime<chrono::Utc>> {
+        let at = self.attributes.created_at.as_deref()?;
+        chrono::DateTime::parse_from_rfc3339(at)
+            .ok()
+            .map(|t| t.with_timezone(&chrono::Utc))
+    }
+
     pub fn plan_slug(&self) -> Option<&str> {
         self.attributes.plan.as_ref()?.slug.as_deref()
     }

@@ -30,8 +30,8 @@ use crate::provider::ErrorClass;
 use crate::provider::discipline::Pacer;
 use crate::provider::pool::Declared;
 use crate::provider::{
-    Created, Failure, Fence, Inventory, Machine, MachineFacts, PoolReport, PoolStock, Provider,
-    ProviderError, ProviderResult, Survey, Unit,
+    Created, Deleted, Failure, Fence, Inventory, Machine, MachineFacts, PoolReport, PoolStock,
+    Provider, ProviderError, ProviderResult, Survey, Unit,
 };
 
 /// The name machines of this provider carry in the views.
@@ -126,6 +126,8 @@ impl LatitudeProvider {
             unit: named.as_ref().map(|n| self.unit(&n.pool.name, n.index)),
             witness: named.map(|n| n.witness),
             failed: s.phase() == Phase::Failed,
+            ready: s.phase() == Phase::Ready,
+            created_at: s.created_at(),
         }
     }
 }
@@ -284,6 +286,21 @@ impl Provider for LatitudeProvider {
         })
     }
 
+    fn unit_place(&self, unit: Uuid) -> Option<(String, u32)> {
+        let (pool, index) = self.place(unit).ok()?;
+        Some((pool.name, index))
+    }
+
+    fn delete<'a>(&'a self, id: &'a str, fence: &'a dyn Fence) -> ProviderResult<'a, Deleted> {
+        Box::pin(async move {
+            let already_gone = self
+                .client
+                .delete_server_fenced(id, || fence.check())
+                .await?;
+            Ok(Deleted { already_gone })
+        })
+    }
+
     fn unit_scope(&self, unit: Uuid) -> Option<String> {
         self.place(unit).ok().map(|(pool, _)| scope(&pool))
     }
@@ -366,6 +383,7 @@ impl LatitudeProvider {
                     taken: taken.contains(&id),
                     provisionable: in_stock,
                     scope: Some(scope(p)),
+                    pool: Some(p.name.clone()),
                 });
             }
         }
@@ -422,6 +440,7 @@ impl LatitudeProvider {
             });
             let machine = self.as_machine(&server);
             Ok(MachineFacts {
+                failed: machine.failed,
                 unit: machine.unit,
                 hostname: machine.hostname,
                 witness: machine.witness,

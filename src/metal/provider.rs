@@ -11,7 +11,7 @@ use super::model::{Device, HardwareReservation};
 use crate::config::Rate;
 use crate::limiter::Limiter;
 use crate::provider::{
-    Created, Failure, Fence, Inventory, Machine, MachineFacts, Provider, ProviderError,
+    Created, Deleted, Failure, Fence, Inventory, Machine, MachineFacts, Provider, ProviderError,
     ProviderResult, Unit,
 };
 
@@ -48,6 +48,8 @@ pub fn machine(d: &Device) -> Machine {
             .find_map(|t| t.strip_prefix(WITNESS_TAG_PREFIX))
             .map(str::to_string),
         failed: d.state == Some(crate::metal::model::DeviceState::Failed),
+        ready: d.state == Some(crate::metal::model::DeviceState::Active),
+        created_at: d.created_at,
     }
 }
 
@@ -58,6 +60,7 @@ pub fn unit(r: &HardwareReservation) -> Unit {
         provisionable: r.provisionable,
         // A reservation is one machine's hardware, shared with nothing.
         scope: None,
+        pool: None,
     }
 }
 
@@ -204,12 +207,30 @@ impl Provider for MetalProvider {
                 .project_id()
                 .filter(|p| *p != self.client.project_id())
                 .map(|p| format!("the device belongs to project {p}, not to shepherd's"));
+            let seen = machine(&device);
             Ok(MachineFacts {
                 unit: device.reservation_id(),
                 hostname: device.hostname.clone(),
-                witness: machine(&device).witness,
+                witness: seen.witness,
                 foreign,
+                failed: seen.failed,
             })
+        })
+    }
+
+    /// The reservation becomes free again (after Metal wipes it), and a
+    /// pass provisions it again if the limit has room.
+    fn delete<'a>(&'a self, id: &'a str, fence: &'a dyn Fence) -> ProviderResult<'a, Deleted> {
+        Box::pin(async move {
+            let Ok(device) = id.parse::<Uuid>() else {
+                return Err(ProviderError {
+                    class: super::ErrorClass::Permanent,
+                    failure: Failure::NotFound,
+                    message: format!("{id:?} is not a Metal device id (a UUID)"),
+                });
+            };
+            let already_gone = self.client.delete_device_fenced(device, fence).await?;
+            Ok(Deleted { already_gone })
         })
     }
 

@@ -35,10 +35,13 @@ pub struct Machine {
     pub unit: Option<Uuid>,
     /// The request its witness names, if it carries one of shepherd's.
     pub witness: Option<String>,
-    /// The provider says its deployment failed. It still stands on its
-    /// unit: shepherd never destroys a machine, so an operator decides
-    /// (delete it at the provider, then release it).
+    /// The provider says its deployment failed: a machine to replace.
     pub failed: bool,
+    /// Deployed and running (Metal `active`, Latitude `on`); neither this
+    /// nor `failed`: on its way.
+    pub ready: bool,
+    /// When the provider made it, where it says.
+    pub created_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 /// A unit of capacity as a listing shows it.
@@ -54,6 +57,9 @@ pub struct Unit {
     /// a pass takes none of the units that draw on it until the penalty
     /// ends.
     pub scope: Option<String>,
+    /// The pool it is a place of, where the provider has pools: a pass
+    /// takes no more of a pool's units than the pool lacks.
+    pub pool: Option<String>,
 }
 
 /// The units of capacity shepherd may provision, and how each pool of them
@@ -120,6 +126,15 @@ pub struct MachineFacts {
     pub witness: Option<String>,
     /// Why the machine is not shepherd's to manage (another project), if so.
     pub foreign: Option<String>,
+    /// Its deployment failed.
+    pub failed: bool,
+}
+
+/// What a delete found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deleted {
+    /// The machine was gone before the delete was sent.
+    pub already_gone: bool,
 }
 
 /// What failed, beyond its class.
@@ -250,6 +265,18 @@ pub trait Provider: Send + Sync + 'static {
     fn unit_scope(&self, _unit: Uuid) -> Option<String> {
         None
     }
+
+    /// The pool and place of `unit`, where the provider has pools (any
+    /// place a machine may stand on, past places of a shrunk or removed
+    /// pool included).
+    fn unit_place(&self, _unit: Uuid) -> Option<(String, u32)> {
+        None
+    }
+
+    /// Deletes a machine. `fence` is asked right before each request
+    /// leaves. Deleting is safe to repeat; an outcome not seen after the
+    /// retries is `Ambiguous`, settled by looking the machine up.
+    fn delete<'a>(&'a self, id: &'a str, fence: &'a dyn Fence) -> ProviderResult<'a, Deleted>;
 
     /// The machine a creation of `request` made on `unit`, if there is one
     /// (`RaceLost` when another party's stands there).

@@ -103,8 +103,8 @@ async fn the_latitude_demo_fills_its_pools_and_its_summary_matches_the_views() {
     .await
     .unwrap();
     assert_eq!((managed, distinct_hostnames, cold), (28, 28, 0));
-    // The status shows the four pools as the passes listed them, the cold
-    // one without stock.
+    // The status shows the four pools as the passes listed them (the
+    // cluster's, by name), the cold one without stock.
     let overview = shepherd::fleet::overview(&pool).await.unwrap();
     let pools: Vec<(String, u32, Option<bool>)> = overview
         .pools
@@ -122,10 +122,10 @@ async fn the_latitude_demo_fills_its_pools_and_its_summary_matches_the_views() {
     assert_eq!(
         pools,
         [
-            ("web", 12, true),
             ("batch", 10, true),
+            ("cold", 2, false),
             ("db", 6, true),
-            ("cold", 2, false)
+            ("web", 12, true),
         ]
         .map(|(n, c, s)| (n.to_string(), c, Some(s)))
     );

@@ -311,6 +311,58 @@ impl MetalClient {
         .await
     }
 
+    /// Deletes a device, asking `fence` right before each attempt leaves.
+    /// `Ok(true)` when the device was gone before this call (a 404 on its
+    /// first attempt); a 404 on a later attempt means an earlier one that
+    /// looked failed did the work. A retry budget spent on answers that
+    /// were not seen ends as `Ambiguous`: the device may be gone or not.
+    pub async fn delete_device_fenced(
+        &self,
+        id: Uuid,
+        fence: &dyn Fence,
+    ) -> Result<bool, MetalError> {
+        let tried = AtomicBool::new(false);
+        let unseen = AtomicBool::new(false);
+        let result = retry(&self.inner.retry, "deleteDevice", |_| async {
+            let call = Call {
+                op: Operation::DeleteDevice,
+                method: Method::DELETE,
+                path: format!("/devices/{id}"),
+                query: vec![],
+                body: None,
+            };
+            let r = self
+                .attempt_paced(&call, None, Some(fence))
+                .await
+                .and_then(|(status, body)| no_content(Operation::DeleteDevice, status, &body));
+            let first = !tried.swap(true, Ordering::Relaxed);
+            match r {
+                Ok(()) => Ok(false),
+                Err(MetalError::NotFound { .. }) => Ok(first),
+                Err(e) => {
+                    if matches!(
+                        e,
+                        MetalError::Transient { .. } | MetalError::Undecodable { .. }
+                    ) {
+                        unseen.store(true, Ordering::Relaxed);
+                    }
+                    Err(e)
+                }
+            }
+        })
+        .await;
+        match result {
+            Err(e) if unseen.load(Ordering::Relaxed) && e.is_retryable() => {
+                Err(MetalError::Ambiguous {
+                    op: Operation::DeleteDevice,
+                    attempts: 0,
+                    reason: e.to_string(),
+                })
+            }
+            other => other,
+        }
+    }
+
     /// Deletes a device. A 404 on a later attempt means an earlier attempt
     /// that looked failed did the work, so it counts as success.
     pub async fn delete_device(&self, id: Uuid) -> Result<(), MetalError> {
