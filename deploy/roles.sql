@@ -28,13 +28,14 @@ grant select, insert on shepherd.events to shepherd_worker;
 grant select, insert, update, delete on
     shepherd.managed_machines, shepherd.sinbin, shepherd.pending_creations,
     shepherd.unassimilated_devices, shepherd.controls,
-    shepherd.limiters, shepherd.cluster_settings, shepherd.pools
+    shepherd.limiters, shepherd.cluster_settings, shepherd.pools,
+    shepherd.pending_deletions
     to shepherd_worker;
 
 -- The operator views, read by the status page and `shepherd status`.
 grant select on
     shepherd.queue_depth, shepherd.failed_jobs, shepherd.recent_events,
-    shepherd.machines, shepherd.sinbin_now, shepherd.in_flight
+    shepherd.machines, shepherd.sinbin_now, shepherd.in_flight, shepherd.leaving
     to shepherd_worker;
 
 -- shepherd's functions, and apalis's (shepherd.push_job calls

@@ -23,7 +23,7 @@ use sqlx::{PgConnection, PgPool};
 use std::time::Duration;
 
 use crate::config::{
-    PenaltyPolicy, ProvisionerConfig, Rate, Rescue, format_duration, parse_duration,
+    Lifecycle, PenaltyPolicy, ProvisionerConfig, Rate, Rescue, format_duration, parse_duration,
 };
 use crate::events::event::SettingsChanged;
 use crate::events::{NewEvent, StoreError, record};
@@ -80,6 +80,8 @@ pub struct ClusterSettings {
     /// The Latitude.sh key's budgets per minute, shared by every process.
     pub latitude_reads_per_minute: u32,
     pub latitude_writes_per_minute: u32,
+    /// How pools shed and replace machines, and the guards on it.
+    pub lifecycle: Lifecycle,
 }
 
 /// Every setting's name, as stored, as `shepherd settings set` takes it, and
@@ -99,6 +101,14 @@ pub const KEYS: &[&str] = &[
     "api_timeout",
     "latitude_reads_per_minute",
     "latitude_writes_per_minute",
+    "deletion_budget",
+    "deletion_period",
+    "max_unhealthy",
+    "ready_deadline",
+    "leave_hook",
+    "leave_timeout",
+    "leave_deadline",
+    "failed_skip_leave",
 ];
 
 impl ClusterSettings {
@@ -115,6 +125,7 @@ impl ClusterSettings {
             rescue: config.rescue,
             latitude_reads_per_minute: config.latitude_reads_per_minute,
             latitude_writes_per_minute: config.latitude_writes_per_minute,
+            lifecycle: config.lifecycle.clone(),
         }
     }
 
@@ -162,6 +173,30 @@ impl ClusterSettings {
             "latitude_writes_per_minute".into(),
             Value::from(self.latitude_writes_per_minute),
         );
+        let l = &self.lifecycle;
+        m.insert("deletion_budget".into(), Value::from(l.budget_text()));
+        m.insert(
+            "deletion_period".into(),
+            Value::from(format_duration(l.budget_period)),
+        );
+        m.insert(
+            "max_unhealthy".into(),
+            Value::from(format!("{}%", l.max_unhealthy_percent)),
+        );
+        m.insert(
+            "ready_deadline".into(),
+            Value::from(format_duration(l.ready_deadline)),
+        );
+        m.insert("leave_hook".into(), Value::from(l.leave_hook.to_string()));
+        m.insert(
+            "leave_timeout".into(),
+            Value::from(format_duration(l.leave_timeout)),
+        );
+        m.insert(
+            "leave_deadline".into(),
+            Value::from(l.leave_deadline.as_str()),
+        );
+        m.insert("failed_skip_leave".into(), Value::from(l.failed_skip_leave));
         m
     }
 
@@ -197,6 +232,21 @@ impl ClusterSettings {
                 }
                 "latitude_writes_per_minute" => {
                     s.latitude_writes_per_minute = count(value).ok_or_else(bad)?;
+                }
+                "deletion_budget" => {
+                    (s.lifecycle.budget_percent, s.lifecycle.budget_min) =
+                        Lifecycle::parse_budget(text()?)?;
+                }
+                "deletion_period" => s.lifecycle.budget_period = parse_duration(text()?)?,
+                "max_unhealthy" => {
+                    s.lifecycle.max_unhealthy_percent = Lifecycle::parse_percent(text()?)?;
+                }
+                "ready_deadline" => s.lifecycle.ready_deadline = parse_duration(text()?)?,
+                "leave_hook" => s.lifecycle.leave_hook = text()?.parse()?,
+                "leave_timeout" => s.lifecycle.leave_timeout = parse_duration(text()?)?,
+                "leave_deadline" => s.lifecycle.leave_deadline = text()?.parse()?,
+                "failed_skip_leave" => {
+                    s.lifecycle.failed_skip_leave = value.as_bool().ok_or_else(bad)?;
                 }
                 // A setting a newer release knows: kept in the table, unused here.
                 _ => {}
@@ -492,6 +542,17 @@ mod tests {
             },
             latitude_reads_per_minute: 600,
             latitude_writes_per_minute: 200,
+            lifecycle: Lifecycle {
+                budget_percent: 25,
+                budget_min: 3,
+                budget_period: Duration::from_secs(90),
+                max_unhealthy_percent: 50,
+                ready_deadline: Duration::from_secs(600),
+                leave_hook: crate::config::LeaveHook::Http("http://127.0.0.1:9/leave".into()),
+                leave_timeout: Duration::from_secs(30),
+                leave_deadline: crate::config::LeaveDeadline::GiveUp,
+                failed_skip_leave: false,
+            },
         };
         let back = ClusterSettings::from_map(
             &s.to_map(),

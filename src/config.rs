@@ -292,6 +292,151 @@ pub struct ProvisionerConfig {
     /// The Latitude.sh key's budgets per minute, cluster-wide.
     pub latitude_reads_per_minute: u32,
     pub latitude_writes_per_minute: u32,
+    /// How pools shed and replace machines.
+    pub lifecycle: Lifecycle,
+}
+
+/// How a pool sheds surplus and replaces what failed, and the guards on it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lifecycle {
+    /// A pool may lose the larger of this share of its count and
+    /// `budget_min` machines per `budget_period` (`deletion_budget`,
+    /// `deletion_period`).
+    pub budget_percent: u32,
+    pub budget_min: u32,
+    pub budget_period: Duration,
+    /// No machine of a pool is replaced while more than this share of it
+    /// looks unhealthy (`max_unhealthy`).
+    pub max_unhealthy_percent: u32,
+    /// A machine not ready this long after it was made is replaced.
+    pub ready_deadline: Duration,
+    /// What a leaving machine waits for before its delete is sent.
+    pub leave_hook: LeaveHook,
+    /// How long it waits.
+    pub leave_timeout: Duration,
+    /// What happens when the wait ends unanswered.
+    pub leave_deadline: LeaveDeadline,
+    /// A machine whose deployment failed runs no workload: it does not wait.
+    pub failed_skip_leave: bool,
+}
+
+impl Default for Lifecycle {
+    fn default() -> Self {
+        Lifecycle {
+            budget_percent: 10,
+            budget_min: 2,
+            budget_period: Duration::from_secs(300),
+            max_unhealthy_percent: 40,
+            // Latitude's own tools wait 30 minutes for a deployment.
+            ready_deadline: Duration::from_secs(1800),
+            leave_hook: LeaveHook::None,
+            leave_timeout: Duration::from_secs(600),
+            leave_deadline: LeaveDeadline::Proceed,
+            failed_skip_leave: true,
+        }
+    }
+}
+
+impl Lifecycle {
+    /// `deletion_budget` as written: `10%,2`.
+    pub fn budget_text(&self) -> String {
+        format!("{}%,{}", self.budget_percent, self.budget_min)
+    }
+
+    pub fn parse_budget(text: &str) -> Result<(u32, u32), String> {
+        let bad = || format!("deletion_budget is PERCENT%,COUNT such as 10%,2, not {text:?}");
+        let (pct, min) = text.split_once(',').ok_or_else(bad)?;
+        let pct: u32 = pct
+            .trim()
+            .strip_suffix('%')
+            .ok_or_else(bad)?
+            .parse()
+            .map_err(|_| bad())?;
+        let min: u32 = min.trim().parse().map_err(|_| bad())?;
+        if pct > 100 {
+            return Err(bad());
+        }
+        Ok((pct, min))
+    }
+
+    pub fn parse_percent(text: &str) -> Result<u32, String> {
+        text.trim()
+            .strip_suffix('%')
+            .and_then(|p| p.parse().ok())
+            .filter(|p| *p <= 100)
+            .ok_or_else(|| format!("{text:?} is not a percentage such as 40%"))
+    }
+}
+
+/// What a leaving machine waits for before its delete is sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaveHook {
+    /// Nothing: the delete goes at once.
+    None,
+    /// An acknowledgement through the CLI or SQL (`shepherd machines ack`,
+    /// `shepherd.acknowledge_leave()`), as a lifecycle hook's completion.
+    Ack,
+    /// An HTTP endpoint POSTed the machine; a 2xx answer lets it go.
+    Http(String),
+}
+
+impl std::fmt::Display for LeaveHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LeaveHook::None => f.write_str("none"),
+            LeaveHook::Ack => f.write_str("ack"),
+            LeaveHook::Http(url) => f.write_str(url),
+        }
+    }
+}
+
+impl FromStr for LeaveHook {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim() {
+            "none" => Ok(LeaveHook::None),
+            "ack" => Ok(LeaveHook::Ack),
+            url if url.starts_with("http://") || url.starts_with("https://") => {
+                Ok(LeaveHook::Http(url.to_string()))
+            }
+            other => Err(format!(
+                "leave_hook is none, ack, or an http(s) URL to POST to, not {other:?}"
+            )),
+        }
+    }
+}
+
+/// What happens when a leave hook did not answer by its deadline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaveDeadline {
+    /// The delete is sent anyway.
+    Proceed,
+    /// The deletion ends; the machine stays.
+    GiveUp,
+}
+
+impl LeaveDeadline {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LeaveDeadline::Proceed => "proceed",
+            LeaveDeadline::GiveUp => "give_up",
+        }
+    }
+}
+
+impl FromStr for LeaveDeadline {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim() {
+            "proceed" => Ok(LeaveDeadline::Proceed),
+            "give_up" => Ok(LeaveDeadline::GiveUp),
+            other => Err(format!(
+                "leave_deadline is proceed or give_up, not {other:?}"
+            )),
+        }
+    }
 }
 
 /// How long a creation whose outcome was not seen holds its unit before a
@@ -406,6 +551,7 @@ impl Default for ProvisionerConfig {
             rescue: Rescue::default(),
             latitude_reads_per_minute: 60,
             latitude_writes_per_minute: 20,
+            lifecycle: Lifecycle::default(),
         }
     }
 }

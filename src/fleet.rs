@@ -378,7 +378,10 @@ pub async fn plan(
     plan.pools = inventory.pools.clone();
     // Paused: nothing would be admitted (queue::admit refuses every one).
     let room = if plan.paused.is_some() { Some(0) } else { room };
-    let selection = pass::select(&inventory, &fleet, room, settings.chunk_size);
+    let declared = crate::pools::declared(pool).await?;
+    let place = |u: Uuid| provider.unit_place(u);
+    let lacking = pass::lacking(&declared, &devices, &fleet, &place);
+    let selection = pass::select(&inventory, &fleet, room, settings.chunk_size, &lacking);
     plan.would_create = selection.chosen;
     plan.skipped = selection.skipped;
     plan.labels = plan

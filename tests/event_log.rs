@@ -20,6 +20,7 @@ fn one_of_each() -> Vec<Event> {
     let run = Uuid::new_v4();
     let r = Uuid::new_v4();
     let d = Uuid::new_v4();
+    let (m, q) = (Uuid::new_v4(), Uuid::new_v4());
     vec![
         ReconcileStarted {
             run,
@@ -249,6 +250,105 @@ fn one_of_each() -> Vec<Event> {
             by: "cli:alice".into(),
             reason: "gone".into(),
             confirmed: true,
+        }
+        .into(),
+        DeletionRequested {
+            machine_id: m,
+            provider_id: d.to_string(),
+            reservation: Some(r),
+            pool: Some("web".into()),
+            request: q,
+            cause: "surplus".into(),
+            message: "pool web holds more machines than its count of 2".into(),
+            by: "reconcile".into(),
+        }
+        .into(),
+        LeaveAcknowledged {
+            machine_id: m,
+            provider_id: d.to_string(),
+            request: q,
+            by: "cli:alice".into(),
+        }
+        .into(),
+        LeaveTimedOut {
+            machine_id: m,
+            provider_id: d.to_string(),
+            request: q,
+            action: "proceed".into(),
+        }
+        .into(),
+        DeletionUnresolved {
+            machine_id: m,
+            provider_id: d.to_string(),
+            request: q,
+            message: "destroy-server: outcome unknown".into(),
+        }
+        .into(),
+        MachineDeleted {
+            machine_id: m,
+            provider: "latitude".into(),
+            provider_id: d.to_string(),
+            reservation: Some(r),
+            request: q,
+            already_gone: false,
+        }
+        .into(),
+        DeletionFailed {
+            machine_id: m,
+            provider_id: d.to_string(),
+            request: q,
+            message: "refused".into(),
+        }
+        .into(),
+        DeletionCancelled {
+            machine_id: m,
+            provider_id: d.to_string(),
+            request: q,
+            reason: "the pool grew".into(),
+            by: "shepherd".into(),
+        }
+        .into(),
+        MachineProtected {
+            machine_id: m,
+            provider_id: d.to_string(),
+            by: "cli:alice".into(),
+            reason: "database primary".into(),
+        }
+        .into(),
+        MachineUnprotected {
+            machine_id: m,
+            provider_id: d.to_string(),
+            by: "cli:alice".into(),
+            reason: "migrated".into(),
+        }
+        .into(),
+        DeletionsPaused {
+            by: "ops".into(),
+            reason: "incident".into(),
+        }
+        .into(),
+        DeletionsResumed {
+            by: "ops".into(),
+            reason: String::new(),
+        }
+        .into(),
+        SurplusFound {
+            run,
+            pools: vec![SurplusReport {
+                pool: "web".into(),
+                count: 2,
+                machines: 3,
+                doubled: vec!["web/1".into()],
+                extra: vec![d.to_string()],
+            }],
+        }
+        .into(),
+        DeletionsHeld {
+            run,
+            pool: "web".into(),
+            held: 3,
+            guard: "budget".into(),
+            message: "the budget is spent".into(),
         }
         .into(),
         MachineNotFound {
@@ -654,7 +754,84 @@ fn random_event(rng: &mut impl Rng, reservations: &[Uuid], devices: &[Uuid]) -> 
     let d = devices[rng.random_range(0..devices.len())];
     let offset = TimeDelta::seconds(rng.random_range(-3600..3600));
     let pool = ["web", "db", "batch"][rng.random_range(0..3)].to_string();
-    match rng.random_range(0..19) {
+    let machine = Uuid::from_u128(rng.random_range(0..4));
+    let request = Uuid::from_u128(rng.random_range(0..3));
+    match rng.random_range(0..25) {
+        24 => DeletionRequested {
+            machine_id: machine,
+            provider_id: d.to_string(),
+            reservation: Some(r),
+            pool: Some(pool),
+            request,
+            cause: "surplus".into(),
+            message: "m".into(),
+            by: "reconcile".into(),
+        }
+        .into(),
+        23 => MachineDeleted {
+            machine_id: machine,
+            provider: "latitude".into(),
+            provider_id: d.to_string(),
+            reservation: Some(r),
+            request,
+            already_gone: rng.random(),
+        }
+        .into(),
+        22 if rng.random() => DeletionFailed {
+            machine_id: machine,
+            provider_id: d.to_string(),
+            request,
+            message: "m".into(),
+        }
+        .into(),
+        22 => DeletionUnresolved {
+            machine_id: machine,
+            provider_id: d.to_string(),
+            request,
+            message: format!("m{}", rng.random::<u8>()),
+        }
+        .into(),
+        21 if rng.random() => LeaveAcknowledged {
+            machine_id: machine,
+            provider_id: d.to_string(),
+            request,
+            by: "ops".into(),
+        }
+        .into(),
+        21 => LeaveTimedOut {
+            machine_id: machine,
+            provider_id: d.to_string(),
+            request,
+            action: ["proceed", "give_up"][rng.random_range(0..2)].into(),
+        }
+        .into(),
+        20 if rng.random() => MachineProtected {
+            machine_id: machine,
+            provider_id: d.to_string(),
+            by: "ops".into(),
+            reason: "r".into(),
+        }
+        .into(),
+        20 => MachineUnprotected {
+            machine_id: machine,
+            provider_id: d.to_string(),
+            by: "ops".into(),
+            reason: "r".into(),
+        }
+        .into(),
+        19 if rng.random() => DeletionsPaused {
+            by: "ops".into(),
+            reason: format!("r{}", rng.random::<u8>()),
+        }
+        .into(),
+        19 => DeletionCancelled {
+            machine_id: machine,
+            provider_id: d.to_string(),
+            request,
+            reason: "r".into(),
+            by: "ops".into(),
+        }
+        .into(),
         18 => CreationSettled {
             reservation: r,
             request: Uuid::from_u128(rng.random_range(0..3)),

@@ -436,39 +436,68 @@ async fn out_of_stock_penalises_the_plan_at_its_site(db: PgPool) {
     w.assert_invariants().await;
 }
 
-/// A server whose deployment failed is managed and holds its place: shepherd
-/// destroys nothing and makes no second server on the place; the pass
-/// records it as failed in its pool, for an operator to act on.
+/// A server whose deployment failed is replaced: the pass records it as
+/// failed in its pool, deletes it (the request an event before the call),
+/// penalises its place so that a plan that always fails does not churn
+/// money, and fills the place again once the penalty ends. Never a second
+/// server on the place meanwhile.
 #[sqlx::test(migrations = false)]
-async fn a_failed_deployment_holds_its_place_and_is_reported(db: PgPool) {
-    // The limit is the pool's count: once full, passes stop at the limit.
+async fn a_failed_deployment_is_replaced_and_its_place_penalised(db: PgPool) {
     let w = World::new(db, 3, vec![pool("web", "DAL", 3)]).await;
     w.fake.set_faults(
         Faults::none()
             .with_rule(FaultRule::on(Call::CreateServer, FaultKind::FailDeployment).times(1)),
     );
-    w.settle(5).await;
-    let servers = w.fake.servers();
-    assert_eq!(servers.len(), 3, "one server per place");
+    let pass = w.pass().await;
+    assert_eq!(pass.enqueued.len(), 3);
+    drain_with(&w.pool, &w.ctx).await;
+    let failed: Vec<_> = w
+        .fake
+        .servers()
+        .into_iter()
+        .filter(|s| s.status == "failed_deployment")
+        .collect();
+    assert_eq!(failed.len(), 1);
+    // The next pass counts it as failed and requests its deletion.
+    let pass = w.pass().await;
+    assert_eq!(pass.deletions, vec![failed[0].id.clone()], "{pass:?}");
+    let pools = w.last_pools().await;
+    assert_eq!((pools[0].taken, pools[0].failed), (3, 1), "{pools:?}");
+    drain_with(&w.pool, &w.ctx).await;
+    assert_eq!(w.fake.calls(Call::DestroyServer), 1);
+    assert_eq!(w.fake.servers().len(), 2, "the failed server is gone");
     assert_eq!(
-        servers
-            .iter()
-            .filter(|s| s.status == "failed_deployment")
-            .count(),
-        1
+        w.count("select count(*) from shepherd.managed_machines")
+            .await,
+        2
     );
-    // Another pass takes nothing: the failed server stands on its place.
+    let cause: String = sqlx::query_scalar(
+        "select body->>'cause' from shepherd.events where event_type = 'deletion_requested'",
+    )
+    .fetch_one(&w.pool)
+    .await
+    .unwrap();
+    assert_eq!(cause, "failed");
+    // Its place waits out its penalty: no server on it meanwhile.
     let pass = w.pass().await;
     assert!(pass.enqueued.is_empty(), "{pass:?}");
-    assert_eq!(w.fake.calls(Call::DestroyServer), 0);
-    // At the limit the pass reads no stock, and still counts the failed
-    // server in its pool.
-    assert!(pass.at_limit, "{pass:?}");
-    let pools = w.last_pools().await;
     assert_eq!(
-        (pools[0].taken, pools[0].failed, pools[0].stock),
-        (3, 1, None),
-        "{pools:?}"
+        w.count("select count(*) from shepherd.sinbin where now() <= until")
+            .await,
+        1
+    );
+    // The penalty lifted (by an operator here), the place is filled again.
+    sqlx::query("select shepherd.clear_all_penalties('the plan is fixed')")
+        .execute(&w.pool)
+        .await
+        .unwrap();
+    w.settle(5).await;
+    assert_eq!(w.fake.servers().len(), 3);
+    assert!(
+        w.fake
+            .servers()
+            .iter()
+            .all(|s| s.status != "failed_deployment")
     );
     w.assert_invariants().await;
 }

@@ -59,6 +59,21 @@ pub struct ReservationCounts {
     pub in_flight: u64,
 }
 
+/// One pool's surplus as a pass found it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SurplusReport {
+    pub pool: String,
+    pub count: u32,
+    /// Machines of ours on the pool's places, any of them.
+    pub machines: u32,
+    /// Places holding more than one machine (`web/3`).
+    #[serde(default)]
+    pub doubled: Vec<String>,
+    /// The machines beyond the count, by the provider's id.
+    #[serde(default)]
+    pub extra: Vec<String>,
+}
+
 macro_rules! events {
     ($( $(#[$doc:meta])* $variant:ident = $name:literal, $version:literal { $( $(#[$fdoc:meta])* $field:ident : $ty:ty),* $(,)? } )*) => {
         $(
@@ -276,6 +291,58 @@ events! {
         reservation: Option<Uuid>,
         evidence: String,
     }
+    /// A machine is to be deleted, and why (`cause`: surplus, failed,
+    /// not_ready, pool_removed, operator): from here it is leaving, until
+    /// its deletion ends. Recorded before any call is made.
+    DeletionRequested = "deletion_requested", 1 {
+        machine_id: Uuid,
+        provider_id: String,
+        reservation: Option<Uuid>,
+        pool: Option<String>,
+        request: Uuid,
+        cause: String,
+        message: String,
+        by: String,
+    }
+    /// The leave hook answered (or an operator acknowledged): the delete
+    /// may be sent.
+    LeaveAcknowledged = "leave_acknowledged", 1 { machine_id: Uuid, provider_id: String, request: Uuid, by: String }
+    /// The leave hook did not answer by its deadline; `action` is the
+    /// cluster's `leave_deadline`: `proceed` (the delete may be sent) or
+    /// `give_up` (the deletion ends, the machine stays).
+    LeaveTimedOut = "leave_timed_out", 1 { machine_id: Uuid, provider_id: String, request: Uuid, action: String }
+    /// A delete's answer was not seen: the machine may be gone or not; a
+    /// successor looks it up.
+    DeletionUnresolved = "deletion_unresolved", 1 { machine_id: Uuid, provider_id: String, request: Uuid, message: String }
+    /// The provider deleted the machine (or had already): it is no longer
+    /// managed, and its unit is free.
+    MachineDeleted = "machine_deleted", 1 {
+        machine_id: Uuid,
+        provider: String,
+        provider_id: String,
+        reservation: Option<Uuid>,
+        request: Uuid,
+        already_gone: bool,
+    }
+    /// The provider refused the delete, or the leave hook's deadline gave
+    /// it up: the machine stays managed.
+    DeletionFailed = "deletion_failed", 1 { machine_id: Uuid, provider_id: String, request: Uuid, message: String }
+    /// What the deletion was for no longer holds (the pool grew back, the
+    /// machine was protected, an operator cancelled it): it ends unsent.
+    DeletionCancelled = "deletion_cancelled", 1 { machine_id: Uuid, provider_id: String, request: Uuid, reason: String, by: String }
+    /// Scale-in protection: shepherd never deletes the machine while it
+    /// holds.
+    MachineProtected = "machine_protected", 1 { machine_id: Uuid, provider_id: String, by: String, reason: String }
+    MachineUnprotected = "machine_unprotected", 1 { machine_id: Uuid, provider_id: String, by: String, reason: String }
+    /// An operator stopped deletions cluster-wide (creations go on).
+    DeletionsPaused = "deletions_paused", 1 { by: String, reason: String }
+    DeletionsResumed = "deletions_resumed", 1 { by: String, reason: String }
+    /// A pass found more machines of ours than the desired state holds: in
+    /// a pool beyond its count, or two on one place.
+    SurplusFound = "surplus_found", 1 { run: Uuid, pools: Vec<SurplusReport> }
+    /// A pass held deletions back, and which guard did (`paused`,
+    /// `protected`, `budget`, `unhealthy`).
+    DeletionsHeld = "deletions_held", 1 { run: Uuid, pool: String, held: u32, guard: String, message: String }
     /// An operator recorded that a managed machine is no longer managed
     /// (its device is gone), so passes stop reporting it missing.
     MachineReleased = "machine_released", 1 { machine_id: Uuid, provider: String, provider_id: String, by: String, reason: String }
@@ -326,7 +393,9 @@ fn upcast(event_type: &str, version: i32, mut body: Value) -> Value {
     // it everywhere now, the one `--provider` takes.
     let renamed = match event_type {
         "settings_changed" => body.pointer_mut("/settings/provider"),
-        "machine_assimilated" | "machine_released" | "machine_lost" => body.get_mut("provider"),
+        "machine_assimilated" | "machine_released" | "machine_lost" | "machine_deleted" => {
+            body.get_mut("provider")
+        }
         _ => None,
     };
     if let Some(provider) = renamed
@@ -356,6 +425,17 @@ impl Event {
             Event::MachineReleased(e) => Stream::Device(e.provider_id.clone()),
             Event::MachineNotFound(e) => Stream::Device(e.provider_id.clone()),
             Event::MachineLost(e) => Stream::Device(e.provider_id.clone()),
+            Event::DeletionRequested(e) => Stream::Device(e.provider_id.clone()),
+            Event::LeaveAcknowledged(e) => Stream::Device(e.provider_id.clone()),
+            Event::LeaveTimedOut(e) => Stream::Device(e.provider_id.clone()),
+            Event::DeletionUnresolved(e) => Stream::Device(e.provider_id.clone()),
+            Event::MachineDeleted(e) => Stream::Device(e.provider_id.clone()),
+            Event::DeletionFailed(e) => Stream::Device(e.provider_id.clone()),
+            Event::DeletionCancelled(e) => Stream::Device(e.provider_id.clone()),
+            Event::MachineProtected(e) => Stream::Device(e.provider_id.clone()),
+            Event::MachineUnprotected(e) => Stream::Device(e.provider_id.clone()),
+            Event::SurplusFound(e) => Stream::Reconcile(e.run),
+            Event::DeletionsHeld(e) => Stream::Reconcile(e.run),
             Event::SettingsChanged(_) => Stream::Settings,
             Event::PoolDeclared(e) => Stream::Pool(e.name.clone()),
             Event::PoolChanged(e) => Stream::Pool(e.name.clone()),
@@ -381,7 +461,10 @@ impl Event {
                 Some(r) => Stream::Reservation(r),
                 None => Stream::Jobs,
             },
-            Event::CreationsPaused(_) | Event::CreationsResumed(_) => Stream::Operator,
+            Event::CreationsPaused(_)
+            | Event::CreationsResumed(_)
+            | Event::DeletionsPaused(_)
+            | Event::DeletionsResumed(_) => Stream::Operator,
             Event::Unknown { .. } => Stream::Operator,
         }
     }

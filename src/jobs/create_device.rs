@@ -745,17 +745,32 @@ async fn penalty(
     if standing {
         return Ok(None);
     }
+    penalty_event(settings, conn, reservation, cause, class, scope)
+        .await
+        .map(Some)
+}
+
+/// The unit's next penalty, growing with its failures (its sinbin row keeps
+/// the count even after a penalty ends).
+pub(super) async fn penalty_event(
+    settings: &ClusterSettings,
+    conn: &mut sqlx::PgConnection,
+    reservation: Uuid,
+    cause: &str,
+    class: ErrorClass,
+    scope: Option<String>,
+) -> Result<NewEvent, JobError> {
     let failures = views::penalty(conn, reservation)
         .await?
         .map_or(0, |p| p.failures.max(0) as u32);
     let duration = settings.penalty.duration(failures);
-    Ok(Some(NewEvent::new(ReservationPenalised {
+    Ok(NewEvent::new(ReservationPenalised {
         reservation,
         until: Utc::now() + TimeDelta::from_std(duration).unwrap_or(TimeDelta::MAX),
         cause: cause.to_string(),
         class: Some(class),
         scope,
-    })))
+    }))
 }
 
 /// A job pushed from SQL passes the capacity check here, before any API call.

@@ -18,7 +18,7 @@
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-use super::{ASSIMILATE_QUEUE, CREATE_DEVICE_QUEUE, RECONCILE_QUEUE};
+use super::{ASSIMILATE_QUEUE, CREATE_DEVICE_QUEUE, DELETE_MACHINE_QUEUE, RECONCILE_QUEUE};
 use crate::events::event::{JobCancelled, JobRetried};
 use crate::events::{NewEvent, StoreError, record};
 
@@ -76,7 +76,15 @@ async fn lock(conn: &mut PgConnection, id: &str) -> Result<Row, JobActionError> 
          from apalis.jobs where id = $1 and job_type = any($2) for update",
     )
     .bind(id)
-    .bind([RECONCILE_QUEUE, CREATE_DEVICE_QUEUE, ASSIMILATE_QUEUE].map(str::to_string))
+    .bind(
+        [
+            RECONCILE_QUEUE,
+            CREATE_DEVICE_QUEUE,
+            ASSIMILATE_QUEUE,
+            DELETE_MACHINE_QUEUE,
+        ]
+        .map(str::to_string),
+    )
     .fetch_optional(&mut *conn)
     .await?
     .ok_or_else(|| JobActionError::NotFound(id.to_string()))
@@ -119,6 +127,7 @@ pub async fn retry(pool: &PgPool, id: &str, by: &str, reason: &str) -> Result<()
     let key = match row.job_type.as_str() {
         CREATE_DEVICE_QUEUE => Some(("request", "creation")),
         ASSIMILATE_QUEUE => Some(("device", "device")),
+        DELETE_MACHINE_QUEUE => Some(("request", "deletion")),
         _ => None,
     };
     if let Some((key, what)) = key
@@ -222,6 +231,45 @@ pub async fn cancel(pool: &PgPool, id: &str, by: &str, reason: &str) -> Result<(
                      new job: let it run, or release the machine"
                 )));
             }
+        }
+        DELETE_MACHINE_QUEUE => {
+            let (Some(machine), Some(request), Some(device)) = (
+                row.arg("machine_id").and_then(|m| m.parse::<Uuid>().ok()),
+                row.arg("request").and_then(|r| r.parse::<Uuid>().ok()),
+                row.arg("device"),
+            ) else {
+                return Err(JobActionError::Refused(format!(
+                    "job {id} does not name its machine and request"
+                )));
+            };
+            // A delete that may have been sent is settled by looking, as a
+            // create is: only a deletion never tried is cancelled.
+            let runs: i64 = sqlx::query_scalar(
+                "select count(*) from apalis.jobs
+                 where job_type = $1 and shepherd.job_args(job)->>'request' = $2
+                   and (id <> $3 or attempts > 0 or status <> 'Pending')",
+            )
+            .bind(DELETE_MACHINE_QUEUE)
+            .bind(request.to_string())
+            .bind(id)
+            .fetch_one(&mut *tx)
+            .await?;
+            if runs > 0 {
+                return Err(JobActionError::Refused(format!(
+                    "the deletion of job {id} has been tried before, and the machine may be gone:                      shepherd settles it by looking; protect the machine to stop a deletion not yet sent"
+                )));
+            }
+            record(
+                &mut tx,
+                vec![NewEvent::new(crate::events::event::DeletionCancelled {
+                    machine_id: machine,
+                    provider_id: device,
+                    request,
+                    reason: reason.to_string(),
+                    by: by.to_string(),
+                })],
+            )
+            .await?;
         }
         _ => {}
     }

@@ -10,7 +10,9 @@
 //! what the first run did rather than do it again.
 
 pub mod assimilate;
+pub mod converge;
 pub mod create_device;
+pub mod delete_machine;
 pub mod manage;
 pub mod pass;
 pub mod place;
@@ -39,6 +41,7 @@ use crate::provider::{Provider, ProviderError};
 pub const RECONCILE_QUEUE: &str = "reconcile";
 pub const CREATE_DEVICE_QUEUE: &str = "create_device";
 pub const ASSIMILATE_QUEUE: &str = "assimilate";
+pub const DELETE_MACHINE_QUEUE: &str = "delete_machine";
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ReconcileArgs {
@@ -111,6 +114,34 @@ pub struct AssimilateArgs {
     pub created: Option<CreatedDeviceFacts>,
     #[serde(default = "first_attempt")]
     pub attempt: u32,
+}
+
+/// One attempt at deleting a managed machine whose deletion was requested
+/// (`deletion_requested` names the request).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeleteMachineArgs {
+    pub machine_id: Uuid,
+    /// The machine by its provider's id.
+    pub device: String,
+    /// The deletion's id: only its own outcome ends it.
+    pub request: Uuid,
+    #[serde(default = "first_attempt")]
+    pub attempt: u32,
+    /// An earlier attempt's answer was not seen: the machine may be gone.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unknown: bool,
+}
+
+impl DeleteMachineArgs {
+    pub fn first(machine_id: Uuid, device: String, request: Uuid) -> Self {
+        DeleteMachineArgs {
+            machine_id,
+            device,
+            request,
+            attempt: 1,
+            unknown: false,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

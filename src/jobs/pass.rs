@@ -25,6 +25,18 @@ pub struct Fleet {
     pub penalised: HashSet<Uuid>,
     /// Stock under a penalty (`Unit::scope`): no unit drawing on it is taken.
     pub penalised_scopes: HashSet<String>,
+    /// Units a machine of ours stands on by our own records: managed, or
+    /// made and not yet assimilated (a listing may not show it yet).
+    pub held_units: HashSet<Uuid>,
+    /// Managed machines by their provider's id: their id, and whether they
+    /// are protected.
+    pub machines: HashMap<String, (Uuid, bool)>,
+    /// Machines leaving (a deletion pending), by machine id.
+    pub leaving: HashSet<Uuid>,
+    /// Machines shepherd deleted in the last day, by the provider's id: a
+    /// listing that lags behind deletes may still show them, and they are
+    /// neither orphans to adopt nor members of a pool.
+    pub deleted: HashSet<String>,
 }
 
 impl Fleet {
@@ -39,8 +51,13 @@ pub async fn read_fleet(pool: &PgPool) -> Result<Fleet, sqlx::Error> {
         .execute(&mut *tx)
         .await?;
     let ids = |sql: &'static str| sqlx::query_scalar::<_, Uuid>(sql);
-    let managed_ids: Vec<String> =
-        sqlx::query_scalar("select provider_id from shepherd.managed_machines")
+    let managed_rows: Vec<(String, Uuid, bool, Option<Uuid>)> = sqlx::query_as(
+        "select provider_id, machine_id, protected, reservation_id from shepherd.managed_machines",
+    )
+    .fetch_all(&mut *tx)
+    .await?;
+    let unassimilated: Vec<(String, Option<Uuid>)> =
+        sqlx::query_as("select device_id, reservation_id from shepherd.unassimilated_devices")
             .fetch_all(&mut *tx)
             .await?;
     // Active penalties once: their units, and the stock some hold back.
@@ -49,14 +66,30 @@ pub async fn read_fleet(pool: &PgPool) -> Result<Fleet, sqlx::Error> {
             .fetch_all(&mut *tx)
             .await?;
     let fleet = Fleet {
-        managed: managed_ids.into_iter().collect(),
+        managed: managed_rows.iter().map(|r| r.0.clone()).collect(),
         pending: ids("select reservation_id from shepherd.pending_creations")
             .fetch_all(&mut *tx)
             .await?
             .into_iter()
             .collect(),
-        unassimilated: sqlx::query_scalar::<_, String>(
-            "select device_id from shepherd.unassimilated_devices",
+        unassimilated: unassimilated.iter().map(|(d, _)| d.clone()).collect(),
+        held_units: managed_rows
+            .iter()
+            .filter_map(|r| r.3)
+            .chain(unassimilated.iter().filter_map(|(_, u)| *u))
+            .collect(),
+        machines: managed_rows
+            .iter()
+            .map(|(device, id, protected, _)| (device.clone(), (*id, *protected)))
+            .collect(),
+        leaving: ids("select machine_id from shepherd.pending_deletions")
+            .fetch_all(&mut *tx)
+            .await?
+            .into_iter()
+            .collect(),
+        deleted: sqlx::query_scalar::<_, String>(
+            "select body->>'provider_id' from shepherd.events
+             where event_type = 'machine_deleted' and recorded_at > now() - interval '1 day'",
         )
         .fetch_all(&mut *tx)
         .await?
@@ -138,10 +171,12 @@ pub fn compare(
     for d in devices {
         let id = d.id.clone();
         let prefixed = d.hostname.as_deref().is_some_and(|h| h.starts_with(prefix));
-        // A device whose creation is still committing is in flight, not an orphan.
+        // A device whose creation is still committing is in flight, not an
+        // orphan; one deleted a moment ago is gone, whatever a lagging
+        // listing says.
         let in_flight =
             fleet.unassimilated.contains(&id) || d.unit.is_some_and(|r| fleet.pending.contains(&r));
-        if !prefixed || fleet.managed.contains(&id) || in_flight {
+        if !prefixed || fleet.managed.contains(&id) || in_flight || after.deleted.contains(&id) {
             continue;
         }
         // Another deployment's witness is no proof: only a request in our log.
@@ -180,6 +215,9 @@ pub enum Skip {
     /// A candidate beyond the stock the provider counts for its scope: the
     /// create would be refused.
     BeyondStock,
+    /// A free place of a pool that has its count already (a machine kept
+    /// beyond its places, or one made and not listed yet).
+    PoolWhole,
 }
 
 /// What a pass takes from a listing of reservations.
@@ -199,7 +237,9 @@ pub fn select(
     fleet: &Fleet,
     room: Option<u64>,
     chunk_size: u64,
+    lacking: &HashMap<String, u32>,
 ) -> Selection {
+    let mut lacking = lacking.clone();
     let reservations = &inventory.units;
     let take = room.unwrap_or(u64::MAX).min(chunk_size);
     // What each scope's stock still allows this pass, where it is counted.
@@ -247,10 +287,16 @@ pub fn select(
         } else {
             counts.available += 1;
             let left = r.scope.as_deref().and_then(|s| stock.get_mut(s));
-            if left.as_deref() == Some(&0) {
+            let pool_left = r.pool.as_deref().and_then(|p| lacking.get_mut(p));
+            if pool_left.as_deref() == Some(&0) {
+                Skip::PoolWhole
+            } else if left.as_deref() == Some(&0) {
                 Skip::BeyondStock
             } else if (chosen.len() as u64) < take {
                 if let Some(left) = left {
+                    *left -= 1;
+                }
+                if let Some(left) = pool_left {
                     *left -= 1;
                 }
                 chosen.push(r.id);
@@ -266,6 +312,164 @@ pub fn select(
         chosen,
         skipped,
     }
+}
+
+/// Where a machine stands: its pool and place, per the provider.
+pub type PlaceOf<'a> = &'a dyn Fn(Uuid) -> Option<(String, u32)>;
+
+/// How many machines each pool lacks: its count, less the machines of
+/// ours on any of its places (as listed, and those our records hold that a
+/// lagging listing may not show yet) and its creations in flight. A pass
+/// takes no more of a pool's free places than that, so a pool whose
+/// kept machines stand beyond its places is not filled past its count.
+pub fn lacking(
+    pools: &[crate::provider::pool::Declared],
+    devices: &[Machine],
+    fleet: &Fleet,
+    place: PlaceOf<'_>,
+) -> HashMap<String, u32> {
+    let mut held: HashMap<String, u32> = HashMap::new();
+    let mut counted: HashSet<Uuid> = HashSet::new();
+    for d in devices.iter().filter(|d| !fleet.deleted.contains(&d.id)) {
+        let Some(unit) = d.unit else { continue };
+        if let Some((pool, _)) = place(unit) {
+            *held.entry(pool).or_default() += 1;
+            counted.insert(unit);
+        }
+    }
+    for unit in fleet.held_units.iter().chain(fleet.pending.iter()) {
+        if counted.insert(*unit)
+            && let Some((pool, _)) = place(*unit)
+        {
+            *held.entry(pool).or_default() += 1;
+        }
+    }
+    pools
+        .iter()
+        .filter(|p| !p.removed)
+        .map(|p| {
+            let have = held.get(&p.pool.name).copied().unwrap_or(0);
+            (p.pool.name.clone(), p.pool.count.saturating_sub(have))
+        })
+        .collect()
+}
+
+/// Each pool's managed machines that a witness in our log proves ours,
+/// as the lifecycle weighs them.
+pub fn targets(
+    pools: &[crate::provider::pool::Declared],
+    devices: &[Machine],
+    fleet: &Fleet,
+    ours: &HashSet<String>,
+    place: PlaceOf<'_>,
+    scope: &dyn Fn(Uuid) -> Option<String>,
+) -> Vec<super::converge::Target> {
+    use super::converge::{Health, Member, Target};
+    let mut out: Vec<Target> = pools
+        .iter()
+        .map(|p| Target {
+            pool: p.pool.name.clone(),
+            count: if p.removed { 0 } else { p.pool.count },
+            removed: p.removed,
+            scope: None,
+            members: vec![],
+        })
+        .collect();
+    for d in devices {
+        let (Some(unit), Some(witness)) = (d.unit, d.witness.as_ref()) else {
+            continue;
+        };
+        let Some(&(machine_id, protected)) = fleet.machines.get(&d.id) else {
+            continue;
+        };
+        if !ours.contains(witness) {
+            continue;
+        }
+        let Some((pool, index)) = place(unit) else {
+            continue;
+        };
+        let Some(t) = out.iter_mut().find(|t| t.pool == pool) else {
+            continue;
+        };
+        t.scope = t.scope.take().or_else(|| scope(unit));
+        t.members.push(Member {
+            device: d.id.clone(),
+            machine_id,
+            unit,
+            index,
+            health: if d.failed {
+                Health::Failed
+            } else if d.ready {
+                Health::Ready
+            } else {
+                Health::Underway
+            },
+            created_at: d.created_at,
+            protected,
+            leaving: fleet.leaving.contains(&machine_id),
+        });
+    }
+    out.retain(|t| !t.members.is_empty() || !t.removed);
+    out
+}
+
+/// Pools holding more machines of ours than declared, as listed: beyond
+/// the count, or two on one place. Reported by every pass that sees it.
+pub fn surplus(
+    pools: &[crate::provider::pool::Declared],
+    devices: &[Machine],
+    fleet: &Fleet,
+    ours: &HashSet<String>,
+    place: PlaceOf<'_>,
+) -> Vec<crate::events::event::SurplusReport> {
+    let mut by_pool: HashMap<String, Vec<(u32, &Machine)>> = HashMap::new();
+    for d in devices.iter().filter(|d| !fleet.deleted.contains(&d.id)) {
+        let Some(unit) = d.unit else { continue };
+        let mine = fleet.managed.contains(&d.id)
+            || fleet.unassimilated.contains(&d.id)
+            || d.witness.as_ref().is_some_and(|w| ours.contains(w));
+        if !mine {
+            continue;
+        }
+        if let Some((pool, index)) = place(unit) {
+            by_pool.entry(pool).or_default().push((index, d));
+        }
+    }
+    let mut out = vec![];
+    for p in pools {
+        let Some(members) = by_pool.get_mut(&p.pool.name) else {
+            continue;
+        };
+        let count = if p.removed { 0 } else { p.pool.count };
+        members.sort_by_key(|(index, d)| (*index, d.created_at, d.id.clone()));
+        let mut doubled = vec![];
+        for w in members.windows(2) {
+            if w[0].0 == w[1].0 {
+                let label = format!("{}/{}", p.pool.name, w[0].0);
+                if !doubled.contains(&label) {
+                    doubled.push(label);
+                }
+            }
+        }
+        if members.len() as u32 > count || !doubled.is_empty() {
+            // The extra ones: beyond the count's places first, then the
+            // later of two on one place.
+            let mut seen = HashSet::new();
+            let extra = members
+                .iter()
+                .filter(|(index, _)| *index >= count || !seen.insert(*index))
+                .map(|(_, d)| d.id.clone())
+                .collect();
+            out.push(crate::events::event::SurplusReport {
+                pool: p.pool.name.clone(),
+                count,
+                machines: members.len() as u32,
+                doubled,
+                extra,
+            });
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -382,14 +586,15 @@ mod tests {
             penalised_scopes: ["b".to_string()].into_iter().collect(),
             ..Fleet::default()
         };
-        let s = select(&inventory, &fleet, None, 100);
+        let none = HashMap::new();
+        let s = select(&inventory, &fleet, None, 100, &none);
         let u = &inventory.units;
         assert_eq!(s.chosen, vec![u[0].id, u[1].id, u[5].id, u[6].id, u[7].id]);
         assert!(s.skipped.contains(&(u[2].id, Skip::BeyondStock)));
         assert!(s.skipped.contains(&(u[3].id, Skip::Penalised)));
         assert_eq!((s.counts.available, s.counts.penalised), (6, 2));
         // The chunk size ends the pass before the stock does.
-        let s = select(&inventory, &Fleet::default(), None, 1);
+        let s = select(&inventory, &Fleet::default(), None, 1, &none);
         assert_eq!(s.chosen, vec![u[0].id]);
         assert!(s.skipped.contains(&(u[1].id, Skip::BeyondLimit)));
         // A creation in flight will take a unit of its scope's stock.
@@ -397,7 +602,7 @@ mod tests {
             pending: [u[0].id].into_iter().collect(),
             ..Fleet::default()
         };
-        let s = select(&inventory, &fleet, None, 100);
+        let s = select(&inventory, &fleet, None, 100, &none);
         assert_eq!(&s.chosen[..1], &[u[1].id]);
         assert!(s.skipped.contains(&(u[0].id, Skip::InFlight)));
         assert!(s.skipped.contains(&(u[2].id, Skip::BeyondStock)));

@@ -13,6 +13,7 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use super::{ASSIMILATE_QUEUE, AssimilateArgs, CREATE_DEVICE_QUEUE, CreateDeviceArgs};
+use super::{DELETE_MACHINE_QUEUE, DeleteMachineArgs};
 use super::{RECONCILE_QUEUE, ReconcileArgs};
 use crate::cluster::MachineLimit;
 use crate::events::event::{CreationRefused, CreationRequested};
@@ -61,6 +62,17 @@ pub async fn push_create_device(
 ) -> Result<Option<String>, sqlx::Error> {
     let key = format!("{}/{}", args.request, args.attempt);
     push(conn, CREATE_DEVICE_QUEUE, args, run_at, Some(&key)).await
+}
+
+/// Pushes a deletion attempt, keyed by its request and attempt as a
+/// creation's is (`shepherd.deprovision_machine()` keys its first alike).
+pub async fn push_delete_machine(
+    conn: &mut PgConnection,
+    args: &DeleteMachineArgs,
+    run_at: Option<DateTime<Utc>>,
+) -> Result<Option<String>, sqlx::Error> {
+    let key = format!("{}/{}", args.request, args.attempt);
+    push(conn, DELETE_MACHINE_QUEUE, args, run_at, Some(&key)).await
 }
 
 /// How many creations the limit allows now.

@@ -35,6 +35,8 @@ pub struct ReconcileOutcome {
     pub missing_devices: Vec<String>,
     /// Managed machines the provider confirmed gone, recorded as lost.
     pub lost: Vec<String>,
+    /// Machines whose deletion the pass requested (surplus, replacements).
+    pub deletions: Vec<String>,
 }
 
 async fn note(ctx: &JobContext, job_id: &str, events: Vec<Event>) -> Result<(), JobError> {
@@ -322,6 +324,22 @@ async fn run_pass(
         return Ok(out);
     }
 
+    // The listing can be trusted: keep the pools as declared, shedding
+    // surplus and replacing what failed, within the guards.
+    let declared: Vec<crate::provider::pool::Declared> = {
+        let mut conn = ctx.pool.acquire().await?;
+        crate::pools::read(&mut conn)
+            .await?
+            .iter()
+            .map(crate::pools::PoolRow::declared)
+            .collect()
+    };
+    let place = |u: Uuid| ctx.provider.unit_place(u);
+    out.deletions = converge(
+        ctx, &settings, job_id, run, &declared, &devices, &fleet, &ours,
+    )
+    .await?;
+
     if limit.is_reached(out.managed + out.in_flight) {
         tracing::info!(
             managed = out.managed,
@@ -355,7 +373,14 @@ async fn run_pass(
     out.listed_reservations = true;
     let mut tx = ctx.pool.begin().await?;
     let capacity = queue::lock_capacity(&mut tx).await?;
-    let selection = pass::select(&inventory, &fleet, capacity.room, settings.chunk_size);
+    let lacking = pass::lacking(&declared, &devices, &fleet, &place);
+    let selection = pass::select(
+        &inventory,
+        &fleet,
+        capacity.room,
+        settings.chunk_size,
+        &lacking,
+    );
     let mut listed = vec![
         ReservationsListed {
             run,
@@ -440,6 +465,119 @@ async fn run_pass(
         "reconcile pass finished"
     );
     Ok(out)
+}
+
+/// Keeps the pools as declared in the other direction: records the surplus
+/// it sees, and requests the deletions the lifecycle decides (each an
+/// event, with a `delete_machine` job that re-checks it before sending
+/// anything), and what the guards held back. Returns the machines whose
+/// deletion it requested.
+#[allow(clippy::too_many_arguments)]
+async fn converge(
+    ctx: &JobContext,
+    settings: &crate::cluster::ClusterSettings,
+    job_id: &str,
+    run: Uuid,
+    declared: &[crate::provider::pool::Declared],
+    devices: &[crate::provider::Machine],
+    fleet: &pass::Fleet,
+    ours: &std::collections::HashSet<String>,
+) -> Result<Vec<String>, JobError> {
+    use super::converge::{Policy, plan};
+    if declared.is_empty() {
+        return Ok(vec![]);
+    }
+    let place = |u: Uuid| ctx.provider.unit_place(u);
+    let scope = |u: Uuid| ctx.provider.unit_scope(u);
+    let surplus = pass::surplus(declared, devices, fleet, ours, &place);
+    let targets = pass::targets(declared, devices, fleet, ours, &place, &scope);
+    let l = &settings.lifecycle;
+    let mut conn = ctx.pool.acquire().await?;
+    let paused = crate::events::views::read_deletions_pause(&mut conn).await?;
+    let period = chrono::TimeDelta::from_std(l.budget_period).unwrap_or(chrono::TimeDelta::MAX);
+    let used: Vec<(Option<String>, i64)> = sqlx::query_as(
+        "select body->>'pool', count(*) from shepherd.events
+         where event_type = 'deletion_requested' and recorded_at > now() - $1
+         group by 1",
+    )
+    .bind(period)
+    .fetch_all(&mut *conn)
+    .await?;
+    drop(conn);
+    let used = used
+        .into_iter()
+        .filter_map(|(pool, n)| Some((pool?, n.max(0) as u32)))
+        .collect();
+    let decided = plan(
+        &targets,
+        &used,
+        &Policy {
+            paused: paused.is_some(),
+            budget_percent: l.budget_percent,
+            budget_min: l.budget_min,
+            max_unhealthy_percent: l.max_unhealthy_percent,
+            ready_deadline: l.ready_deadline,
+            now: chrono::Utc::now(),
+        },
+    );
+    let mut events: Vec<NewEvent> = vec![];
+    if !surplus.is_empty() {
+        for s in &surplus {
+            tracing::warn!(pool = %s.pool, count = s.count, machines = s.machines, doubled = ?s.doubled, "a pool holds more machines of ours than declared");
+        }
+        events.push(NewEvent::new(SurplusFound {
+            run,
+            pools: surplus,
+        }));
+    }
+    for h in &decided.held {
+        tracing::warn!(pool = %h.pool, guard = h.guard.as_str(), held = h.count, "{}", h.message);
+        events.push(NewEvent::new(DeletionsHeld {
+            run,
+            pool: h.pool.clone(),
+            held: h.count,
+            guard: h.guard.as_str().into(),
+            message: h.message.clone(),
+        }));
+    }
+    let mut jobs = vec![];
+    for d in &decided.delete {
+        let request = Uuid::new_v4();
+        tracing::info!(device = %d.member.device, pool = %d.pool, cause = d.cause.as_str(), "deleting a machine: {}", d.message);
+        events.push(NewEvent::new(DeletionRequested {
+            machine_id: d.member.machine_id,
+            provider_id: d.member.device.clone(),
+            reservation: Some(d.member.unit),
+            pool: Some(d.pool.clone()),
+            request,
+            cause: d.cause.as_str().into(),
+            message: d.message.clone(),
+            by: "reconcile".into(),
+        }));
+        jobs.push(super::DeleteMachineArgs::first(
+            d.member.machine_id,
+            d.member.device.clone(),
+            request,
+        ));
+    }
+    if events.is_empty() {
+        return Ok(vec![]);
+    }
+    let mut tx = ctx.pool.begin().await?;
+    record(
+        &mut tx,
+        events.into_iter().map(|e| e.caused_by(job_id)).collect(),
+    )
+    .await?;
+    for args in &jobs {
+        queue::push_delete_machine(&mut tx, args, None).await?;
+    }
+    tx.commit().await?;
+    Ok(decided
+        .delete
+        .into_iter()
+        .map(|d| d.member.device)
+        .collect())
 }
 
 /// What the pass made of the managed machines its listing lacked.

@@ -1,4 +1,5 @@
-//! The sweep: nothing stays in flight without a job that will end it.
+//! The sweep: nothing stays in flight (or leaving) without a job that will
+//! end it.
 //!
 //! A creation in flight is owned by its request, and a device awaiting
 //! assimilation by its device id; each should have a live job (pending,
@@ -20,7 +21,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use super::queue;
-use super::{AssimilateArgs, CreateDeviceArgs};
+use super::{AssimilateArgs, CreateDeviceArgs, DeleteMachineArgs};
 use crate::events::event::{AssimilationResumed, CreationResumed};
 use crate::events::{NewEvent, StoreError, record};
 
@@ -33,6 +34,8 @@ pub struct SweepOutcome {
     pub creations_resumed: Vec<Uuid>,
     /// Devices whose assimilation was given a job again.
     pub assimilations_resumed: Vec<String>,
+    /// Machines whose deletion was given a job again.
+    pub deletions_resumed: Vec<String>,
 }
 
 /// Job states in which a job will still run (apalis claims `Failed` rows
@@ -97,6 +100,28 @@ pub async fn run_once(pool: &PgPool) -> Result<SweepOutcome, StoreError> {
     .fetch_all(&mut *tx)
     .await?;
 
+    let deletions: Vec<(Uuid, String, String, i32)> = sqlx::query_as(concat!(
+        "with live as (
+             select shepherd.job_args(j.job)->>'request' as request
+             from apalis.jobs j where j.job_type = 'delete_machine' and ",
+        live!(),
+        "),
+         tried as (
+             select shepherd.job_args(j.job)->>'request' as request,
+                    max(case when jsonb_typeof(shepherd.job_args(j.job)->'attempt') = 'number'
+                             then least((shepherd.job_args(j.job)->>'attempt')::numeric, 1000000)::int
+                        end) as attempt
+             from apalis.jobs j where j.job_type = 'delete_machine'
+             group by 1)
+         select d.machine_id, d.provider_id, d.request, coalesce(t.attempt, 0)
+         from shepherd.pending_deletions d
+         left join tried t on t.request = d.request
+         where not exists (select 1 from live where live.request = d.request)
+         order by d.machine_id"
+    ))
+    .fetch_all(&mut *tx)
+    .await?;
+
     let mut out = SweepOutcome::default();
     let mut events = Vec::new();
     let mut create_jobs = Vec::new();
@@ -136,8 +161,23 @@ pub async fn run_once(pool: &PgPool) -> Result<SweepOutcome, StoreError> {
         }));
         out.assimilations_resumed.push(device);
     }
-    if !events.is_empty() {
+    let mut delete_jobs = Vec::new();
+    for (machine_id, device, request, last_attempt) in deletions {
+        let Ok(request) = request.parse::<Uuid>() else {
+            continue;
+        };
+        // The crashed run may have sent its delete: the next one looks
+        // first.
+        delete_jobs.push(DeleteMachineArgs {
+            attempt: (last_attempt.max(0) as u32) + 1,
+            unknown: true,
+            ..DeleteMachineArgs::first(machine_id, device.clone(), request)
+        });
+        out.deletions_resumed.push(device);
+    }
+    if !events.is_empty() || !delete_jobs.is_empty() {
         tracing::warn!(
+            deletions = ?out.deletions_resumed,
             creations = ?out.creations_resumed,
             assimilations = ?out.assimilations_resumed,
             "in-flight work had no job left; the sweep resumed it"
@@ -150,6 +190,9 @@ pub async fn run_once(pool: &PgPool) -> Result<SweepOutcome, StoreError> {
     }
     for args in &assimilate_jobs {
         queue::push_assimilate(&mut tx, args, None).await?;
+    }
+    for args in &delete_jobs {
+        queue::push_delete_machine(&mut tx, args, None).await?;
     }
     tx.commit().await?;
     Ok(out)

@@ -8,8 +8,9 @@ use std::time::Duration;
 use shepherd::config::{JobRetry, ProvisionerConfig, Rate};
 use shepherd::jobs::assimilate::{AssimilateOutcome, assimilate};
 use shepherd::jobs::create_device::{CreateOutcome, create_device};
+use shepherd::jobs::delete_machine::{DeleteOutcome, delete_machine};
 use shepherd::jobs::reconcile::{ReconcileOutcome, reconcile};
-use shepherd::jobs::{AssimilateArgs, CreateDeviceArgs, JobContext};
+use shepherd::jobs::{AssimilateArgs, CreateDeviceArgs, DeleteMachineArgs, JobContext};
 use shepherd_fakes::metal::{FakeConfig, FakeMetal};
 use sqlx::PgPool;
 
@@ -43,6 +44,7 @@ pub fn fast_config() -> ProvisionerConfig {
 pub enum Ran {
     Create(CreateOutcome),
     Assimilate(AssimilateOutcome),
+    Delete(DeleteOutcome),
 }
 
 pub struct World {
@@ -92,7 +94,7 @@ impl World {
             .expect("the pass runs")
     }
 
-    /// Claims the next runnable CreateDevice or Assimilate job, as a worker
+    /// Claims the next runnable CreateDevice, Assimilate or DeleteMachine job, as a worker
     /// would, and runs it. `None` when nothing is runnable.
     pub async fn run_next(&self) -> Option<Ran> {
         run_next(&self.pool, &self.ctx).await
@@ -202,14 +204,15 @@ impl World {
     }
 }
 
-/// Claims the next runnable CreateDevice or Assimilate job, as a worker
+/// Claims the next runnable CreateDevice, Assimilate or DeleteMachine job, as a worker
 /// would, and runs it with `ctx`, whichever provider it speaks to. `None`
 /// when nothing is runnable.
 pub async fn run_next(pool: &PgPool, ctx: &JobContext) -> Option<Ran> {
     let row: Option<(String, String, serde_json::Value)> = sqlx::query_as(
         "update apalis.jobs j set status = 'Running', attempts = attempts + 1
          from (select id from apalis.jobs
-               where job_type in ('create_device', 'assimilate') and status = 'Pending'
+               where job_type in ('create_device', 'assimilate', 'delete_machine')
+                 and status = 'Pending'
                  and run_at <= now()
                order by run_at, id limit 1 for update skip locked) next
          where j.id = next.id
@@ -223,6 +226,10 @@ pub async fn run_next(pool: &PgPool, ctx: &JobContext) -> Option<Ran> {
         "create_device" => {
             let args: CreateDeviceArgs = serde_json::from_value(args).unwrap();
             Ran::Create(create_device(ctx, &args, &id).await.unwrap())
+        }
+        "delete_machine" => {
+            let args: DeleteMachineArgs = serde_json::from_value(args).unwrap();
+            Ran::Delete(delete_machine(ctx, &args, &id).await.unwrap())
         }
         _ => {
             let args: AssimilateArgs = serde_json::from_value(args).unwrap();

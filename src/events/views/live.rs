@@ -51,6 +51,10 @@ pub(super) async fn load(
     let mut state = ViewState::default();
     if controls {
         state.paused = read_pause(&mut *conn).await?;
+        state.deletions_paused = read_deletions_pause(&mut *conn).await?;
+    }
+    if !devices.is_empty() {
+        state.pending_deletions = read_deletions(&mut *conn, Some(devices)).await?;
     }
     if settings {
         state.settings = read_settings(&mut *conn).await?;
@@ -63,11 +67,13 @@ pub(super) async fn load(
     let row = sqlx::query(
         "select
            (select coalesce(json_agg(m), '[]') from (
-              select machine_id, provider, provider_id, reservation_id, hostname, assimilated_at
+              select machine_id, provider, provider_id, reservation_id, hostname, assimilated_at,
+                     protected
               from shepherd.managed_machines
               where provider_id = any($1)
               union
-              select machine_id, provider, provider_id, reservation_id, hostname, assimilated_at
+              select machine_id, provider, provider_id, reservation_id, hostname, assimilated_at,
+                     protected
               from shepherd.managed_machines
               where reservation_id = any($2)) m) as machines,
            (select coalesce(json_agg(s), '[]') from (
@@ -128,6 +134,17 @@ pub(super) async fn write_changes(
     if before.paused != after.paused {
         write_pause(conn, after.paused.as_ref()).await?;
     }
+    if before.deletions_paused != after.deletions_paused {
+        write_control(conn, "deletions", after.deletions_paused.as_ref()).await?;
+    }
+    let (gone, changed) = diff(&before.pending_deletions, &after.pending_deletions);
+    if !gone.is_empty() {
+        sqlx::query("delete from shepherd.pending_deletions where machine_id = any($1)")
+            .bind(gone.into_iter().copied().collect::<Vec<_>>())
+            .execute(&mut *conn)
+            .await?;
+    }
+    insert_deletions(conn, changed.into_iter()).await?;
     let changed = after
         .settings
         .iter()

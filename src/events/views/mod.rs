@@ -27,6 +27,9 @@ pub struct ManagedMachine {
     pub reservation_id: Option<Uuid>,
     pub hostname: Option<String>,
     pub assimilated_at: DateTime<Utc>,
+    /// Scale-in protection: never deleted by shepherd while set.
+    #[serde(default)]
+    pub protected: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -59,6 +62,25 @@ pub struct PendingCreation {
     /// The unit's place, where the provider has places (`web/3`).
     #[serde(default)]
     pub place: Option<String>,
+}
+
+/// A machine leaving: its deletion requested and not ended.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PendingDeletion {
+    pub machine_id: Uuid,
+    pub provider_id: String,
+    pub reservation_id: Option<Uuid>,
+    pub pool: Option<String>,
+    pub request: String,
+    pub cause: String,
+    pub message: String,
+    pub requested_by: String,
+    pub requested_at: DateTime<Utc>,
+    /// From when the delete may be sent (the leave hook answered, or had
+    /// nothing to wait for).
+    pub cleared_at: Option<DateTime<Utc>>,
+    pub unresolved_since: Option<DateTime<Utc>>,
+    pub last_error: Option<String>,
 }
 
 /// One cluster setting as the view holds it.
@@ -122,6 +144,10 @@ pub struct Pause {
 pub struct ViewState {
     /// `Some` while creations are paused.
     pub paused: Option<Pause>,
+    /// `Some` while deletions are paused.
+    pub deletions_paused: Option<Pause>,
+    /// Machines leaving, by machine id.
+    pub pending_deletions: BTreeMap<Uuid, PendingDeletion>,
     /// By provider id (unique per provider; shepherd has one provider).
     pub machines: BTreeMap<String, ManagedMachine>,
     pub sinbin: BTreeMap<Uuid, Penalty>,
@@ -182,10 +208,85 @@ pub fn apply(state: &mut ViewState, event: &Event, at: DateTime<Utc>) {
         }
         Event::MachineReleased(e) => {
             state.machines.remove(&e.provider_id);
+            state
+                .pending_deletions
+                .retain(|_, d| d.provider_id != e.provider_id);
         }
         Event::MachineLost(e) => {
             state.machines.remove(&e.provider_id);
+            state.pending_deletions.remove(&e.machine_id);
         }
+        Event::DeletionRequested(e) => {
+            state.pending_deletions.insert(
+                e.machine_id,
+                PendingDeletion {
+                    machine_id: e.machine_id,
+                    provider_id: e.provider_id.clone(),
+                    reservation_id: e.reservation,
+                    pool: e.pool.clone(),
+                    request: e.request.to_string(),
+                    cause: e.cause.clone(),
+                    message: e.message.clone(),
+                    requested_by: e.by.clone(),
+                    requested_at: at,
+                    cleared_at: None,
+                    unresolved_since: None,
+                    last_error: None,
+                },
+            );
+        }
+        Event::LeaveAcknowledged(e) => {
+            if let Some(d) = deletion_of(state, e.machine_id, e.request) {
+                d.cleared_at.get_or_insert(at);
+            }
+        }
+        Event::LeaveTimedOut(e) => {
+            if e.action == "give_up" {
+                if deletion_of(state, e.machine_id, e.request).is_some() {
+                    state.pending_deletions.remove(&e.machine_id);
+                }
+            } else if let Some(d) = deletion_of(state, e.machine_id, e.request) {
+                d.cleared_at.get_or_insert(at);
+            }
+        }
+        Event::DeletionUnresolved(e) => {
+            if let Some(d) = deletion_of(state, e.machine_id, e.request) {
+                d.unresolved_since.get_or_insert(at);
+                d.last_error = Some(e.message.clone());
+            }
+        }
+        Event::MachineDeleted(e) => {
+            state.machines.remove(&e.provider_id);
+            state.pending_deletions.remove(&e.machine_id);
+        }
+        Event::DeletionFailed(e) => {
+            if deletion_of(state, e.machine_id, e.request).is_some() {
+                state.pending_deletions.remove(&e.machine_id);
+            }
+        }
+        Event::DeletionCancelled(e) => {
+            if deletion_of(state, e.machine_id, e.request).is_some() {
+                state.pending_deletions.remove(&e.machine_id);
+            }
+        }
+        Event::MachineProtected(e) => {
+            if let Some(m) = state.machines.get_mut(&e.provider_id) {
+                m.protected = true;
+            }
+        }
+        Event::MachineUnprotected(e) => {
+            if let Some(m) = state.machines.get_mut(&e.provider_id) {
+                m.protected = false;
+            }
+        }
+        Event::DeletionsPaused(e) => {
+            state.deletions_paused = Some(Pause {
+                by: e.by.clone(),
+                reason: e.reason.clone(),
+                since: at,
+            });
+        }
+        Event::DeletionsResumed(_) => state.deletions_paused = None,
         Event::SettingsChanged(e) => {
             for (key, value) in &e.settings {
                 state.settings.insert(
@@ -279,6 +380,7 @@ pub fn apply(state: &mut ViewState, event: &Event, at: DateTime<Utc>) {
                     reservation_id: e.reservation,
                     hostname: e.hostname.clone(),
                     assimilated_at: at,
+                    protected: false,
                 });
         }
         Event::AdoptionRequested(e) => {
@@ -322,12 +424,27 @@ pub fn apply(state: &mut ViewState, event: &Event, at: DateTime<Utc>) {
         | Event::CreationRefused(_)
         | Event::LimitExceeded(_)
         | Event::MachineNotFound(_)
+        | Event::SurplusFound(_)
+        | Event::DeletionsHeld(_)
         | Event::SshKeyEnsured(_)
         | Event::AssimilationRequested(_)
         | Event::ViewsReplaced(_)
         | Event::JobRetried(_)
         | Event::Unknown { .. } => {}
     }
+}
+
+/// The machine's pending deletion, if `request` owns it: a stale run of an
+/// ended deletion cannot end a newer one.
+fn deletion_of(
+    state: &mut ViewState,
+    machine: Uuid,
+    request: Uuid,
+) -> Option<&mut PendingDeletion> {
+    state
+        .pending_deletions
+        .get_mut(&machine)
+        .filter(|d| d.request == request.to_string())
 }
 
 /// A pool declared or changed: its places ever grow with its count.
@@ -400,6 +517,15 @@ impl Keys {
                 Event::CreationSettled(e) => k.reservations.push(e.reservation),
                 Event::MachineReleased(e) => k.devices.push(e.provider_id.clone()),
                 Event::MachineLost(e) => k.devices.push(e.provider_id.clone()),
+                Event::DeletionRequested(e) => k.devices.push(e.provider_id.clone()),
+                Event::LeaveAcknowledged(e) => k.devices.push(e.provider_id.clone()),
+                Event::LeaveTimedOut(e) => k.devices.push(e.provider_id.clone()),
+                Event::DeletionUnresolved(e) => k.devices.push(e.provider_id.clone()),
+                Event::MachineDeleted(e) => k.devices.push(e.provider_id.clone()),
+                Event::DeletionFailed(e) => k.devices.push(e.provider_id.clone()),
+                Event::DeletionCancelled(e) => k.devices.push(e.provider_id.clone()),
+                Event::MachineProtected(e) => k.devices.push(e.provider_id.clone()),
+                Event::MachineUnprotected(e) => k.devices.push(e.provider_id.clone()),
                 Event::SettingsChanged(_) => k.settings = true,
                 Event::PoolDeclared(e) => k.pools.push(e.name.clone()),
                 Event::PoolChanged(e) => k.pools.push(e.name.clone()),
@@ -414,7 +540,10 @@ impl Keys {
                 Event::AdoptionRequested(e) => k.devices.push(e.device.clone()),
                 Event::AssimilationSkipped(e) => k.devices.push(e.device.clone()),
                 Event::AssimilationRejected(e) => k.devices.push(e.device.clone()),
-                Event::CreationsPaused(_) | Event::CreationsResumed(_) => k.controls = true,
+                Event::CreationsPaused(_)
+                | Event::CreationsResumed(_)
+                | Event::DeletionsPaused(_)
+                | Event::DeletionsResumed(_) => k.controls = true,
                 _ => {}
             }
         }
@@ -467,7 +596,7 @@ mod tables;
 
 pub(crate) use live::apply_live;
 pub use rebuild::{RebuildReport, differences, fold_log, rebuild, rebuild_by};
-pub use tables::{is_penalised, penalty, read_live, read_pause, read_pools};
+pub use tables::{is_penalised, penalty, read_deletions_pause, read_live, read_pause, read_pools};
 
 #[cfg(test)]
 mod tests {

@@ -85,6 +85,18 @@ pub fn differences(live: &ViewState, rebuilt: &ViewState) -> Vec<String> {
             live.paused, rebuilt.paused
         ));
     }
+    if live.deletions_paused != rebuilt.deletions_paused {
+        out.push(format!(
+            "controls (deletions): live {:?}, rebuilt {:?}",
+            live.deletions_paused, rebuilt.deletions_paused
+        ));
+    }
+    describe_diff(
+        "pending_deletions",
+        &live.pending_deletions,
+        &rebuilt.pending_deletions,
+        &mut out,
+    );
     describe_diff("pools", &live.pools, &rebuilt.pools, &mut out);
     describe_diff(
         "managed_machines",
@@ -145,7 +157,7 @@ pub async fn rebuild_by(
         sqlx::query(
             "lock table shepherd.managed_machines, shepherd.sinbin, shepherd.pending_creations,
              shepherd.unassimilated_devices, shepherd.controls, shepherd.cluster_settings,
-             shepherd.pools in exclusive mode",
+             shepherd.pools, shepherd.pending_deletions in exclusive mode",
         )
         .execute(&mut *tx)
         .await?;
@@ -154,11 +166,14 @@ pub async fn rebuild_by(
         sqlx::raw_sql(
             "delete from shepherd.managed_machines; delete from shepherd.sinbin;
              delete from shepherd.pending_creations; delete from shepherd.unassimilated_devices;
-             delete from shepherd.cluster_settings; delete from shepherd.pools",
+             delete from shepherd.cluster_settings; delete from shepherd.pools;
+             delete from shepherd.pending_deletions",
         )
         .execute(&mut *tx)
         .await?;
         write_pause(&mut tx, rebuilt.paused.as_ref()).await?;
+        write_control(&mut tx, "deletions", rebuilt.deletions_paused.as_ref()).await?;
+        insert_deletions(&mut tx, rebuilt.pending_deletions.values()).await?;
         write_settings(&mut tx, rebuilt.settings.iter()).await?;
         insert_pools(&mut tx, rebuilt.pools.values()).await?;
         insert_machines(&mut tx, rebuilt.machines.values()).await?;

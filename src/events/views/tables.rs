@@ -10,18 +10,21 @@ use uuid::Uuid;
 
 use super::*;
 
-pub(super) async fn write_pause(
+/// Writes the pause of `control` (`creations` or `deletions`).
+pub(super) async fn write_control(
     conn: &mut PgConnection,
+    control: &str,
     pause: Option<&Pause>,
 ) -> Result<(), sqlx::Error> {
     match pause {
         Some(p) => {
             sqlx::query(
                 "insert into shepherd.controls (name, paused, by, reason, since)
-                 values ('creations', true, $1, $2, $3)
+                 values ($1, true, $2, $3, $4)
                  on conflict (name) do update set paused = true, by = excluded.by,
                    reason = excluded.reason, since = excluded.since",
             )
+            .bind(control)
             .bind(&p.by)
             .bind(&p.reason)
             .bind(p.since)
@@ -29,12 +32,38 @@ pub(super) async fn write_pause(
             .await?;
         }
         None => {
-            sqlx::query("delete from shepherd.controls where name = 'creations'")
+            sqlx::query("delete from shepherd.controls where name = $1")
+                .bind(control)
                 .execute(&mut *conn)
                 .await?;
         }
     }
     Ok(())
+}
+
+pub(super) async fn write_pause(
+    conn: &mut PgConnection,
+    pause: Option<&Pause>,
+) -> Result<(), sqlx::Error> {
+    write_control(conn, "creations", pause).await
+}
+
+/// Whether deletions are paused, and by whom.
+pub async fn read_deletions_pause(conn: &mut PgConnection) -> Result<Option<Pause>, sqlx::Error> {
+    read_control(conn, "deletions").await
+}
+
+async fn read_control(
+    conn: &mut PgConnection,
+    control: &str,
+) -> Result<Option<Pause>, sqlx::Error> {
+    let row: Option<(String, String, DateTime<Utc>)> = sqlx::query_as(
+        "select by, reason, since from shepherd.controls where name = $1 and paused",
+    )
+    .bind(control)
+    .fetch_optional(&mut *conn)
+    .await?;
+    Ok(row.map(|(by, reason, since)| Pause { by, reason, since }))
 }
 
 pub(super) async fn read_settings(
@@ -136,12 +165,7 @@ pub(super) async fn insert_pools<'a>(
 
 /// Whether creations are paused, and by whom.
 pub async fn read_pause(conn: &mut PgConnection) -> Result<Option<Pause>, sqlx::Error> {
-    let row: Option<(String, String, DateTime<Utc>)> = sqlx::query_as(
-        "select by, reason, since from shepherd.controls where name = 'creations' and paused",
-    )
-    .fetch_optional(&mut *conn)
-    .await?;
-    Ok(row.map(|(by, reason, since)| Pause { by, reason, since }))
+    read_control(conn, "creations").await
 }
 
 // The inserts below upsert by primary key and serve both the live path and
@@ -156,11 +180,12 @@ pub(super) async fn insert_machines<'a>(
         return Ok(());
     }
     sqlx::query(
-        "insert into shepherd.managed_machines (machine_id, provider, provider_id, reservation_id, hostname, assimilated_at)
-         select * from unnest($1::uuid[], $2::text[], $3::text[], $4::uuid[], $5::text[], $6::timestamptz[])
+        "insert into shepherd.managed_machines (machine_id, provider, provider_id, reservation_id, hostname, assimilated_at, protected)
+         select * from unnest($1::uuid[], $2::text[], $3::text[], $4::uuid[], $5::text[], $6::timestamptz[], $7::bool[])
          on conflict (machine_id) do update set provider = excluded.provider,
            provider_id = excluded.provider_id, reservation_id = excluded.reservation_id,
-           hostname = excluded.hostname, assimilated_at = excluded.assimilated_at",
+           hostname = excluded.hostname, assimilated_at = excluded.assimilated_at,
+           protected = excluded.protected",
     )
     .bind(rows.iter().map(|m| m.machine_id).collect::<Vec<_>>())
     .bind(rows.iter().map(|m| m.provider.clone()).collect::<Vec<_>>())
@@ -168,6 +193,7 @@ pub(super) async fn insert_machines<'a>(
     .bind(rows.iter().map(|m| m.reservation_id).collect::<Vec<_>>())
     .bind(rows.iter().map(|m| m.hostname.clone()).collect::<Vec<_>>())
     .bind(rows.iter().map(|m| m.assimilated_at).collect::<Vec<_>>())
+    .bind(rows.iter().map(|m| m.protected).collect::<Vec<_>>())
     .execute(&mut *conn)
     .await?;
     Ok(())
@@ -255,7 +281,80 @@ pub(super) fn machine_from_row(row: &sqlx::postgres::PgRow) -> ManagedMachine {
         reservation_id: row.get("reservation_id"),
         hostname: row.get("hostname"),
         assimilated_at: row.get("assimilated_at"),
+        protected: row.get("protected"),
     }
+}
+
+pub(super) async fn insert_deletions<'a>(
+    conn: &mut PgConnection,
+    rows: impl Iterator<Item = &'a PendingDeletion>,
+) -> Result<(), sqlx::Error> {
+    for d in rows {
+        sqlx::query(
+            "insert into shepherd.pending_deletions (machine_id, provider_id, reservation_id, pool,
+                 request, cause, message, requested_by, requested_at, cleared_at,
+                 unresolved_since, last_error)
+             values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+             on conflict (machine_id) do update set provider_id = excluded.provider_id,
+               reservation_id = excluded.reservation_id, pool = excluded.pool,
+               request = excluded.request, cause = excluded.cause, message = excluded.message,
+               requested_by = excluded.requested_by, requested_at = excluded.requested_at,
+               cleared_at = excluded.cleared_at, unresolved_since = excluded.unresolved_since,
+               last_error = excluded.last_error",
+        )
+        .bind(d.machine_id)
+        .bind(&d.provider_id)
+        .bind(d.reservation_id)
+        .bind(&d.pool)
+        .bind(&d.request)
+        .bind(&d.cause)
+        .bind(&d.message)
+        .bind(&d.requested_by)
+        .bind(d.requested_at)
+        .bind(d.cleared_at)
+        .bind(d.unresolved_since)
+        .bind(&d.last_error)
+        .execute(&mut *conn)
+        .await?;
+    }
+    Ok(())
+}
+
+pub(super) fn deletion_from_row(row: &sqlx::postgres::PgRow) -> PendingDeletion {
+    PendingDeletion {
+        machine_id: row.get("machine_id"),
+        provider_id: row.get("provider_id"),
+        reservation_id: row.get("reservation_id"),
+        pool: row.get("pool"),
+        request: row.get("request"),
+        cause: row.get("cause"),
+        message: row.get("message"),
+        requested_by: row.get("requested_by"),
+        requested_at: row.get("requested_at"),
+        cleared_at: row.get("cleared_at"),
+        unresolved_since: row.get("unresolved_since"),
+        last_error: row.get("last_error"),
+    }
+}
+
+/// The deletions of these devices (by provider id), by machine id.
+pub(super) async fn read_deletions(
+    conn: &mut PgConnection,
+    devices: Option<&[String]>,
+) -> Result<BTreeMap<Uuid, PendingDeletion>, sqlx::Error> {
+    let rows = sqlx::query(
+        "select * from shepherd.pending_deletions where $1::text[] is null or provider_id = any($1)",
+    )
+    .bind(devices)
+    .fetch_all(&mut *conn)
+    .await?;
+    Ok(rows
+        .iter()
+        .map(|row| {
+            let d = deletion_from_row(row);
+            (d.machine_id, d)
+        })
+        .collect())
 }
 
 pub(super) fn penalty_from_row(row: &sqlx::postgres::PgRow) -> Penalty {
@@ -296,8 +395,10 @@ pub async fn read_live(conn: &mut PgConnection) -> Result<ViewState, sqlx::Error
 pub(super) async fn read_tables(conn: &mut PgConnection) -> Result<ViewState, sqlx::Error> {
     let mut state = ViewState {
         paused: read_pause(&mut *conn).await?,
+        deletions_paused: read_deletions_pause(&mut *conn).await?,
         settings: read_settings(&mut *conn).await?,
         pools: read_pools(&mut *conn, None).await?,
+        pending_deletions: read_deletions(&mut *conn, None).await?,
         ..ViewState::default()
     };
     for row in sqlx::query("select * from shepherd.managed_machines")

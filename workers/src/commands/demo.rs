@@ -351,6 +351,7 @@ pub async fn run(args: DemoArgs, stop: Stop) -> anyhow::Result<DemoSummary> {
             reconcile_concurrency: 1,
             create_concurrency: 4,
             assimilate_concurrency: 4,
+            delete_concurrency: 2,
             heartbeat: Duration::from_secs(2),
             missed_heartbeats: 5,
             poll_interval: Duration::from_millis(250),

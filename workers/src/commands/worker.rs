@@ -45,6 +45,10 @@ pub struct WorkerArgs {
     #[arg(long, env = "SHEPHERD_ASSIMILATE_CONCURRENCY", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
     pub assimilate_concurrency: u32,
 
+    /// DeleteMachine jobs run at once by this process
+    #[arg(long, env = "SHEPHERD_DELETE_CONCURRENCY", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
+    pub delete_concurrency: u32,
+
     /// How often a worker tells the queue it is alive
     #[arg(long, env = "SHEPHERD_HEARTBEAT", default_value = "5s", value_parser = parse_duration)]
     pub heartbeat: Duration,
@@ -86,9 +90,9 @@ pub struct WorkerArgs {
     pub skip_migrations: bool,
 
     /// Database connections this process may hold (default: what its
-    /// concurrency needs, and at least 16: twice the reconcile concurrency,
-    /// the create concurrency (twice for Latitude), the assimilate
-    /// concurrency, plus 5; a smaller value is refused at start)
+    /// concurrency needs, and at least 16: twice the reconcile, create and
+    /// delete concurrencies, the assimilate concurrency, plus 6; a smaller
+    /// value is refused at start)
     #[arg(long, env = "SHEPHERD_DB_CONNECTIONS", value_parser = clap::value_parser!(u32).range(1..))]
     pub db_connections: Option<u32>,
 
@@ -98,11 +102,11 @@ pub struct WorkerArgs {
 }
 
 /// Connections a worker holds besides its jobs': a LISTEN connection and a
-/// fetch/acknowledge connection per job kind is five at most with three
-/// kinds sharing the pool, plus the status page, the scheduler and the
-/// sweep now and then. Measured: below this a worker's fetches time out
-/// and reconciles stay Queued without a word.
-const CONNECTIONS_BESIDE_JOBS: u32 = 5;
+/// fetch/acknowledge connection per job kind, with four kinds sharing the
+/// pool, plus the status page, the scheduler and the sweep now and then.
+/// Measured (with three kinds and one fewer): below this a worker's fetches
+/// time out and reconciles stay Queued without a word.
+const CONNECTIONS_BESIDE_JOBS: u32 = 6;
 
 impl WorkerArgs {
     /// The least `--db-connections` the configured concurrency can run with.
@@ -112,9 +116,11 @@ impl WorkerArgs {
         let per_create = match self.provider {
             ProviderKind::Metal | ProviderKind::Latitude => 2,
         };
+        // A deletion holds its unit's lock beside its work too.
         2 * self.reconcile_concurrency
             + per_create * self.create_concurrency
             + self.assimilate_concurrency
+            + 2 * self.delete_concurrency
             + CONNECTIONS_BESIDE_JOBS
     }
 
@@ -149,11 +155,12 @@ impl WorkerArgs {
         let needed = self.connections_needed();
         if self.db_connections() < needed {
             anyhow::bail!(
-                "--db-connections {}: too few for this worker; it runs {} reconcile, {} create and {} assimilate jobs at once and needs at least {needed} (raise --db-connections, or lower the --*-concurrency flags)",
+                "--db-connections {}: too few for this worker; it runs {} reconcile, {} create, {} assimilate and {} delete jobs at once and needs at least {needed} (raise --db-connections, or lower the --*-concurrency flags)",
                 self.db_connections(),
                 self.reconcile_concurrency,
                 self.create_concurrency,
-                self.assimilate_concurrency
+                self.assimilate_concurrency,
+                self.delete_concurrency
             );
         }
         Ok(())
@@ -363,6 +370,7 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
         reconcile_concurrency: args.reconcile_concurrency as usize,
         create_concurrency: args.create_concurrency as usize,
         assimilate_concurrency: args.assimilate_concurrency as usize,
+        delete_concurrency: args.delete_concurrency as usize,
         heartbeat: config.rescue.heartbeat,
         missed_heartbeats: config.rescue.missed_heartbeats,
         poll_interval: args.poll_interval,

@@ -20,7 +20,9 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
-use shepherd::jobs::{self, AssimilateArgs, CreateDeviceArgs, JobContext, JobError, ReconcileArgs};
+use shepherd::jobs::{
+    self, AssimilateArgs, CreateDeviceArgs, DeleteMachineArgs, JobContext, JobError, ReconcileArgs,
+};
 use sqlx::PgPool;
 use tokio::sync::watch;
 use tracing::Instrument;
@@ -64,6 +66,7 @@ pub struct RuntimeOptions {
     pub reconcile_concurrency: usize,
     pub create_concurrency: usize,
     pub assimilate_concurrency: usize,
+    pub delete_concurrency: usize,
     pub heartbeat: Duration,
     pub missed_heartbeats: u32,
     /// Fallback wake-up for delayed jobs and missed notifications.
@@ -240,6 +243,25 @@ async fn assimilate_job(
     Ok(format!("{outcome:?}"))
 }
 
+async fn delete_machine_job(
+    args: Lenient<DeleteMachineArgs>,
+    task_id: TaskId,
+    shared: Data<Shared>,
+) -> Result<String, BoxDynError> {
+    let job_id = task_id.to_string();
+    let args = decode(args)?;
+    let span = tracing::info_span!("job", kind = "delete_machine", job_id = %job_id, device = %args.device, attempt = args.attempt);
+    let outcome = guarded(
+        &shared,
+        "delete_machine",
+        jobs::delete_machine::delete_machine(&shared.ctx, &args, &job_id),
+    )
+    .instrument(span.clone())
+    .await?;
+    span.in_scope(|| outcome.log());
+    Ok(format!("{outcome:?}"))
+}
+
 fn config(queue: &str, opts: &RuntimeOptions) -> Config {
     Config::default()
         .queue(queue)
@@ -345,7 +367,7 @@ macro_rules! supervise {
     }};
 }
 
-/// Runs the three workers until `stop`; returns when all have drained.
+/// Runs the four workers until `stop`; returns when all have drained.
 pub async fn run(pool: PgPool, ctx: Arc<JobContext>, opts: RuntimeOptions, stop: Stop) {
     let shared = Shared {
         ctx,
@@ -380,6 +402,15 @@ pub async fn run(pool: PgPool, ctx: Arc<JobContext>, opts: RuntimeOptions, stop:
             AssimilateArgs,
             assimilate_job,
             opts.assimilate_concurrency
+        ),
+        supervise!(
+            pool,
+            shared,
+            opts,
+            jobs::DELETE_MACHINE_QUEUE,
+            DeleteMachineArgs,
+            delete_machine_job,
+            opts.delete_concurrency
         ),
     );
 }

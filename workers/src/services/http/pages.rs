@@ -19,9 +19,11 @@ pub(super) async fn front_page(State(state): State<HttpState>) -> Result<Html<St
             Option<Uuid>,
             Option<String>,
             DateTime<Utc>,
+            bool,
         ),
     >(
-        "select machine_id, provider, provider_id, reservation_id, hostname, assimilated_at
+        "select machine_id, provider, provider_id, reservation_id, hostname, assimilated_at,
+                protected
          from shepherd.managed_machines order by assimilated_at desc, machine_id limit $1",
     )
     .bind(STATUS_MACHINES as i64)
@@ -30,7 +32,15 @@ pub(super) async fn front_page(State(state): State<HttpState>) -> Result<Html<St
     .map_err(|e| database_failure(WHAT, e))?
     .into_iter()
     .map(
-        |(machine_id, provider, provider_id, reservation_id, hostname, assimilated_at)| {
+        |(
+            machine_id,
+            provider,
+            provider_id,
+            reservation_id,
+            hostname,
+            assimilated_at,
+            protected,
+        )| {
             ManagedMachine {
                 machine_id,
                 provider,
@@ -38,6 +48,7 @@ pub(super) async fn front_page(State(state): State<HttpState>) -> Result<Html<St
                 reservation_id,
                 hostname,
                 assimilated_at,
+                protected,
             }
         },
     )

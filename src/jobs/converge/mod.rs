@@ -1,0 +1,206 @@
+//! What a pass deletes to keep the cluster's pools as declared, as pure
+//! decisions over what it read (Karpenter's disruption methods, shepherd's
+//! size). Growing a pool is the pass's selection of free places; shrinking
+//! it, and replacing what failed, is here. Each reason to delete is a
+//! module of its own (`surplus`, `repair`), and every guard is applied in
+//! one place (`guards`), in a fixed order:
+//!
+//! 1. deletions paused: nothing is deleted;
+//! 2. a protected machine is never deleted;
+//! 3. too many machines of a pool look unhealthy at once (an outage at the
+//!    provider, not a reason to delete): none of them is replaced;
+//! 4. the pool's deletion budget for the period: no more than that.
+//!
+//! A decision names its machine and why; the pass records it
+//! (`deletion_requested`) and the deletion job re-checks it before it sends
+//! anything. What a guard held back is reported (`deletions_held`).
+
+mod guards;
+mod repair;
+mod surplus;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+pub use guards::budget;
+
+/// Where a machine is on its way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Health {
+    /// Its deployment failed.
+    Failed,
+    /// Not ready yet.
+    Underway,
+    /// Deployed and running.
+    Ready,
+}
+
+/// A managed machine of a pool, proven ours by its witness.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Member {
+    /// The provider's id.
+    pub device: String,
+    pub machine_id: Uuid,
+    pub unit: Uuid,
+    /// Its place in the pool.
+    pub index: u32,
+    pub health: Health,
+    pub created_at: Option<DateTime<Utc>>,
+    pub protected: bool,
+    /// Its deletion is under way already.
+    pub leaving: bool,
+}
+
+/// A pool as declared, and its members.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Target {
+    pub pool: String,
+    pub count: u32,
+    pub removed: bool,
+    /// The stock its places draw on (a penalty's scope).
+    pub scope: Option<String>,
+    pub members: Vec<Member>,
+}
+
+/// The cluster's lifecycle settings, as a pass applies them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Policy {
+    /// Deletions are paused.
+    pub paused: bool,
+    /// A pool may lose the larger of this share of its count and
+    /// `budget_min` machines per period.
+    pub budget_percent: u32,
+    pub budget_min: u32,
+    /// No machine of a pool is replaced while more than this share of it
+    /// looks unhealthy.
+    pub max_unhealthy_percent: u32,
+    /// A machine not ready this long after it was made is replaced.
+    pub ready_deadline: Duration,
+    pub now: DateTime<Utc>,
+}
+
+/// Why a machine is to be deleted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cause {
+    /// Its pool has more machines than its count.
+    Surplus,
+    /// Its pool was removed.
+    PoolRemoved,
+    /// Its deployment failed: replaced.
+    Failed,
+    /// Not ready past the deadline: replaced.
+    NotReady,
+}
+
+impl Cause {
+    /// As events record it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Cause::Surplus => "surplus",
+            Cause::PoolRemoved => "pool_removed",
+            Cause::Failed => "failed",
+            Cause::NotReady => "not_ready",
+        }
+    }
+
+    /// A replacement: the place is filled again, and penalised so that a
+    /// plan that always fails does not churn money.
+    pub fn replaces(self) -> bool {
+        matches!(self, Cause::Failed | Cause::NotReady)
+    }
+}
+
+/// Which guard held deletions back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Guard {
+    Paused,
+    Protected,
+    Unhealthy,
+    Budget,
+}
+
+impl Guard {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Guard::Paused => "paused",
+            Guard::Protected => "protected",
+            Guard::Unhealthy => "unhealthy",
+            Guard::Budget => "budget",
+        }
+    }
+}
+
+/// One machine to delete, and why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decision {
+    pub pool: String,
+    pub member: Member,
+    pub cause: Cause,
+    pub message: String,
+}
+
+/// Deletions a guard held back in one pool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Held {
+    pub pool: String,
+    pub guard: Guard,
+    pub count: u32,
+    pub message: String,
+}
+
+/// What a pass deletes, and what it holds back.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Plan {
+    pub delete: Vec<Decision>,
+    pub held: Vec<Held>,
+}
+
+/// Decides, pool by pool, what to delete: surplus first (by the policy:
+/// failed, then not ready, then newest), then replacements, within the
+/// guards. `used` is each pool's deletions requested in the current period.
+pub fn plan(targets: &[Target], used: &HashMap<String, u32>, policy: &Policy) -> Plan {
+    let mut out = Plan::default();
+    for t in targets {
+        let surplus = surplus::candidates(t);
+        let repair = repair::candidates(t, &surplus.chosen, policy);
+        let mut wanted: Vec<Decision> = surplus.chosen;
+        let mut held: Vec<Held> = vec![];
+        if surplus.protected > 0 {
+            held.push(Held {
+                pool: t.pool.clone(),
+                guard: Guard::Protected,
+                count: surplus.protected,
+                message: format!(
+                    "{} protected machines stand beyond the pool's count of {}: they stay",
+                    surplus.protected, t.count
+                ),
+            });
+        }
+        match repair {
+            Ok(r) => {
+                wanted.extend(r.chosen);
+                if r.protected > 0 {
+                    held.push(Held {
+                        pool: t.pool.clone(),
+                        guard: Guard::Protected,
+                        count: r.protected,
+                        message: format!("{} protected machines failed: they stay", r.protected),
+                    });
+                }
+            }
+            Err(h) => held.push(h),
+        }
+        let (delete, budget_held) =
+            guards::apply(t, wanted, used.get(&t.pool).copied().unwrap_or(0), policy);
+        out.delete.extend(delete);
+        held.extend(budget_held);
+        out.held.extend(held);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;

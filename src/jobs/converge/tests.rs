@@ -1,0 +1,196 @@
+use std::collections::HashMap;
+use std::time::Duration;
+
+use chrono::{TimeDelta, Utc};
+use uuid::Uuid;
+
+use super::*;
+
+fn member(index: u32, health: Health, age_minutes: i64) -> Member {
+    Member {
+        device: format!("sv_{index}"),
+        machine_id: Uuid::new_v4(),
+        unit: Uuid::new_v4(),
+        index,
+        health,
+        created_at: Some(Utc::now() - TimeDelta::minutes(age_minutes)),
+        protected: false,
+        leaving: false,
+    }
+}
+
+fn policy() -> Policy {
+    Policy {
+        paused: false,
+        budget_percent: 10,
+        budget_min: 100,
+        max_unhealthy_percent: 40,
+        ready_deadline: Duration::from_secs(1800),
+        now: Utc::now(),
+    }
+}
+
+fn target(count: u32, members: Vec<Member>) -> Target {
+    Target {
+        pool: "web".into(),
+        count,
+        removed: false,
+        scope: None,
+        members,
+    }
+}
+
+fn chosen(plan: &Plan) -> Vec<(u32, Cause)> {
+    plan.delete
+        .iter()
+        .map(|d| (d.member.index, d.cause))
+        .collect()
+}
+
+#[test]
+fn a_pool_lowered_sheds_the_failed_then_the_unready_then_the_newest() {
+    let members = vec![
+        member(0, Health::Ready, 100),
+        member(1, Health::Ready, 10),
+        member(2, Health::Underway, 5),
+        member(3, Health::Failed, 20),
+        member(4, Health::Ready, 1),
+        member(5, Health::Ready, 50),
+    ];
+    let p = plan(&[target(2, members)], &HashMap::new(), &policy());
+    assert_eq!(
+        chosen(&p),
+        vec![
+            (3, Cause::Surplus),
+            (2, Cause::Surplus),
+            (4, Cause::Surplus),
+            (1, Cause::Surplus)
+        ]
+    );
+    assert!(p.held.is_empty());
+}
+
+#[test]
+fn a_protected_machine_is_never_deleted_and_that_is_said() {
+    let mut members = vec![member(0, Health::Ready, 100), member(1, Health::Failed, 1)];
+    members[1].protected = true;
+    let p = plan(&[target(1, members)], &HashMap::new(), &policy());
+    // The failed one is protected: the newest other one goes instead.
+    assert_eq!(chosen(&p), vec![(0, Cause::Surplus)]);
+    let mut members = vec![member(0, Health::Ready, 100), member(1, Health::Ready, 1)];
+    members[0].protected = true;
+    members[1].protected = true;
+    let p = plan(&[target(1, members)], &HashMap::new(), &policy());
+    assert!(p.delete.is_empty());
+    assert_eq!(p.held[0].guard, Guard::Protected);
+    // A protected failed machine is not replaced either.
+    let mut members = vec![member(0, Health::Failed, 1), member(1, Health::Ready, 1)];
+    members[0].protected = true;
+    let p = plan(&[target(2, members)], &HashMap::new(), &policy());
+    assert!(p.delete.is_empty());
+    assert_eq!((p.held[0].guard, p.held[0].count), (Guard::Protected, 1));
+}
+
+#[test]
+fn a_failed_machine_and_one_not_ready_past_the_deadline_are_replaced() {
+    let members = vec![
+        member(0, Health::Ready, 100),
+        member(1, Health::Failed, 3),
+        member(2, Health::Underway, 45),
+        member(3, Health::Underway, 5),
+        member(4, Health::Ready, 100),
+    ];
+    let p = plan(&[target(5, members)], &HashMap::new(), &policy());
+    assert_eq!(chosen(&p), vec![(1, Cause::Failed), (2, Cause::NotReady)]);
+    assert!(p.delete.iter().all(|d| d.cause.replaces()));
+}
+
+#[test]
+fn too_many_unhealthy_at_once_is_an_outage_and_nothing_is_replaced() {
+    let members = vec![
+        member(0, Health::Failed, 1),
+        member(1, Health::Failed, 1),
+        member(2, Health::Ready, 1),
+        member(3, Health::Ready, 1),
+        member(4, Health::Failed, 1),
+    ];
+    // 40 % of 5 is 2: three failed is an outage.
+    let p = plan(&[target(5, members)], &HashMap::new(), &policy());
+    assert!(p.delete.is_empty(), "{p:?}");
+    assert_eq!((p.held[0].guard, p.held[0].count), (Guard::Unhealthy, 3));
+    // A pool of one may replace its one machine.
+    let p = plan(
+        &[target(1, vec![member(0, Health::Failed, 1)])],
+        &HashMap::new(),
+        &policy(),
+    );
+    assert_eq!(chosen(&p), vec![(0, Cause::Failed)]);
+}
+
+#[test]
+fn the_budget_and_the_pause_hold_deletions_back() {
+    let members: Vec<Member> = (0..20)
+        .map(|i| member(i, Health::Ready, i.into()))
+        .collect();
+    let tight = Policy {
+        budget_percent: 10,
+        budget_min: 1,
+        ..policy()
+    };
+    // 20 to 10: 10 % of 20 is 2 a period, one used already.
+    let used = HashMap::from([("web".to_string(), 1)]);
+    let p = plan(&[target(10, members.clone())], &used, &tight);
+    assert_eq!(p.delete.len(), 1);
+    assert_eq!((p.held[0].guard, p.held[0].count), (Guard::Budget, 9));
+    let paused = Policy {
+        paused: true,
+        ..policy()
+    };
+    let p = plan(&[target(10, members)], &HashMap::new(), &paused);
+    assert!(p.delete.is_empty());
+    assert_eq!((p.held[0].guard, p.held[0].count), (Guard::Paused, 10));
+    assert_eq!(budget(12, 12, 10, 2), 2);
+    assert_eq!(budget(100, 100, 10, 2), 10);
+    assert_eq!(budget(0, 7, 10, 2), 2);
+}
+
+#[test]
+fn a_removed_pool_drains_and_a_leaving_machine_is_not_chosen_twice() {
+    let mut members = vec![member(0, Health::Ready, 1), member(1, Health::Ready, 2)];
+    members[0].leaving = true;
+    let t = Target {
+        removed: true,
+        count: 0,
+        ..target(0, members)
+    };
+    let p = plan(&[t], &HashMap::new(), &policy());
+    assert_eq!(chosen(&p), vec![(1, Cause::PoolRemoved)]);
+}
+
+#[test]
+fn two_machines_on_one_place_are_surplus_only_beyond_the_count() {
+    let mut a = member(0, Health::Ready, 10);
+    let b = Member {
+        index: 0,
+        ..member(0, Health::Ready, 1)
+    };
+    a.index = 0;
+    // Count 3, three members (two on place 0): whole, nothing deleted.
+    let p = plan(
+        &[target(
+            3,
+            vec![a.clone(), b.clone(), member(1, Health::Ready, 5)],
+        )],
+        &HashMap::new(),
+        &policy(),
+    );
+    assert!(p.delete.is_empty());
+    // Count 2: the newer of the two goes.
+    let p = plan(
+        &[target(2, vec![a, b.clone(), member(1, Health::Ready, 5)])],
+        &HashMap::new(),
+        &policy(),
+    );
+    assert_eq!(p.delete.len(), 1);
+    assert_eq!(p.delete[0].member.machine_id, b.machine_id);
+}
