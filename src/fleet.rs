@@ -308,6 +308,26 @@ pub struct Plan {
     /// Names an operator reads for the units above, where the provider
     /// has them (Latitude: `web/3`).
     pub labels: std::collections::BTreeMap<Uuid, String>,
+    /// Machines the pass would delete (surplus, replacements), and why.
+    pub would_delete: Vec<WouldDelete>,
+    /// Deletions a guard would hold back.
+    pub held: Vec<WouldHold>,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct WouldDelete {
+    pub device: String,
+    pub pool: String,
+    pub cause: String,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct WouldHold {
+    pub pool: String,
+    pub guard: String,
+    pub held: u32,
+    pub message: String,
 }
 
 /// The next pass, dry: the same listings and the same rules, nothing written.
@@ -356,6 +376,8 @@ pub async fn plan(
         skipped: vec![],
         pools: vec![],
         labels: Default::default(),
+        would_delete: vec![],
+        held: vec![],
     };
     if !comparison.unknown.is_empty() || !comparison.missing.is_empty() {
         plan.discrepancy = Some(DiscrepancyFound {
@@ -364,6 +386,60 @@ pub async fn plan(
             missing_devices: comparison.missing,
         });
         return Ok(plan);
+    }
+    // What the pass would delete, as it decides it.
+    let declared = crate::pools::declared(pool).await?;
+    if !declared.is_empty() {
+        let place = |u: Uuid| provider.unit_place(u);
+        let scope = |u: Uuid| provider.unit_scope(u);
+        let targets = pass::targets(&declared, &devices, &fleet, &ours, &place, &scope);
+        let mut conn = pool.acquire().await?;
+        let paused = views::read_deletions_pause(&mut conn).await?;
+        let l = &settings.lifecycle;
+        let period = chrono::TimeDelta::from_std(l.budget_period).unwrap_or(chrono::TimeDelta::MAX);
+        let used: Vec<(Option<String>, i64)> = sqlx::query_as(
+            "select body->>'pool', count(*) from shepherd.events
+             where event_type = 'deletion_requested' and recorded_at > now() - $1 group by 1",
+        )
+        .bind(period)
+        .fetch_all(&mut *conn)
+        .await?;
+        let used = used
+            .into_iter()
+            .filter_map(|(p, n)| Some((p?, n.max(0) as u32)))
+            .collect();
+        let decided = crate::jobs::converge::plan(
+            &targets,
+            &used,
+            &crate::jobs::converge::Policy {
+                paused: paused.is_some(),
+                budget_percent: l.budget_percent,
+                budget_min: l.budget_min,
+                max_unhealthy_percent: l.max_unhealthy_percent,
+                ready_deadline: l.ready_deadline,
+                now: chrono::Utc::now(),
+            },
+        );
+        plan.would_delete = decided
+            .delete
+            .iter()
+            .map(|d| WouldDelete {
+                device: d.member.device.clone(),
+                pool: d.pool.clone(),
+                cause: d.cause.as_str().into(),
+                message: d.message.clone(),
+            })
+            .collect();
+        plan.held = decided
+            .held
+            .iter()
+            .map(|h| WouldHold {
+                pool: h.pool.clone(),
+                guard: h.guard.as_str().into(),
+                held: h.count,
+                message: h.message.clone(),
+            })
+            .collect();
     }
     let room = settings.max_machines.room(plan.managed + plan.in_flight);
     if room == Some(0) {
@@ -378,7 +454,6 @@ pub async fn plan(
     plan.pools = inventory.pools.clone();
     // Paused: nothing would be admitted (queue::admit refuses every one).
     let room = if plan.paused.is_some() { Some(0) } else { room };
-    let declared = crate::pools::declared(pool).await?;
     let place = |u: Uuid| provider.unit_place(u);
     let lacking = pass::lacking(&declared, &devices, &fleet, &place);
     let selection = pass::select(&inventory, &fleet, room, settings.chunk_size, &lacking);

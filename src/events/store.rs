@@ -188,7 +188,7 @@ pub async fn read_by_job(pool: &PgPool, job_id: &str) -> Result<Vec<StoredEvent>
 /// stream) that made it, in order.
 pub async fn read_device_history(
     pool: &PgPool,
-    device: Uuid,
+    device: &str,
 ) -> Result<Vec<StoredEvent>, StoreError> {
     let rows = sqlx::query(concat!(
         "select ",

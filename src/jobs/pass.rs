@@ -210,8 +210,10 @@ pub enum Skip {
     NotProvisionable,
     Penalised,
     InFlight,
-    /// A candidate beyond what the limit or the chunk size allows.
+    /// A candidate beyond what the limit leaves room for.
     BeyondLimit,
+    /// A candidate beyond what one pass takes (the chunk size).
+    BeyondChunk,
     /// A candidate beyond the stock the provider counts for its scope: the
     /// create would be refused.
     BeyondStock,
@@ -301,8 +303,10 @@ pub fn select(
                 }
                 chosen.push(r.id);
                 continue;
-            } else {
+            } else if room.is_some_and(|room| room < chunk_size) {
                 Skip::BeyondLimit
+            } else {
+                Skip::BeyondChunk
             }
         };
         skipped.push((r.id, skip));
@@ -596,7 +600,7 @@ mod tests {
         // The chunk size ends the pass before the stock does.
         let s = select(&inventory, &Fleet::default(), None, 1, &none);
         assert_eq!(s.chosen, vec![u[0].id]);
-        assert!(s.skipped.contains(&(u[1].id, Skip::BeyondLimit)));
+        assert!(s.skipped.contains(&(u[1].id, Skip::BeyondChunk)));
         // A creation in flight will take a unit of its scope's stock.
         let fleet = Fleet {
             pending: [u[0].id].into_iter().collect(),

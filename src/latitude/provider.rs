@@ -99,7 +99,7 @@ impl LatitudeProvider {
     }
 
     /// The unit id of place `index` of `pool`, as every process derives it.
-    pub fn unit(&self, pool: &str, index: u32) -> Uuid {
+    pub fn place_unit(&self, pool: &str, index: u32) -> Uuid {
         unit_id(self.client.project(), pool, index)
     }
 
@@ -123,7 +123,9 @@ impl LatitudeProvider {
         Machine {
             id: s.id.clone(),
             hostname: s.hostname().map(str::to_string),
-            unit: named.as_ref().map(|n| self.unit(&n.pool.name, n.index)),
+            unit: named
+                .as_ref()
+                .map(|n| self.place_unit(&n.pool.name, n.index)),
             witness: named.map(|n| n.witness),
             failed: s.phase() == Phase::Failed,
             ready: s.phase() == Phase::Ready,
@@ -138,7 +140,9 @@ pub fn scope(pool: &Pool) -> String {
     format!("{}@{}", pool.plan, pool.site)
 }
 
-fn unit_id(project: &str, pool: &str, index: u32) -> Uuid {
+/// The unit id of place `index` of `pool` in `project`, as every process
+/// derives it.
+pub fn unit_id(project: &str, pool: &str, index: u32) -> Uuid {
     Uuid::new_v5(
         &UNIT_NAMESPACE,
         format!("latitude/{project}/{pool}/{index}").as_bytes(),
@@ -286,6 +290,13 @@ impl Provider for LatitudeProvider {
         })
     }
 
+    fn unit_by_label(&self, label: &str) -> Option<Uuid> {
+        let (pool, index) = label.split_once('/')?;
+        let index: u32 = index.parse().ok()?;
+        let unit = self.place_unit(pool, index);
+        self.snapshot().units.contains_key(&unit).then_some(unit)
+    }
+
     fn unit_place(&self, unit: Uuid) -> Option<(String, u32)> {
         let (pool, index) = self.place(unit).ok()?;
         Some((pool.name, index))
@@ -377,7 +388,7 @@ impl LatitudeProvider {
                 },
             });
             for index in 0..p.count {
-                let id = self.unit(&p.name, index);
+                let id = self.place_unit(&p.name, index);
                 inventory.units.push(Unit {
                     id,
                     taken: taken.contains(&id),

@@ -133,6 +133,16 @@ impl Provider for MetalProvider {
         })
     }
 
+    fn unit(&self, id: Uuid) -> ProviderResult<'_, Option<Unit>> {
+        Box::pin(async move {
+            match self.client.get_reservation(id, &["device"]).await {
+                Ok(r) => Ok(Some(unit(&r))),
+                Err(MetalError::NotFound { .. }) => Ok(None),
+                Err(e) => Err(e.into()),
+            }
+        })
+    }
+
     fn hostname(&self, unit: Uuid, _request: Uuid) -> String {
         // As the seed named them: the prefix and the reservation's id.
         let id = unit.to_string();

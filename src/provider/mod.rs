@@ -225,6 +225,21 @@ pub trait Provider: Send + Sync + 'static {
     /// Whether the provider knows the unit (a manual creation's check).
     fn unit_exists(&self, unit: Uuid) -> ProviderResult<'_, bool>;
 
+    /// One unit as a listing would show it (a manual creation's check), or
+    /// `None` if the provider does not know it. By default from the whole
+    /// listing.
+    fn unit(&self, unit: Uuid) -> ProviderResult<'_, Option<Unit>> {
+        Box::pin(async move {
+            let inventory = self.units().await?;
+            Ok(inventory.units.into_iter().find(|u| u.id == unit))
+        })
+    }
+
+    /// The unit an operator names by its label (Latitude: `web/3`).
+    fn unit_by_label(&self, _label: &str) -> Option<Uuid> {
+        None
+    }
+
     /// A name an operator reads for the unit (Latitude: `web/3`), where its
     /// id is not one (Metal's reservation ids are the API's own).
     fn unit_label(&self, _unit: Uuid) -> Option<String> {

@@ -50,10 +50,11 @@ enum Command {
     /// Retry or cancel one job
     #[command(subcommand)]
     Job(operate::JobCommand),
-    /// Stop new creations cluster-wide (reconciles go on reporting)
+    /// Stop new creations (or, with --deletions, deletions) cluster-wide;
+    /// reconciles go on reporting
     Pause(operate::PauseArgs),
-    /// Let new creations start again
-    Resume(operate::ControlArgs),
+    /// Let new creations (or, with --deletions, deletions) start again
+    Resume(operate::ResumeArgs),
     /// Create the database if needed and apply the schema
     Migrate(database::DatabaseArgs),
     /// List the machines shepherd manages, or release one whose device is gone

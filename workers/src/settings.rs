@@ -459,3 +459,129 @@ impl LatitudeArgs {
         Ok(provider)
     }
 }
+
+impl ProviderKind {
+    /// Its name as the cluster records it, and as `--provider` takes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            ProviderKind::Metal => shepherd::metal::provider::NAME,
+            ProviderKind::Latitude => shepherd::latitude::provider::NAME,
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<ProviderKind> {
+        match name {
+            "metal" | "equinix" => Some(ProviderKind::Metal),
+            "latitude" => Some(ProviderKind::Latitude),
+            _ => None,
+        }
+    }
+}
+
+/// The provider a one-shot command speaks to: the one `--provider` names,
+/// else the one the cluster records, with its flags.
+#[derive(Debug, Clone, Args)]
+pub struct ProviderArgs {
+    /// The provider (default: the one the cluster records, else metal)
+    #[arg(long, env = "SHEPHERD_PROVIDER", value_enum)]
+    pub provider: Option<ProviderKind>,
+    #[command(flatten)]
+    pub metal: MetalArgs,
+    #[command(flatten)]
+    pub latitude: LatitudeArgs,
+}
+
+/// What the cluster records of itself, where it does.
+#[derive(Debug, Clone, Default)]
+pub struct Recorded {
+    pub provider: Option<String>,
+    pub device_prefix: Option<String>,
+    pub project: Option<String>,
+}
+
+impl Recorded {
+    pub async fn read(db: &PgPool) -> anyhow::Result<Recorded> {
+        let rows: Vec<(String, serde_json::Value)> = sqlx::query_as(
+            "select key, value from shepherd.cluster_settings
+             where key in ('provider', 'device_prefix', 'project')",
+        )
+        .fetch_all(db)
+        .await
+        .map_err(crate::commands::database::explain)?;
+        let get = |key: &str| {
+            rows.iter()
+                .find(|(k, _)| k == key)
+                .and_then(|(_, v)| v.as_str().map(str::to_string))
+        };
+        Ok(Recorded {
+            provider: get("provider"),
+            device_prefix: get("device_prefix"),
+            project: get("project"),
+        })
+    }
+
+    pub fn prefix(&self) -> String {
+        self.device_prefix
+            .clone()
+            .unwrap_or_else(|| ProvisionerConfig::default().device_prefix)
+    }
+}
+
+impl ProviderArgs {
+    /// The provider: `--provider`, else the cluster's; an error names both
+    /// ways when neither says.
+    pub fn kind(&self, recorded: &Recorded) -> anyhow::Result<ProviderKind> {
+        if let Some(kind) = self.provider {
+            if let Some(name) = &recorded.provider
+                && ProviderKind::from_name(name) != Some(kind)
+            {
+                bail!(
+                    "this cluster provisions {name}, not {}: leave --provider (SHEPHERD_PROVIDER) out, or name {name}",
+                    kind.name()
+                );
+            }
+            return Ok(kind);
+        }
+        match &recorded.provider {
+            Some(name) => ProviderKind::from_name(name).with_context(|| {
+                format!("the cluster records provider {name:?}, which this build does not know")
+            }),
+            // No worker has started yet: Metal, as `--provider` defaults.
+            None => Ok(ProviderKind::Metal),
+        }
+    }
+
+    /// A provider for this command alone (its own share of the budgets),
+    /// with the cluster's prefix and pools.
+    pub async fn provider(
+        &self,
+        db: &PgPool,
+        os: &str,
+    ) -> anyhow::Result<(ProviderKind, Arc<dyn shepherd::provider::Provider>)> {
+        let recorded = Recorded::read(db).await?;
+        let kind = self.kind(&recorded)?;
+        let prefix = recorded.prefix();
+        let provider: Arc<dyn shepherd::provider::Provider> = match kind {
+            ProviderKind::Metal => Arc::new(shepherd::metal::provider::MetalProvider::new(
+                self.metal.client(None, ClientMetrics::default())?,
+                prefix,
+                os.to_string(),
+            )),
+            ProviderKind::Latitude => {
+                let provider = shepherd::latitude::provider::LatitudeProvider::new(
+                    self.latitude.client()?,
+                    vec![],
+                    prefix,
+                )
+                .map_err(anyhow::Error::msg)?;
+                let pools = shepherd::pools::declared(db)
+                    .await
+                    .map_err(crate::commands::database::explain)?;
+                use shepherd::provider::Provider;
+                provider.set_pools(&pools);
+                Arc::new(provider)
+            }
+        };
+        Ok((kind, provider))
+    }
+}

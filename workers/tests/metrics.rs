@@ -277,7 +277,7 @@ async fn pools_and_their_stock_show_on_the_page_and_in_metrics(pool: PgPool) {
         shepherd::latitude::provider::LatitudeProvider::new(client, pools, "shepherd-".into())
             .unwrap();
     let run = Uuid::new_v4();
-    let held = provider.unit("web", 3);
+    let held = provider.place_unit("web", 3);
     append(
         &pool,
         vec![

@@ -1,124 +1,286 @@
-//! `shepherd pools plan` against the fake Latitude API over HTTP: a pool
-//! counts its own servers by hostname, stock and the room under the limit
-//! bound what a pass would create, and mistakes in the pools are named.
+//! The cluster's pools and the commands around them: `shepherd pools`
+//! (set, list, apply, remove, with who and why), `shepherd plan` through
+//! the seam against the fake Latitude API, a worker for another provider,
+//! and the rescue window a Latitude worker needs.
 
 use std::process::Command;
 
 mod common;
 
 use shepherd::events::event::{PoolsSurveyed, ReservationPenalised};
-use shepherd::latitude::pools::hostname;
-use shepherd::latitude::{CreateServer, LatitudeClient, LatitudeConfig};
-use shepherd::secret::ApiToken;
 use shepherd_fakes::latitude::{FakeConfig, FakeLatitude};
 use uuid::Uuid;
 
 const KEY: &str = "pools-test-key-3f9a";
 const OS: &str = "ubuntu_24_04_x64_lts";
 
-fn shepherd(fake: &FakeLatitude, args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_shepherd"))
-        .args(args)
-        .env("LATITUDE_API_URL", fake.base_url())
-        .env("LATITUDE_PROJECT", fake.project())
-        .env("LATITUDE_API_KEY", KEY)
-        .env("SHEPHERD_LOG", "warn")
-        .env_remove("SHEPHERD_LATITUDE_POOLS")
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+/// `shepherd` against a test database only.
+async fn cli(url: &str, args: &[&str]) -> (bool, String, String) {
+    let (url, args): (String, Vec<String>) = (
+        url.to_string(),
+        args.iter().map(|a| a.to_string()).collect(),
+    );
+    tokio::task::spawn_blocking(move || {
+        let out = Command::new(env!("CARGO_BIN_EXE_shepherd"))
+            .args(&args)
+            .env("DATABASE_URL", &url)
+            .env("SHEPHERD_LOG", "warn")
+            .env("USER", "alice")
+            .env_remove("SHEPHERD_LATITUDE_POOLS")
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    })
+    .await
+    .unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_pool_plan_counts_its_servers_and_is_bounded_by_stock_and_room() {
-    let fake = FakeLatitude::start(
-        FakeConfig {
-            token: KEY.into(),
-            reads_per_window: 10_000,
-            writes_per_window: 10_000,
-            ..FakeConfig::default()
-        },
-        "127.0.0.1:0".parse().unwrap(),
+/// Pools are the cluster's desired state: declared, changed and removed
+/// with who and why, by the CLI, a file applied all or nothing, or SQL;
+/// names hostnames could confuse, a count of 0 or a removal unconfirmed,
+/// and a new plan for a pool with machines are refused, saying why.
+#[sqlx::test(migrations = false)]
+async fn pools_are_set_listed_applied_and_removed_with_who_and_why(pool: sqlx::PgPool) {
+    shepherd::db::migrate(&pool).await.unwrap();
+    let url = common::database_url(&pool).await;
+    let (ok, out, err) = cli(
+        &url,
+        &[
+            "pools",
+            "set",
+            "web",
+            &format!("plan=c2-small-x86,site=dal,count=3,os={OS}"),
+            "--reason",
+            "launch",
+        ],
+    )
+    .await;
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("pool web declared: 3 of c2-small-x86 in DAL"),
+        "{out}"
+    );
+    let (ok, out, err) = cli(
+        &url,
+        &["pools", "set", "web", "count=5", "--reason", "grow"],
+    )
+    .await;
+    assert!(ok && out.contains("pool web changed"), "{out}{err}");
+    let (ok, out, _) = cli(
+        &url,
+        &["pools", "set", "web", "count=5", "--reason", "again"],
+    )
+    .await;
+    assert!(ok && out.contains("nothing recorded"), "{out}");
+    for (args, says) in [
+        (
+            vec!["pools", "set", "web", "count=0", "--reason", "off"],
+            "confirm-delete",
+        ),
+        (
+            vec![
+                "pools",
+                "set",
+                "web-2",
+                &format!("plan=p,site=DAL,count=1,os={OS}"),
+                "--reason",
+                "r",
+            ],
+            "mistaken",
+        ),
+        (
+            vec![
+                "pools",
+                "set",
+                "Web",
+                &format!("plan=p,site=DAL,count=1,os={OS}"),
+                "--reason",
+                "r",
+            ],
+            "lowercase",
+        ),
+        (
+            vec!["pools", "set", "db", "count=2", "--reason", "r"],
+            "plan= is missing",
+        ),
+        (
+            vec!["pools", "set", "web", "count=2", "--reason", " "],
+            "reason is required",
+        ),
+        (
+            vec!["pools", "remove", "web", "--reason", "r"],
+            "confirm-delete",
+        ),
+        (
+            vec![
+                "pools",
+                "remove",
+                "nope",
+                "--reason",
+                "r",
+                "--confirm-delete",
+            ],
+            "no pool nope",
+        ),
+    ] {
+        let (ok, _, err) = cli(&url, &args).await;
+        assert!(!ok, "{args:?} was accepted");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+    // A machine of the pool stands: its plan stays as it is.
+    let mut tx = pool.begin().await.unwrap();
+    shepherd::events::record(
+        &mut tx,
+        vec![shepherd::events::NewEvent::new(
+            shepherd::events::event::MachineAssimilated {
+                machine_id: Uuid::new_v4(),
+                provider: "latitude".into(),
+                provider_id: "sv_web0".into(),
+                reservation: None,
+                hostname: Some("shepherd-web-0-0123abcd".into()),
+            },
+        )],
     )
     .await
     .unwrap();
-    let client = LatitudeClient::new(LatitudeConfig::new(
-        fake.base_url(),
-        fake.project(),
-        ApiToken::new(KEY),
-    ))
-    .unwrap();
-    let create = |hostname: String| CreateServer {
-        plan: "c2-small-x86".into(),
-        site: "DAL".into(),
-        operating_system: OS.into(),
-        hostname,
-        ssh_keys: vec![],
-    };
-    // Two of pool web's servers, and one of another party's.
-    for name in [
-        hostname("shepherd-", "web", 0, Uuid::new_v4()),
-        hostname("shepherd-", "web", 1, Uuid::new_v4()),
-        "their-web-1".to_string(),
-    ] {
-        client.create_server(&create(name)).await.unwrap();
-    }
-
-    let web = format!("name=web,plan=c2-small-x86,site=DAL,count=5,os={OS}");
-    let cold = format!("name=cold,plan=c2-small-x86,site=CHI,count=2,os={OS}");
-    let nowhere = format!("name=nowhere,plan=c3-medium-x86,site=DAL,count=1,os={OS}");
-    let (ok, out, err) = shepherd(
-        &fake,
+    tx.commit().await.unwrap();
+    let (ok, _, err) = cli(
+        &url,
         &[
-            "pools", "plan", "--pool", &web, "--pool", &cold, "--pool", &nowhere, "--room", "2",
-            "--json",
+            "pools",
+            "set",
+            "web",
+            "plan=c3-medium-x86",
+            "--reason",
+            "bigger",
         ],
+    )
+    .await;
+    assert!(!ok);
+    assert!(
+        err.contains("has 1 machines") && err.contains("declare a new pool"),
+        "{err}"
     );
+    let (ok, out, err) = cli(&url, &["pools", "list", "--json"]).await;
     assert!(ok, "{err}");
-    let plans: serde_json::Value = serde_json::from_str(&out).unwrap();
-    let web_plan = &plans[0];
-    assert_eq!(web_plan["have"], 2, "{out}");
-    assert_eq!(web_plan["create"], 2, "{out}");
-    assert_eq!(
-        web_plan["short"],
-        serde_json::json!([1, "at_limit"]),
-        "{out}"
-    );
-    assert_eq!(plans[1]["create"], 0);
-    assert_eq!(
-        plans[1]["short"],
-        serde_json::json!([2, "out_of_stock"]),
-        "{out}"
-    );
-    assert_eq!(
-        plans[2]["short"],
-        serde_json::json!([1, "not_in_site"]),
-        "{out}"
-    );
+    let listed: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(listed[0]["pool"]["count"], 5, "{listed}");
+    assert_eq!(listed[0]["pool"]["site"], "DAL", "{listed}");
+    assert_eq!(listed[0]["standing"]["machines"], 1, "{listed}");
 
-    // The table says the same to a person, and nothing was created.
-    let (ok, out, err) = shepherd(&fake, &["pools", "plan", "--pool", &web]);
+    // A file: web to 2, db declared. The dry run says what would happen
+    // and writes nothing.
+    let dir = std::env::temp_dir().join(format!("shepherd-pools-{}", Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("pools.conf");
+    std::fs::write(
+        &file,
+        format!(
+            "# the fleet\nname=web,plan=c2-small-x86,site=DAL,count=2,os={OS}\n\n\
+             name=db,plan=c2-small-x86,site=ASH,count=4,os={OS}  # the database tier\n"
+        ),
+    )
+    .unwrap();
+    let file = file.to_str().unwrap().to_string();
+    let events = || async {
+        sqlx::query_scalar::<_, i64>("select count(*) from shepherd.events")
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+    };
+    let before = events().await;
+    let (ok, out, err) = cli(&url, &["pools", "apply", &file, "--dry-run"]).await;
     assert!(ok, "{err}");
-    assert!(out.contains("POOL") && out.contains("web"), "{out}");
-    assert!(out.contains("a dry run"), "{out}");
-    assert_eq!(client.list_servers(None).await.unwrap().len(), 3);
-    assert!(!out.contains(KEY) && !err.contains(KEY));
-
-    // Mistakes are named, with a non-zero exit.
-    let (ok, _, err) = shepherd(&fake, &["pools", "plan", "--pool", "name=web,plan=x"]);
-    assert!(!ok);
-    assert!(err.contains("site= is missing"), "{err}");
-    let twin = format!("name=web-2,plan=c2-small-x86,site=DAL,count=1,os={OS}");
-    let (ok, _, err) = shepherd(&fake, &["pools", "plan", "--pool", &web, "--pool", &twin]);
-    assert!(!ok);
-    assert!(err.contains("mistaken"), "{err}");
-    let (ok, _, err) = shepherd(&fake, &["pools", "plan"]);
-    assert!(!ok);
-    assert!(err.contains("no pools"), "{err}");
+    assert!(
+        out.contains("change web: count 5 -> 2; would create 1"),
+        "{out}"
+    );
+    assert!(
+        out.contains("declare db: 4 of c2-small-x86 in ASH"),
+        "{out}"
+    );
+    assert!(out.contains("would create 4"), "{out}");
+    assert_eq!(events().await, before, "a dry run wrote");
+    let (ok, out, err) = cli(
+        &url,
+        &["pools", "apply", &file, "--reason", "the fleet file"],
+    )
+    .await;
+    assert!(ok, "{err}");
+    assert!(out.contains("applied: 2 changes"), "{out}");
+    // A file without web removes it, and that needs confirming: refused
+    // whole, so db is not changed either.
+    std::fs::write(
+        dir.join("pools.conf"),
+        format!("name=db,plan=c2-small-x86,site=ASH,count=6,os={OS}\n"),
+    )
+    .unwrap();
+    let (ok, _, err) = cli(&url, &["pools", "apply", &file, "--reason", "shrink"]).await;
+    assert!(!ok && err.contains("confirm"), "{err}");
+    let counts: Vec<(String, i32, bool)> =
+        sqlx::query_as("select name, count, removed from shepherd.pools order by name")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        counts,
+        vec![("db".into(), 4, false), ("web".into(), 2, false)]
+    );
+    let (ok, _, err) = cli(
+        &url,
+        &[
+            "pools",
+            "apply",
+            &file,
+            "--reason",
+            "web goes",
+            "--confirm-delete",
+        ],
+    )
+    .await;
+    assert!(ok, "{err}");
+    // SQL is the same door, with the same rules.
+    let refused = sqlx::query("select shepherd.remove_pool('db', 'from psql')")
+        .execute(&pool)
+        .await
+        .unwrap_err();
+    assert!(refused.to_string().contains("confirm"), "{refused}");
+    let removed: bool =
+        sqlx::query_scalar("select shepherd.remove_pool('db', 'from psql', null, true)")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert!(removed);
+    // Every change is in the log with who and why.
+    let history: Vec<(String, String, String)> = sqlx::query_as(
+        "select event_type, body->>'by', body->>'reason' from shepherd.events
+         where stream like 'pool/%' order by position",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let types: Vec<&str> = history.iter().map(|h| h.0.as_str()).collect();
+    assert_eq!(
+        types,
+        [
+            "pool_declared",
+            "pool_changed",
+            "pool_changed",
+            "pool_declared",
+            "pool_changed",
+            "pool_removed",
+            "pool_removed"
+        ]
+    );
+    assert_eq!(history[0].1, "cli:alice");
+    assert_eq!(history[0].2, "launch");
+    assert!(history[6].1.starts_with("sql:"));
+    common::assert_rebuild_equals_live(&pool).await;
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// `shepherd plan --provider latitude`: the same dry run as for Metal,
@@ -137,16 +299,24 @@ async fn plan_reads_the_pools_through_the_seam(pool: sqlx::PgPool) {
     )
     .await
     .unwrap();
-    let web = format!("name=web,plan=c2-small-x86,site=DAL,count=3,os={OS}");
-    let cold = format!("name=cold,plan=c2-small-x86,site=CHI,count=2,os={OS}");
+    // The pools are the cluster's.
+    let pools: Vec<shepherd::provider::Pool> = [
+        format!("name=web,plan=c2-small-x86,site=DAL,count=3,os={OS}"),
+        format!("name=cold,plan=c2-small-x86,site=CHI,count=2,os={OS}"),
+    ]
+    .iter()
+    .map(|p| p.parse().unwrap())
+    .collect();
+    shepherd::pools::establish(&pool, &pools, "test")
+        .await
+        .unwrap();
     let plan_command = |json: bool| {
         let (base_url, project) = (fake.base_url(), fake.project().to_string());
-        let (web, cold, url) = (web.clone(), cold.clone(), url.clone());
+        let url = url.clone();
         tokio::task::spawn_blocking(move || {
             let out = Command::new(env!("CARGO_BIN_EXE_shepherd"))
                 .args(["plan", "--provider", "latitude"])
                 .args(json.then_some("--json"))
-                .args(["--pool", &web, "--pool", &cold])
                 .env("DATABASE_URL", &url)
                 .env("LATITUDE_API_URL", base_url)
                 .env("LATITUDE_PROJECT", project)
@@ -170,9 +340,10 @@ async fn plan_reads_the_pools_through_the_seam(pool: sqlx::PgPool) {
         assert!(report.contains(&format!("-> place {place}")), "{report}");
     }
     assert!(
-        report.contains("(cold/0)") && report.contains("not provisionable"),
+        report.contains("(cold/0)") && report.contains("out of stock in its site"),
         "{report}"
     );
+    assert!(report.contains("listed 5 places"), "{report}");
     assert_eq!(plan["labels"].as_object().unwrap().len(), 5, "{plan}");
     assert_eq!(plan["reservations_listed"], 5, "{plan}");
     assert_eq!(plan["would_create"].as_array().unwrap().len(), 3, "{plan}");
@@ -201,8 +372,8 @@ async fn plan_reads_the_pools_through_the_seam(pool: sqlx::PgPool) {
     assert_eq!(
         seen,
         vec![
-            ("web", "DAL", 3, 0, Some(true)),
-            ("cold", "CHI", 2, 0, Some(false))
+            ("cold", "CHI", 2, 0, Some(false)),
+            ("web", "DAL", 3, 0, Some(true))
         ]
     );
 

@@ -32,6 +32,23 @@ impl DatabaseArgs {
     }
 }
 
+/// A database error as an operator needs it: a schema that is not there is
+/// a database never migrated, and says what to run.
+pub fn explain(e: sqlx::Error) -> anyhow::Error {
+    if let Some(d) = e.as_database_error()
+        && d.code().as_deref() == Some("42P01")
+    {
+        return anyhow::anyhow!(
+            "{}: the database has no shepherd schema (or an older one); run `shepherd migrate` first",
+            d.message()
+        );
+    }
+    if let Some(d) = e.as_database_error() {
+        return anyhow::anyhow!("{}", d.message());
+    }
+    anyhow::Error::from(e)
+}
+
 pub async fn migrate(args: DatabaseArgs) -> anyhow::Result<()> {
     let pool = args.prepare(2).await?;
     let applied: i64 = sqlx::query_scalar("select count(*) from shepherd._sqlx_migrations")

@@ -31,13 +31,31 @@ pub struct MachinesArgs {
 
 #[derive(Debug, clap::Subcommand)]
 pub enum MachinesCommand {
-    /// Record that a machine whose device is gone is no longer managed
+    /// Record that a machine the provider no longer has is no longer managed
     Release(crate::commands::operate::ReleaseArgs),
+    /// Delete one machine at the provider, through the deletion job (on
+    /// Metal its reservation becomes free and, with room under the limit,
+    /// is provisioned again; in a Latitude.sh pool its place is filled
+    /// again)
+    Deprovision(crate::commands::operate::MachineActionArgs),
+    /// Keep a machine from ever being deleted by shepherd (scale-in
+    /// protection)
+    Protect(crate::commands::operate::MachineActionArgs),
+    /// Let shepherd delete a machine again
+    Unprotect(crate::commands::operate::MachineActionArgs),
+    /// Let a leaving machine go (the `ack` leave hook's answer)
+    Ack(crate::commands::operate::AckArgs),
 }
 
 pub async fn machines(args: MachinesArgs) -> anyhow::Result<()> {
-    if let Some(MachinesCommand::Release(release)) = args.command {
-        return crate::commands::operate::release(release).await;
+    use crate::commands::operate;
+    match args.command {
+        Some(MachinesCommand::Release(release)) => return operate::release(release).await,
+        Some(MachinesCommand::Deprovision(a)) => return operate::deprovision(a).await,
+        Some(MachinesCommand::Protect(a)) => return operate::protect(a, true).await,
+        Some(MachinesCommand::Unprotect(a)) => return operate::protect(a, false).await,
+        Some(MachinesCommand::Ack(a)) => return operate::ack(a).await,
+        None => {}
     }
     let args = args.list;
     let pool = args.db.connect(2).await?;
@@ -49,20 +67,34 @@ pub async fn machines(args: MachinesArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&machines)?);
         return Ok(());
     }
+    let leaving: std::collections::HashMap<uuid::Uuid, String> = state
+        .pending_deletions
+        .values()
+        .map(|d| (d.machine_id, d.cause.clone()))
+        .collect();
     let mut t = Table::new(&[
         "MACHINE",
         "DEVICE",
-        "RESERVATION",
+        "UNIT",
         "HOSTNAME",
         "ASSIMILATED",
+        "STATE",
     ]);
     for m in &machines {
+        let mut state = vec![];
+        if m.protected {
+            state.push("protected".to_string());
+        }
+        if let Some(cause) = leaving.get(&m.machine_id) {
+            state.push(format!("leaving ({cause})"));
+        }
         t.row(vec![
             m.machine_id.to_string(),
             m.provider_id.clone(),
             m.reservation_id.map(|r| r.to_string()).unwrap_or_default(),
             m.hostname.clone().unwrap_or_default(),
             m.assimilated_at.format("%Y-%m-%d %H:%M:%S").to_string(),
+            state.join(", "),
         ]);
     }
     print!("{}", t.render());

@@ -4,11 +4,10 @@
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
 use shepherd::fleet::{self, Overview};
-use shepherd::metal::ClientMetrics;
 use uuid::Uuid;
 
 use crate::commands::database::DatabaseArgs;
-use crate::settings::{MetalArgs, ProvisionerArgs};
+use crate::settings::ProvisionerArgs;
 use crate::table::{Table, print_event};
 
 #[derive(Debug, Args)]
@@ -217,13 +216,8 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
 pub struct PlanArgs {
     #[command(flatten)]
     db: DatabaseArgs,
-    /// The provider the cluster provisions
-    #[arg(long, env = "SHEPHERD_PROVIDER", value_enum, default_value_t = crate::settings::ProviderKind::Metal)]
-    provider: crate::settings::ProviderKind,
     #[command(flatten)]
-    metal: MetalArgs,
-    #[command(flatten)]
-    latitude: crate::settings::LatitudeArgs,
+    provider: crate::settings::ProviderArgs,
     #[command(flatten)]
     provisioner: ProvisionerArgs,
     /// Print JSON instead of a report
@@ -232,45 +226,82 @@ pub struct PlanArgs {
 }
 
 pub async fn plan(args: PlanArgs) -> anyhow::Result<()> {
-    let config = args.provisioner.config_with(&args.metal)?;
-    let provider: Box<dyn shepherd::provider::Provider> = match args.provider {
-        crate::settings::ProviderKind::Metal => {
-            Box::new(shepherd::metal::provider::MetalProvider::new(
-                args.metal.client(None, ClientMetrics::default())?,
-                config.device_prefix.clone(),
-                config.os.clone(),
-            ))
-        }
-        crate::settings::ProviderKind::Latitude => {
-            if args.latitude.pools.is_empty() {
-                bail!(
-                    "--provider latitude needs at least one --pool name=...,plan=...,site=...,count=N,os=..."
-                );
-            }
-            Box::new(
-                shepherd::latitude::provider::LatitudeProvider::new(
-                    args.latitude.client()?,
-                    args.latitude.pools.clone(),
-                    config.device_prefix.clone(),
-                )
-                .map_err(anyhow::Error::msg)?,
-            )
-        }
-    };
+    let mut config = args.provisioner.config_with(&args.provider.metal)?;
     let pool = args.db.connect(2).await?;
+    let (kind, provider) = args.provider.provider(&pool, &config.os).await?;
+    let recorded = crate::settings::Recorded::read(&pool).await?;
+    config.device_prefix = recorded.prefix();
+    let words = Words::of(kind);
     let plan = fleet::plan(&pool, provider.as_ref(), &config).await?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&plan)?);
         return Ok(());
     }
+    print!("{}", render_plan(&plan, &words, &config));
+    Ok(())
+}
+
+/// A provider's own words: Metal has reservations and devices, Latitude.sh
+/// places (in pools) and servers.
+pub struct Words {
+    pub unit: &'static str,
+    pub units: &'static str,
+    pub machine: &'static str,
+    pub machines: &'static str,
+}
+
+impl Words {
+    pub fn of(kind: crate::settings::ProviderKind) -> Words {
+        match kind {
+            crate::settings::ProviderKind::Metal => Words {
+                unit: "reservation",
+                units: "reservations",
+                machine: "device",
+                machines: "devices",
+            },
+            crate::settings::ProviderKind::Latitude => Words {
+                unit: "place",
+                units: "places",
+                machine: "server",
+                machines: "servers",
+            },
+        }
+    }
+
+    /// Why a unit is skipped, in these words.
+    pub fn skip(&self, why: shepherd::jobs::pass::Skip) -> String {
+        use shepherd::jobs::pass::Skip;
+        match why {
+            Skip::InUse => format!("a {} stands on it", self.machine),
+            Skip::NotProvisionable if self.unit == "place" => {
+                "the pool's plan is out of stock in its site".into()
+            }
+            Skip::NotProvisionable => "not provisionable".into(),
+            Skip::Penalised => "penalised (see shepherd sinbin)".into(),
+            Skip::InFlight => "a creation is in flight on it".into(),
+            Skip::BeyondLimit => "beyond the cluster's max_machines".into(),
+            Skip::BeyondChunk => "beyond the chunk size of one pass".into(),
+            Skip::BeyondStock => "beyond the stock the provider counts".into(),
+            Skip::PoolWhole => "the pool has its count already".into(),
+        }
+    }
+}
+
+pub fn render_plan(
+    plan: &fleet::Plan,
+    words: &Words,
+    config: &shepherd::config::ProvisionerConfig,
+) -> String {
+    let mut out = String::new();
     if !plan.settings_recorded {
-        println!(
-            "the cluster has no recorded settings yet (no worker has started): using this command's flags"
+        out.push_str(
+            "the cluster has no recorded settings yet (no worker has started): using this command's flags\n",
         );
     }
-    println!(
-        "listed {} devices; {} managed, {} in flight, limit {}",
+    out.push_str(&format!(
+        "listed {} {}; {} managed, {} in flight, limit {}\n",
         plan.devices_listed,
+        words.machines,
         plan.managed,
         plan.in_flight,
         if plan.max_machines == 0 {
@@ -278,28 +309,59 @@ pub async fn plan(args: PlanArgs) -> anyhow::Result<()> {
         } else {
             plan.max_machines.to_string()
         }
-    );
+    ));
     if !plan.would_adopt.is_empty() {
-        println!(
-            "would adopt {} devices: {:?}",
+        out.push_str(&format!(
+            "would adopt {} {}: {}\n",
             plan.would_adopt.len(),
-            plan.would_adopt
-        );
+            words.machines,
+            plan.would_adopt.join(", ")
+        ));
     }
     if let Some(d) = &plan.discrepancy {
-        println!("DISCREPANCY: the pass would refuse to work");
-        println!("  unknown devices: {:?}", d.unknown_devices);
-        println!("  missing devices: {:?}", d.missing_devices);
-        return Ok(());
+        out.push_str("DISCREPANCY: the pass would refuse to work\n");
+        out.push_str(&format!(
+            "  unknown {}: {}\n",
+            words.machines,
+            d.unknown_devices.join(", ")
+        ));
+        out.push_str(&format!(
+            "  missing {}: {}\n",
+            words.machines,
+            d.missing_devices.join(", ")
+        ));
+        return out;
+    }
+    if !plan.would_delete.is_empty() {
+        out.push_str(&format!(
+            "would delete {} {}:\n",
+            plan.would_delete.len(),
+            words.machines
+        ));
+        for d in &plan.would_delete {
+            out.push_str(&format!("  {} ({}): {}\n", d.device, d.cause, d.message));
+        }
+    }
+    for h in &plan.held {
+        out.push_str(&format!(
+            "held back in pool {} ({}): {}\n",
+            h.pool, h.guard, h.message
+        ));
     }
     if plan.at_limit {
-        println!("at the limit: the pass would not list reservations");
-        return Ok(());
+        out.push_str(&format!(
+            "at the limit: the pass would not list {}\n",
+            words.units
+        ));
+        return out;
     }
     if let Some(p) = &plan.paused {
-        println!("creations are paused by {}: {}", p.by, p.reason);
+        out.push_str(&format!("creations are paused by {}: {}\n", p.by, p.reason));
     }
-    println!("listed {} reservations", plan.reservations_listed);
+    out.push_str(&format!(
+        "listed {} {}\n",
+        plan.reservations_listed, words.units
+    ));
     if !plan.pools.is_empty() {
         let pools: Vec<fleet::PoolState> = plan
             .pools
@@ -309,51 +371,58 @@ pub async fn plan(args: PlanArgs) -> anyhow::Result<()> {
                 held_until: None,
             })
             .collect();
-        print!("{}", render_pools(&pools, false));
+        out.push_str(&render_pools(&pools, false));
     }
-    println!(
-        "would create {} devices (chunk size {}):",
+    out.push_str(&format!(
+        "would create {} {} (chunk size {}):\n",
         plan.would_create.len(),
+        words.machines,
         plan.chunk_size
-    );
+    ));
     for r in &plan.would_create {
         match plan.labels.get(r) {
             // A place's hostname carries the creation's request, which a
             // dry run does not have yet.
-            Some(label) => println!("  {r}  -> place {label}"),
-            None => println!("  {r}  -> {}", config.hostname(*r)),
+            Some(label) => out.push_str(&format!("  {r}  -> place {label}\n")),
+            None => out.push_str(&format!("  {r}  -> {}\n", config.hostname(*r))),
         }
     }
-    let mut t = Table::new(&["SKIPPED RESERVATION", "WHY"]);
+    let header = if words.unit == "place" {
+        "SKIPPED PLACE"
+    } else {
+        "SKIPPED RESERVATION"
+    };
+    let mut t = Table::new(&[header, "WHY"]);
     for (r, why) in &plan.skipped {
         t.row(vec![
             match plan.labels.get(r) {
                 Some(label) => format!("{r} ({label})"),
                 None => r.to_string(),
             },
-            serde_json::to_value(why)?
-                .as_str()
-                .unwrap_or("")
-                .replace('_', " "),
+            words.skip(*why),
         ]);
     }
-    print!("{}", t.render());
-    Ok(())
+    out.push_str(&t.render());
+    out
 }
 
 #[derive(Debug, Subcommand)]
 pub enum HistoryOf {
-    /// A reservation's events
+    /// A unit's events: a Metal reservation's id, or a Latitude.sh place by
+    /// its unit id or its name (`web/3`)
+    #[command(visible_alias = "unit")]
     Reservation {
-        id: Uuid,
+        id: String,
         #[command(flatten)]
         db: DatabaseArgs,
         #[arg(long)]
         json: bool,
     },
-    /// A device's events, with the creation that made it
+    /// A machine's events, with the creation that made it: any provider's
+    /// id (a Metal device's UUID, a Latitude.sh server's `sv_...`)
+    #[command(visible_alias = "machine")]
     Device {
-        id: Uuid,
+        id: String,
         #[command(flatten)]
         db: DatabaseArgs,
         #[arg(long)]
@@ -362,22 +431,59 @@ pub enum HistoryOf {
 }
 
 pub async fn history(of: HistoryOf) -> anyhow::Result<()> {
-    let (stream, db, json, device) = match of {
-        HistoryOf::Reservation { id, db, json } => (format!("reservation/{id}"), db, json, None),
-        HistoryOf::Device { id, db, json } => (format!("device/{id}"), db, json, Some(id)),
-    };
-    let pool = db.connect(2).await?;
-    let events = match device {
-        Some(d) => shepherd::events::store::read_device_history(&pool, d).await?,
-        None => shepherd::events::store::read_stream(&pool, &stream).await?,
+    let (events, what, json) = match of {
+        HistoryOf::Reservation { id, db, json } => {
+            let pool = db.connect(2).await?;
+            let unit = match id.parse::<Uuid>() {
+                Ok(u) => u,
+                Err(_) => unit_of_place(&pool, &id).await?,
+            };
+            let stream = format!("reservation/{unit}");
+            let events = shepherd::events::store::read_stream(&pool, &stream)
+                .await
+                .map_err(store_message)?;
+            (events, format!("unit {id}"), json)
+        }
+        HistoryOf::Device { id, db, json } => {
+            let pool = db.connect(2).await?;
+            let events = shepherd::events::store::read_device_history(&pool, &id)
+                .await
+                .map_err(store_message)?;
+            (events, format!("machine {id}"), json)
+        }
     };
     if events.is_empty() {
-        bail!("no events for {stream}");
+        bail!("no events for {what}: shepherd has recorded nothing about it");
     }
     for e in &events {
         print_event(e, json)?;
     }
     Ok(())
+}
+
+/// The unit of a Latitude.sh place named `pool/index`, derived as every
+/// process derives it, from the cluster's project.
+async fn unit_of_place(pool: &sqlx::PgPool, place: &str) -> anyhow::Result<Uuid> {
+    let recorded = crate::settings::Recorded::read(pool).await?;
+    let (name, index) = place
+        .split_once('/')
+        .and_then(|(p, i)| Some((p, i.parse::<u32>().ok()?)))
+        .with_context(|| {
+            format!("{place:?} is neither a unit id (a UUID) nor a place such as web/3")
+        })?;
+    match (recorded.provider.as_deref(), recorded.project) {
+        (Some("latitude"), Some(project)) => {
+            Ok(shepherd::latitude::provider::unit_id(&project, name, index))
+        }
+        _ => bail!("{place:?} names a place, and this cluster has no Latitude.sh pools"),
+    }
+}
+
+fn store_message(e: shepherd::events::StoreError) -> anyhow::Error {
+    match e {
+        shepherd::events::StoreError::Database(e) => crate::commands::database::explain(e),
+        other => anyhow::Error::from(other),
+    }
 }
 
 #[derive(Debug, Args)]
@@ -387,6 +493,19 @@ pub struct PauseArgs {
     /// Why (recorded in the event, shown to everyone who asks)
     #[arg(long)]
     reason: String,
+    /// Pause deletions (surplus, replacements, deprovisions) instead of
+    /// creations
+    #[arg(long)]
+    deletions: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ResumeArgs {
+    #[command(flatten)]
+    control: ControlArgs,
+    /// Resume deletions instead of creations
+    #[arg(long)]
+    deletions: bool,
 }
 
 #[derive(Debug, Args)]
@@ -407,6 +526,21 @@ fn operator() -> String {
 
 pub async fn pause(args: PauseArgs) -> anyhow::Result<()> {
     let pool = args.db.connect(2).await?;
+    if args.deletions {
+        let paused: bool = sqlx::query_scalar("select shepherd.pause_deletions($1, $2)")
+            .bind(&args.reason)
+            .bind(operator())
+            .fetch_one(&pool)
+            .await
+            .map_err(database_message)
+            .context("cannot pause deletions")?;
+        if paused {
+            println!("deletions paused cluster-wide; creations and passes go on");
+        } else {
+            println!("deletions were already paused (nothing recorded)");
+        }
+        return Ok(());
+    }
     let paused: bool = sqlx::query_scalar("select shepherd.pause_creations($1, $2)")
         .bind(&args.reason)
         .bind(operator())
@@ -431,16 +565,31 @@ pub async fn pause(args: PauseArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The message Postgres raised, without sqlx's wrapping.
+/// The message Postgres raised, without sqlx's wrapping (and, for a
+/// database never migrated, what to run).
 fn database_message(e: sqlx::Error) -> anyhow::Error {
-    match e.as_database_error() {
-        Some(d) => anyhow::anyhow!("{}", d.message()),
-        None => anyhow::Error::from(e),
-    }
+    crate::commands::database::explain(e)
 }
 
-pub async fn resume(args: ControlArgs) -> anyhow::Result<()> {
+pub async fn resume(args: ResumeArgs) -> anyhow::Result<()> {
+    let deletions = args.deletions;
+    let args = args.control;
     let pool = args.db.connect(2).await?;
+    if deletions {
+        let resumed: bool = sqlx::query_scalar("select shepherd.resume_deletions($1, $2)")
+            .bind(&args.reason)
+            .bind(operator())
+            .fetch_one(&pool)
+            .await
+            .map_err(database_message)
+            .context("cannot resume deletions")?;
+        if resumed {
+            println!("deletions resumed");
+        } else {
+            println!("deletions were not paused (nothing recorded)");
+        }
+        return Ok(());
+    }
     let resumed: bool = sqlx::query_scalar("select shepherd.resume_creations($1, $2)")
         .bind(&args.reason)
         .bind(operator())
@@ -575,7 +724,7 @@ pub async fn settings(command: SettingsCommand) -> anyhow::Result<()> {
 
 #[derive(Debug, Args)]
 pub struct ReleaseArgs {
-    /// The machine's id, or its device's id
+    /// The machine's id, or its id at the provider
     id: String,
     /// Why it is released; recorded with the release
     #[arg(long)]
@@ -583,12 +732,16 @@ pub struct ReleaseArgs {
     #[command(flatten)]
     db: DatabaseArgs,
     #[command(flatten)]
-    metal: MetalArgs,
+    provider: crate::settings::ProviderArgs,
 }
 
-/// Records that a machine whose device is gone is no longer managed. The
-/// provider is asked first: a device that still exists is not released.
+/// Records that a machine the provider no longer has is no longer managed.
+/// The provider is asked first, whichever it is: a machine that still
+/// exists in the project is not released (deprovision it to delete it).
 pub async fn release(args: ReleaseArgs) -> anyhow::Result<()> {
+    if args.reason.trim().is_empty() {
+        bail!("say why with --reason: the log records it with who acted");
+    }
     let pool = args.db.connect(2).await?;
     let machine: Option<(Uuid, String)> = sqlx::query_as(
         "select machine_id, provider_id from shepherd.managed_machines
@@ -596,20 +749,23 @@ pub async fn release(args: ReleaseArgs) -> anyhow::Result<()> {
     )
     .bind(&args.id)
     .fetch_optional(&pool)
-    .await?;
+    .await
+    .map_err(crate::commands::database::explain)?;
     let Some((machine_id, device)) = machine else {
         bail!("no managed machine has id or device {}", args.id);
     };
-    if let Ok(device_id) = device.parse::<Uuid>() {
-        let metal = args.metal.client(None, ClientMetrics::default())?;
-        match metal.get_device(device_id).await {
-            Err(shepherd::metal::MetalError::NotFound { .. }) => {}
-            Ok(d) if d.project_id().is_some_and(|p| p != metal.project_id()) => {}
-            Ok(_) => bail!(
-                "device {device} still exists in the project; shepherd releases only machines whose device is gone"
-            ),
-            Err(e) => return Err(e).context("cannot check the device at the provider"),
-        }
+    let (_, provider) = args
+        .provider
+        .provider(&pool, &shepherd::config::ProvisionerConfig::default().os)
+        .await?;
+    match provider.machine(&device).await {
+        Err(e) if e.not_found() => {}
+        Ok(facts) if facts.foreign.is_some() => {}
+        Ok(_) => bail!(
+            "machine {device} still exists in the project; shepherd releases only machines the \
+             provider no longer has (to delete it: shepherd machines deprovision {device} --reason ...)"
+        ),
+        Err(e) => return Err(e).context("cannot check the machine at the provider"),
     }
     sqlx::query("select shepherd.release_machine($1, $2, $3)")
         .bind(machine_id.to_string())
@@ -619,6 +775,83 @@ pub async fn release(args: ReleaseArgs) -> anyhow::Result<()> {
         .await
         .map_err(database_message)?;
     println!("machine {machine_id} (device {device}) is no longer managed");
+    Ok(())
+}
+
+#[derive(Debug, Args)]
+pub struct MachineActionArgs {
+    /// The machine's id, or its id at the provider
+    id: String,
+    /// Why; recorded with who acted
+    #[arg(long)]
+    reason: String,
+    #[command(flatten)]
+    db: DatabaseArgs,
+}
+
+/// Deletes one machine through the deletion job: the request is recorded,
+/// and the job checks it again before it sends the delete.
+pub async fn deprovision(args: MachineActionArgs) -> anyhow::Result<()> {
+    let pool = args.db.connect(2).await?;
+    let job: Option<String> = sqlx::query_scalar("select shepherd.deprovision_machine($1, $2, $3)")
+        .bind(&args.id)
+        .bind(&args.reason)
+        .bind(operator())
+        .fetch_one(&pool)
+        .await
+        .map_err(database_message)?;
+    println!(
+        "machine {} is leaving: deletion job {} (shepherd machines shows it until it is gone)",
+        args.id,
+        job.unwrap_or_default()
+    );
+    Ok(())
+}
+
+/// Scale-in protection, on or off.
+pub async fn protect(args: MachineActionArgs, on: bool) -> anyhow::Result<()> {
+    let pool = args.db.connect(2).await?;
+    let changed: bool = sqlx::query_scalar("select shepherd.protect_machine($1, $2, $3, $4)")
+        .bind(&args.id)
+        .bind(&args.reason)
+        .bind(operator())
+        .bind(on)
+        .fetch_one(&pool)
+        .await
+        .map_err(database_message)?;
+    let state = if on { "protected" } else { "not protected" };
+    if changed {
+        println!("machine {} is {state}", args.id);
+    } else {
+        println!("machine {} was {state} already (nothing recorded)", args.id);
+    }
+    Ok(())
+}
+
+#[derive(Debug, Args)]
+pub struct AckArgs {
+    /// The leaving machine's id, or its id at the provider
+    id: String,
+    #[command(flatten)]
+    db: DatabaseArgs,
+}
+
+/// Lets a leaving machine go: the answer an `ack` leave hook waits for.
+pub async fn ack(args: AckArgs) -> anyhow::Result<()> {
+    let pool = args.db.connect(2).await?;
+    let acked: bool = sqlx::query_scalar("select shepherd.acknowledge_leave($1, $2)")
+        .bind(&args.id)
+        .bind(operator())
+        .fetch_one(&pool)
+        .await
+        .map_err(database_message)?;
+    if !acked {
+        bail!(
+            "machine {} is not waiting to leave (no deletion pending, or it was let go already)",
+            args.id
+        );
+    }
+    println!("machine {} may go: its delete is sent next", args.id);
     Ok(())
 }
 

@@ -1,116 +1,455 @@
-//! `shepherd pools plan`: what a pass would do for each Latitude.sh pool,
-//! read from the live API (or the fake) and changing nothing. The jobs do
-//! not provision Latitude yet (docs/providers.md); this is how an operator
-//! checks pools, stock and hostnames before they do.
+//! `shepherd pools`: the cluster's pools, its desired state where the
+//! provider has no reservations (Latitude.sh: keep N of a plan in a site).
+//! They live in Postgres and change for every worker at once, recorded
+//! with who and why: `list`, `set`, `remove`, the declarative `apply FILE`
+//! (a file an operator keeps in git), and `plan`, the next pass dry.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
-use shepherd::latitude::Stock;
-use shepherd::latitude::pools::{self, Shortfall};
+use shepherd::pools::{Change, PoolRow};
+use shepherd::provider::Pool;
 
-use crate::settings::LatitudeArgs;
+use crate::commands::database::{DatabaseArgs, explain};
 use crate::table::Table;
 
 #[derive(Debug, Subcommand)]
 pub enum PoolsCommand {
-    /// What a pass would create in each pool, bounded by stock and the
-    /// limit, from the provider's answers; changes nothing
-    Plan(PoolsPlanArgs),
+    /// The cluster's pools, with the machines each holds
+    List(ListArgs),
+    /// Declare a pool, or change one: `pools set web count=8`, or a whole
+    /// spec for a new one (`plan=...,site=...,count=N,os=...`)
+    Set(SetArgs),
+    /// Remove a pool: its machines are deleted as it drains
+    Remove(RemoveArgs),
+    /// Make the cluster's pools those of a file (one pool a line, as
+    /// `--pool` takes it; `#` starts a comment): declares, changes and
+    /// removes, all or nothing
+    Apply(ApplyArgs),
+    /// What the next pass would create and delete, from the provider's
+    /// answers and the cluster's state; changes nothing (as `shepherd plan`)
+    Plan(Box<crate::commands::operate::PlanArgs>),
 }
 
 #[derive(Debug, Args)]
-pub struct PoolsPlanArgs {
+pub struct ListArgs {
     #[command(flatten)]
-    latitude: LatitudeArgs,
-
-    /// Hostname prefix of shepherd's servers
-    #[arg(long, env = "SHEPHERD_DEVICE_PREFIX", default_value = "shepherd-")]
-    device_prefix: String,
-
-    /// Room left under the cluster's limit (default: unbounded)
+    db: DatabaseArgs,
+    /// Also the pools removed that hold no machine any more
     #[arg(long)]
-    room: Option<u64>,
-
+    all: bool,
     /// Print JSON instead of a table
     #[arg(long)]
     json: bool,
 }
 
+#[derive(Debug, Args)]
+pub struct SetArgs {
+    /// The pool's name (lowercase letters, digits and inner '-')
+    name: String,
+    /// What to set: plan=..., site=..., count=N, os=..., ssh_keys=ID+ID (a
+    /// new pool needs the first four)
+    spec: String,
+    /// Why; recorded with the change
+    #[arg(long)]
+    reason: String,
+    /// Confirms that a count of 0 deletes every machine of the pool
+    #[arg(long)]
+    confirm_delete: bool,
+    #[command(flatten)]
+    db: DatabaseArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct RemoveArgs {
+    name: String,
+    /// Why; recorded with the removal
+    #[arg(long)]
+    reason: String,
+    /// Confirms that every machine of the pool is deleted
+    #[arg(long)]
+    confirm_delete: bool,
+    #[command(flatten)]
+    db: DatabaseArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct ApplyArgs {
+    /// The file: one pool a line, `name=web,plan=...,site=...,count=N,os=...`
+    file: PathBuf,
+    /// Why; recorded with every change
+    #[arg(long)]
+    reason: Option<String>,
+    /// Print what would change, created and deleted, and why; change nothing
+    #[arg(long)]
+    dry_run: bool,
+    /// Confirms the deletions a pool removed or set to 0 makes
+    #[arg(long)]
+    confirm_delete: bool,
+    #[command(flatten)]
+    db: DatabaseArgs,
+}
+
 pub async fn run(command: PoolsCommand) -> anyhow::Result<()> {
-    let PoolsCommand::Plan(args) = command;
-    let latitude = &args.latitude;
-    if latitude.pools.is_empty() {
-        bail!("no pools: give at least one --pool name=...,plan=...,site=...,count=N,os=...");
+    match command {
+        PoolsCommand::List(args) => list(args).await,
+        PoolsCommand::Set(args) => set(args).await,
+        PoolsCommand::Remove(args) => remove(args).await,
+        PoolsCommand::Apply(args) => apply(args).await,
+        PoolsCommand::Plan(args) => crate::commands::operate::plan(*args).await,
     }
-    pools::validate(&latitude.pools, &args.device_prefix).map_err(anyhow::Error::msg)?;
-    let client = latitude.client()?;
-    let servers = client
-        .list_servers(None)
-        .await
-        .context("cannot list the project's servers")?;
-    let mut stock = BTreeMap::new();
-    for p in &latitude.pools {
-        if let std::collections::btree_map::Entry::Vacant(slot) =
-            stock.entry((p.plan.clone(), p.site.clone()))
-        {
-            let s = client
-                .stock(&p.plan, &p.site)
-                .await
-                .with_context(|| format!("cannot read the stock of {} in {}", p.plan, p.site))?;
-            slot.insert(s);
+}
+
+fn who() -> String {
+    format!("cli:{}", crate::commands::enqueue::who())
+}
+
+/// What stands on each pool now, by our records: machines (by their
+/// hostnames), machines leaving, and creations in flight (by their places).
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Occupancy {
+    pub machines: u32,
+    pub leaving: u32,
+    pub creating: u32,
+}
+
+async fn occupancy(
+    pool: &sqlx::PgPool,
+    rows: &[PoolRow],
+) -> anyhow::Result<BTreeMap<String, Occupancy>> {
+    let prefix = crate::settings::Recorded::read(pool).await?.prefix();
+    let pools: Vec<Pool> = rows.iter().map(PoolRow::pool).collect();
+    let machines: Vec<(Option<String>, bool)> = sqlx::query_as(
+        "select m.hostname, exists(select 1 from shepherd.pending_deletions d
+                                   where d.machine_id = m.machine_id)
+         from shepherd.managed_machines m
+         union all
+         select hostname, false from shepherd.unassimilated_devices",
+    )
+    .fetch_all(pool)
+    .await
+    .map_err(explain)?;
+    let places: Vec<Option<String>> =
+        sqlx::query_scalar("select place from shepherd.pending_creations")
+            .fetch_all(pool)
+            .await
+            .map_err(explain)?;
+    let mut out: BTreeMap<String, Occupancy> = rows
+        .iter()
+        .map(|r| (r.name.clone(), Occupancy::default()))
+        .collect();
+    for (hostname, leaving) in machines {
+        let Some(named) = hostname
+            .as_deref()
+            .and_then(|h| shepherd::latitude::pools::parse(&prefix, &pools, h))
+        else {
+            continue;
+        };
+        if let Some(o) = out.get_mut(&named.pool.name) {
+            o.machines += 1;
+            o.leaving += u32::from(leaving);
         }
     }
-    let plans = pools::plan(
-        &args.device_prefix,
-        &latitude.pools,
-        &servers,
-        &stock,
-        &HashMap::new(),
-        &HashSet::new(),
-        args.room.unwrap_or(u64::MAX),
-    );
+    for place in places.into_iter().flatten() {
+        if let Some(o) = place
+            .split_once('/')
+            .and_then(|(name, _)| out.get_mut(name))
+        {
+            o.creating += 1;
+        }
+    }
+    Ok(out)
+}
+
+async fn read_rows(pool: &sqlx::PgPool) -> anyhow::Result<Vec<PoolRow>> {
+    let mut conn = pool.acquire().await?;
+    shepherd::pools::read(&mut conn).await.map_err(explain)
+}
+
+async fn list(args: ListArgs) -> anyhow::Result<()> {
+    let pool = args.db.connect(2).await?;
+    let rows = read_rows(&pool).await?;
+    let occupied = occupancy(&pool, &rows).await?;
+    let rows: Vec<&PoolRow> = rows
+        .iter()
+        .filter(|r| args.all || !r.removed || occupied[&r.name].machines > 0)
+        .collect();
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&plans)?);
+        let json: Vec<serde_json::Value> = rows
+            .iter()
+            .map(|r| {
+                serde_json::json!({
+                    "pool": r,
+                    "standing": occupied[&r.name],
+                })
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&json)?);
         return Ok(());
     }
-    let mut table = Table::new(&[
-        "POOL", "PLAN", "SITE", "WANT", "HAVE", "FAILED", "STOCK", "CREATE", "SHORT",
+    if rows.is_empty() {
+        println!(
+            "the cluster has no pools (declare one: shepherd pools set NAME plan=...,site=...,count=N,os=... --reason \"...\")"
+        );
+        return Ok(());
+    }
+    let mut t = Table::new(&[
+        "POOL", "PLAN", "SITE", "OS", "COUNT", "MACHINES", "CREATING", "LEAVING", "CHANGED",
     ]);
-    for (p, plan) in latitude.pools.iter().zip(&plans) {
-        table.row(vec![
-            p.name.clone(),
-            p.plan.clone(),
-            p.site.clone(),
-            plan.want.to_string(),
-            plan.have.to_string(),
-            plan.failed.to_string(),
-            match plan.stock {
-                Stock::Unavailable => "not in site".into(),
-                Stock::Empty => "none".into(),
-                Stock::Some(Some(n)) => n.to_string(),
-                Stock::Some(None) => "in stock".into(),
+    for r in rows {
+        let o = &occupied[&r.name];
+        t.row(vec![
+            if r.removed {
+                format!("{} (removed)", r.name)
+            } else {
+                r.name.clone()
             },
-            plan.create.to_string(),
-            match plan.short {
-                None => String::new(),
-                Some((n, why)) => format!(
-                    "{n}: {}",
-                    match why {
-                        Shortfall::NotInSite => "the plan is not offered in the site",
-                        Shortfall::OutOfStock => "out of stock",
-                        Shortfall::AtLimit => "at the limit",
-                        Shortfall::Penalised => "penalised",
-                    }
-                ),
-            },
+            r.plan.clone(),
+            r.site.clone(),
+            r.operating_system.clone(),
+            r.count.to_string(),
+            o.machines.to_string(),
+            o.creating.to_string(),
+            o.leaving.to_string(),
+            format!(
+                "{} by {}: {}",
+                r.updated_at.format("%Y-%m-%d %H:%M:%S"),
+                r.updated_by,
+                r.reason
+            ),
         ]);
     }
-    print!("{}", table.render());
+    print!("{}", t.render());
+    Ok(())
+}
+
+/// A pool as `set` asks for it: the spec's fields over the pool's own.
+fn merged(name: &str, spec: &str, current: Option<&PoolRow>) -> anyhow::Result<Pool> {
+    let mut fields: BTreeMap<String, String> = match current {
+        Some(r) if !r.removed => BTreeMap::from([
+            ("plan".into(), r.plan.clone()),
+            ("site".into(), r.site.clone()),
+            ("count".into(), r.count.to_string()),
+            ("os".into(), r.operating_system.clone()),
+            ("ssh_keys".into(), r.ssh_keys.join("+")),
+        ]),
+        _ => BTreeMap::new(),
+    };
+    for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (k, v) = part.split_once('=').with_context(|| {
+            format!("{part:?} is not key=value (plan, site, count, os, ssh_keys)")
+        })?;
+        if k.trim() == "name" {
+            bail!("the pool's name is the first argument, not name= in the spec");
+        }
+        fields.insert(k.trim().to_string(), v.trim().to_string());
+    }
+    fields.insert("name".into(), name.to_string());
+    if fields.get("ssh_keys").is_some_and(|k| k.is_empty()) {
+        fields.remove("ssh_keys");
+    }
+    let text: Vec<String> = fields.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    text.join(",").parse::<Pool>().map_err(anyhow::Error::msg)
+}
+
+async fn set(args: SetArgs) -> anyhow::Result<()> {
+    let pool = args.db.connect(2).await?;
+    let rows = read_rows(&pool).await?;
+    let spec = merged(
+        &args.name,
+        &args.spec,
+        rows.iter().find(|r| r.name == args.name),
+    )?;
+    let mut tx = pool.begin().await?;
+    let done = shepherd::pools::set(&mut tx, &spec, &args.reason, &who(), args.confirm_delete)
+        .await
+        .map_err(explain)?;
+    tx.commit().await?;
+    match done {
+        Change::Unchanged => println!("pool {} is as asked already (nothing recorded)", args.name),
+        done => println!(
+            "pool {} {done}: {} of {} in {} ({}), for every worker",
+            args.name, spec.count, spec.plan, spec.site, spec.operating_system
+        ),
+    }
+    Ok(())
+}
+
+async fn remove(args: RemoveArgs) -> anyhow::Result<()> {
+    let pool = args.db.connect(2).await?;
+    let mut tx = pool.begin().await?;
+    let removed = shepherd::pools::remove(
+        &mut tx,
+        &args.name,
+        &args.reason,
+        &who(),
+        args.confirm_delete,
+    )
+    .await
+    .map_err(explain)?;
+    tx.commit().await?;
+    if !removed {
+        bail!("there is no pool {} (or it was removed already)", args.name);
+    }
     println!(
-        "(a dry run: nothing was created; servers in flight are not counted until the jobs \
-         provision Latitude)"
+        "pool {} removed: its machines are deleted as it drains (shepherd pools list shows them until they are gone)",
+        args.name
     );
     Ok(())
+}
+
+/// Reads a pools file: one pool a line, blank lines and `#` comments
+/// skipped; errors name the line.
+pub fn read_file(path: &std::path::Path) -> anyhow::Result<Vec<Pool>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let mut pools: Vec<Pool> = vec![];
+    for (n, line) in text.lines().enumerate() {
+        let line = line.split('#').next().unwrap_or("").trim();
+        if line.is_empty() {
+            continue;
+        }
+        let pool: Pool = line
+            .parse()
+            .map_err(|e| anyhow::anyhow!("{}:{}: {e}", path.display(), n + 1))?;
+        if pools.iter().any(|p| p.name == pool.name) {
+            bail!(
+                "{}:{}: pool {} is declared twice",
+                path.display(),
+                n + 1,
+                pool.name
+            );
+        }
+        pools.push(pool);
+    }
+    Ok(pools)
+}
+
+/// One line of what `apply` does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Step {
+    Declare(Pool),
+    Change { from: Pool, to: Pool },
+    Remove(String),
+}
+
+async fn apply(args: ApplyArgs) -> anyhow::Result<()> {
+    let wanted = read_file(&args.file)?;
+    let pool = args.db.connect(2).await?;
+    let rows = read_rows(&pool).await?;
+    let occupied = occupancy(&pool, &rows).await?;
+    let mut steps = vec![];
+    for p in &wanted {
+        match rows.iter().find(|r| r.name == p.name && !r.removed) {
+            None => steps.push(Step::Declare(p.clone())),
+            Some(r) if r.pool() != *p => steps.push(Step::Change {
+                from: r.pool(),
+                to: p.clone(),
+            }),
+            Some(_) => {}
+        }
+    }
+    for r in rows.iter().filter(|r| !r.removed) {
+        if !wanted.iter().any(|p| p.name == r.name) {
+            steps.push(Step::Remove(r.name.clone()));
+        }
+    }
+    if steps.is_empty() {
+        println!(
+            "the cluster's pools are those of {} already",
+            args.file.display()
+        );
+        return Ok(());
+    }
+    let standing = |name: &str| occupied.get(name).cloned().unwrap_or_default();
+    for step in &steps {
+        println!("{}", describe(step, &standing));
+    }
+    if args.dry_run {
+        println!("(a dry run: nothing was changed)");
+        return Ok(());
+    }
+    let Some(reason) = args.reason.filter(|r| !r.trim().is_empty()) else {
+        bail!("say why with --reason: every change records it with who acted");
+    };
+    // All or nothing: one refusal undoes every change before it.
+    let mut tx = pool.begin().await?;
+    let by = who();
+    for step in &steps {
+        match step {
+            Step::Declare(p) | Step::Change { to: p, .. } => {
+                shepherd::pools::set(&mut tx, p, &reason, &by, args.confirm_delete)
+                    .await
+                    .map_err(explain)
+                    .with_context(|| format!("pool {}", p.name))?;
+            }
+            Step::Remove(name) => {
+                shepherd::pools::remove(&mut tx, name, &reason, &by, args.confirm_delete)
+                    .await
+                    .map_err(explain)
+                    .with_context(|| format!("pool {name}"))?;
+            }
+        }
+    }
+    tx.commit().await?;
+    println!("applied: {} changes, for every worker", steps.len());
+    Ok(())
+}
+
+fn describe(step: &Step, standing: &dyn Fn(&str) -> Occupancy) -> String {
+    let effect = |name: &str, count: u32| {
+        let o = standing(name);
+        let have = o.machines + o.creating;
+        if have < count {
+            format!("would create {}", count - have)
+        } else if have > count {
+            format!(
+                "would delete {} (failed first, then not ready, then newest; protected never)",
+                have - count
+            )
+        } else {
+            "nothing to create or delete".into()
+        }
+    };
+    match step {
+        Step::Declare(p) => format!(
+            "declare {}: {} of {} in {} ({}); {}",
+            p.name,
+            p.count,
+            p.plan,
+            p.site,
+            p.operating_system,
+            effect(&p.name, p.count)
+        ),
+        Step::Change { from, to } => {
+            let mut what = vec![];
+            if from.count != to.count {
+                what.push(format!("count {} -> {}", from.count, to.count));
+            }
+            if from.plan != to.plan {
+                what.push(format!("plan {} -> {}", from.plan, to.plan));
+            }
+            if from.site != to.site {
+                what.push(format!("site {} -> {}", from.site, to.site));
+            }
+            if from.operating_system != to.operating_system {
+                what.push(format!(
+                    "os {} -> {}",
+                    from.operating_system, to.operating_system
+                ));
+            }
+            if from.ssh_keys != to.ssh_keys {
+                what.push("ssh_keys".into());
+            }
+            format!(
+                "change {}: {}; {}",
+                to.name,
+                what.join(", "),
+                effect(&to.name, to.count)
+            )
+        }
+        Step::Remove(name) => format!("remove {name}; {}", effect(name, 0)),
+    }
 }

@@ -87,28 +87,36 @@ impl Display for Kind {
 }
 
 /// An id linking to its history page.
-pub(super) fn link(kind: Kind, id: Uuid) -> Markup {
+pub(super) fn link(kind: Kind, id: impl Display) -> Markup {
     html! { a.id href={ "/" (kind) "/" (id) } { (id) } }
 }
 
-/// A device id as the views keep it (a string, per provider): linked when
-/// it is one of Metal's UUIDs.
+/// Whether `raw` is a machine id a page may name in a path: any provider's
+/// (a Metal UUID, a Latitude `sv_...`), never a path of its own.
+pub(super) fn machine_id_ok(raw: &str) -> bool {
+    !raw.is_empty()
+        && raw.len() <= 100
+        && raw
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
+}
+
+/// A machine id as the views keep it (the provider's, as text), linked to
+/// its history.
 pub(super) fn device_id(raw: &str) -> Markup {
-    match raw.parse() {
-        Ok(id) => link(Kind::Device, id),
-        Err(_) => html! { span.id { (raw) } },
+    if machine_id_ok(raw) {
+        link(Kind::Device, raw)
+    } else {
+        html! { span.id { (raw) } }
     }
 }
 
 /// A stream name, linked when it is a reservation's or a device's.
 pub(super) fn stream_name(name: &str) -> Markup {
-    let linked = name.split_once('/').and_then(|(kind, id)| {
-        let kind = match kind {
-            "reservation" => Kind::Reservation,
-            "device" => Kind::Device,
-            _ => return None,
-        };
-        Some((kind, id.parse::<Uuid>().ok()?))
+    let linked = name.split_once('/').and_then(|(kind, id)| match kind {
+        "reservation" => id.parse::<Uuid>().ok().map(|_| (Kind::Reservation, id)),
+        "device" if machine_id_ok(id) => Some((Kind::Device, id)),
+        _ => None,
     });
     match linked {
         Some((kind, id)) => html! { (kind) "/" (link(kind, id)) },
@@ -185,10 +193,11 @@ pub(super) fn body(value: &Value) -> Markup {
 
 pub(super) fn field_value(kind: Option<Kind>, value: &Value) -> Markup {
     match (kind, value) {
-        (Some(kind), Value::String(s)) => match s.parse() {
-            Ok(id) => link(kind, id),
+        (Some(Kind::Reservation), Value::String(s)) => match s.parse::<Uuid>() {
+            Ok(id) => link(Kind::Reservation, id),
             Err(_) => html! { (s) },
         },
+        (Some(Kind::Device), Value::String(s)) => device_id(s),
         (Some(_), Value::Array(items)) => html! {
             "["
             @for (i, item) in items.iter().enumerate() {
@@ -236,7 +245,7 @@ pub(super) fn event_table(rows: &[EventRow], with_stream: bool) -> Markup {
 }
 
 /// One reservation's or device's events.
-pub(super) fn history_page(kind: Kind, id: Uuid, label: Option<&str>, rows: &[EventRow]) -> Markup {
+pub(super) fn history_page(kind: Kind, id: &str, label: Option<&str>, rows: &[EventRow]) -> Markup {
     html! {
         h1 {
             a href="/" { "shepherd" } " · " (kind) " " span.id { (id) }

@@ -103,7 +103,7 @@ pub(super) async fn reservation_page(
         .map_err(|e| store_failure("reservation history", e))?;
     history(
         Kind::Reservation,
-        id,
+        &id.to_string(),
         state.unit_label(id),
         events.into_iter().map(EventRow::from).collect(),
     )
@@ -113,11 +113,18 @@ pub(super) async fn device_page(
     State(state): State<HttpState>,
     Path(raw): Path<String>,
 ) -> Result<Html<String>, Failure> {
-    let id = parse_id(Kind::Device, &raw)?;
+    // Any provider's machine id: a Metal UUID, a Latitude `sv_...`.
+    if !super::html::machine_id_ok(&raw) {
+        return Err(Failure::BadRequest(format!(
+            "“{raw}” is not a machine id: expected the provider's id, such as a Metal device's \
+             UUID or a Latitude.sh server's sv_... id."
+        )));
+    }
+    let id = raw;
     let rows: Vec<(i64, DateTime<Utc>, String, Value)> = sqlx::query_as(
-        "select event_position, recorded_at, event_type, body from shepherd.device_history($1)",
+        "select event_position, recorded_at, event_type, body from shepherd.device_history($1::text)",
     )
-    .bind(id)
+    .bind(&id)
     .fetch_all(&state.pool)
     .await
     .map_err(|e| database_failure("device history", e))?;
@@ -132,12 +139,12 @@ pub(super) async fn device_page(
             job_id: None,
         })
         .collect();
-    history(Kind::Device, id, None, rows)
+    history(Kind::Device, &id, None, rows)
 }
 
 pub(super) fn history(
     kind: Kind,
-    id: Uuid,
+    id: &str,
     label: Option<String>,
     rows: Vec<EventRow>,
 ) -> Result<Html<String>, Failure> {
