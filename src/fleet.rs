@@ -72,6 +72,27 @@ pub struct LastReconcile {
     pub finished: Option<ReconcileFinished>,
     pub refused: Option<String>,
     pub discrepancy: Option<DiscrepancyFound>,
+    /// Pools holding more machines of ours than declared, as it saw them.
+    pub surplus: Vec<crate::events::event::SurplusReport>,
+    /// Deletions a guard held back.
+    pub held: Vec<crate::events::event::DeletionsHeld>,
+}
+
+/// A machine leaving: its deletion requested and not ended.
+#[derive(Debug, Clone, Serialize)]
+pub struct LeavingRow {
+    pub machine_id: Uuid,
+    pub device: String,
+    pub hostname: Option<String>,
+    pub pool: Option<String>,
+    pub cause: String,
+    pub message: String,
+    pub requested_by: String,
+    pub seconds: f64,
+    /// The delete may be sent (the leave hook answered, or had nothing to
+    /// wait for).
+    pub cleared: bool,
+    pub last_error: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -98,6 +119,13 @@ pub struct Overview {
     pub workers: Vec<WorkerRow>,
     pub paused: Option<Pause>,
     pub events: i64,
+    /// The cluster's pools as declared (its desired state).
+    pub desired: Vec<crate::pools::PoolRow>,
+    /// Machines leaving, oldest first.
+    pub leaving: Vec<LeavingRow>,
+    pub protected: i64,
+    /// `Some` while deletions are paused.
+    pub deletions_paused: Option<Pause>,
 }
 
 impl Overview {
@@ -236,6 +264,65 @@ pub async fn overview(pool: &PgPool) -> Result<Overview, sqlx::Error> {
     .fetch_one(&mut *tx)
     .await?;
     let paused = views::read_pause(&mut tx).await?;
+    let deletions_paused = views::read_deletions_pause(&mut tx).await?;
+    let desired = crate::pools::read(&mut tx).await?;
+    let protected: i64 =
+        sqlx::query_scalar("select count(*) from shepherd.managed_machines where protected")
+            .fetch_one(&mut *tx)
+            .await?;
+    let leaving = sqlx::query_as::<
+        _,
+        (
+            Uuid,
+            String,
+            Option<String>,
+            Option<String>,
+            String,
+            String,
+            String,
+            f64,
+            bool,
+            Option<String>,
+        ),
+    >(
+        "select d.machine_id, d.provider_id, m.hostname, d.pool, d.cause, d.message,
+                d.requested_by, extract(epoch from now() - d.requested_at)::float8,
+                d.cleared_at is not null, d.last_error
+         from shepherd.pending_deletions d
+         left join shepherd.managed_machines m on m.machine_id = d.machine_id
+         order by d.requested_at",
+    )
+    .fetch_all(&mut *tx)
+    .await?
+    .into_iter()
+    .map(
+        |(
+            machine_id,
+            device,
+            hostname,
+            pool,
+            cause,
+            message,
+            requested_by,
+            seconds,
+            cleared,
+            last_error,
+        )| {
+            LeavingRow {
+                machine_id,
+                device,
+                hostname,
+                pool,
+                cause,
+                message,
+                requested_by,
+                seconds,
+                cleared,
+                last_error,
+            }
+        },
+    )
+    .collect();
     tx.commit().await?;
 
     let last_reconcile = match last_run {
@@ -253,12 +340,16 @@ pub async fn overview(pool: &PgPool) -> Result<Overview, sqlx::Error> {
                 finished: None,
                 refused: None,
                 discrepancy: None,
+                surplus: vec![],
+                held: vec![],
             };
             for e in events {
                 match e.event {
                     Event::ReconcileFinished(f) => last.finished = Some(f),
                     Event::ReconcileRefused(r) => last.refused = Some(r.reason),
                     Event::DiscrepancyFound(d) => last.discrepancy = Some(d),
+                    Event::SurplusFound(s) => last.surplus = s.pools,
+                    Event::DeletionsHeld(h) => last.held.push(h),
                     _ => {}
                 }
             }
@@ -283,6 +374,10 @@ pub async fn overview(pool: &PgPool) -> Result<Overview, sqlx::Error> {
         workers,
         paused,
         events,
+        desired,
+        leaving,
+        protected,
+        deletions_paused,
     })
 }
 

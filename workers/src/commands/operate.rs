@@ -57,6 +57,15 @@ pub fn render_status(o: &Overview) -> String {
             ));
         }
     }
+    if let Some(max) = o.max_machines.filter(|m| *m > 0)
+        && (o.managed + o.in_flight()) as u64 > max
+    {
+        out.push_str(&format!(
+            "OVER LIMIT   {} past max_machines: machines of ours that existed were recorded anyway \
+             (events limit_exceeded); lower the pools, or raise the limit\n",
+            (o.managed + o.in_flight()) as u64 - max
+        ));
+    }
     match &o.paused {
         Some(p) => out.push_str(&format!(
             "creations    PAUSED by {} since {}: {}\n",
@@ -65,6 +74,24 @@ pub fn render_status(o: &Overview) -> String {
             p.reason
         )),
         None => out.push_str("creations    running\n"),
+    }
+    match &o.deletions_paused {
+        Some(p) => out.push_str(&format!(
+            "deletions    PAUSED by {} since {}: {}\n",
+            p.by,
+            p.since.format("%Y-%m-%d %H:%M:%S"),
+            p.reason
+        )),
+        None if !o.desired.is_empty() || !o.leaving.is_empty() => {
+            out.push_str("deletions    running\n")
+        }
+        None => {}
+    }
+    if o.protected > 0 {
+        out.push_str(&format!(
+            "protected    {} machines shepherd never deletes\n",
+            o.protected
+        ));
     }
     out.push_str("\nlast reconcile\n");
     match &o.last_reconcile {
@@ -91,6 +118,26 @@ pub fn render_status(o: &Overview) -> String {
             if let Some(reason) = &r.refused {
                 out.push_str(&format!("  refused: {reason}\n"));
             }
+            for s in &r.surplus {
+                out.push_str(&format!(
+                    "  SURPLUS: pool {} holds {} machines for a count of {}{}; the extra ones are \
+                     deleted within the guards\n",
+                    s.pool,
+                    s.machines,
+                    s.count,
+                    if s.doubled.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" (two on {})", s.doubled.join(", "))
+                    }
+                ));
+            }
+            for h in &r.held {
+                out.push_str(&format!(
+                    "  held back in pool {} ({}): {}\n",
+                    h.pool, h.guard, h.message
+                ));
+            }
             match &r.finished {
                 Some(f) => out.push_str(&format!(
                     "  finished: {} managed, {} in flight, {} enqueued{}\n",
@@ -104,6 +151,36 @@ pub fn render_status(o: &Overview) -> String {
             }
         }
     }
+    // The pools as declared, where no pass has surveyed them yet.
+    let unsurveyed: Vec<&shepherd::pools::PoolRow> = o
+        .desired
+        .iter()
+        .filter(|p| !p.removed)
+        .filter(|p| {
+            o.pools
+                .as_ref()
+                .is_none_or(|seen| seen.pools.iter().all(|s| s.report.name != p.name))
+        })
+        .collect();
+    if !unsurveyed.is_empty() {
+        out.push_str("\npools declared and not surveyed by a pass yet\n");
+        let mut t = Table::new(&["POOL", "PLAN", "SITE", "COUNT", "OS", "CHANGED"]);
+        for p in unsurveyed {
+            t.row(vec![
+                p.name.clone(),
+                p.plan.clone(),
+                p.site.clone(),
+                p.count.to_string(),
+                p.operating_system.clone(),
+                format!(
+                    "{} by {}",
+                    p.updated_at.format("%Y-%m-%d %H:%M:%S"),
+                    p.updated_by
+                ),
+            ]);
+        }
+        out.push_str(&t.render());
+    }
     if let Some(seen) = &o.pools {
         out.push_str(&format!(
             "\npools (as the last pass saw them, {} ago)\n",
@@ -111,8 +188,31 @@ pub fn render_status(o: &Overview) -> String {
         ));
         out.push_str(&render_pools(&seen.pools, true));
     }
+    if !o.leaving.is_empty() {
+        out.push_str(&format!("\nleaving ({})\n", o.leaving.len()));
+        let mut t = Table::new(&["MACHINE", "POOL", "WHY", "FOR", "STATE"]);
+        for l in &o.leaving {
+            t.row(vec![
+                l.hostname.clone().unwrap_or_else(|| l.device.clone()),
+                l.pool.clone().unwrap_or_default(),
+                format!("{}: {}", l.cause, l.message),
+                age(l.seconds),
+                match (&l.last_error, l.cleared) {
+                    (Some(e), _) => format!("unknown: {e}"),
+                    (None, true) => "deleting".into(),
+                    (None, false) => "waiting for its leave hook".into(),
+                },
+            ]);
+        }
+        out.push_str(&t.render());
+    }
     out.push_str(&format!(
-        "\npenalised reservations ({})\n",
+        "\npenalised {} ({})\n",
+        if o.desired.is_empty() {
+            "reservations"
+        } else {
+            "places"
+        },
         o.penalised.len()
     ));
     if !o.penalised.is_empty() {
@@ -176,10 +276,18 @@ fn render_pools(pools: &[fleet::PoolState], with_hold: bool) -> String {
     for p in pools {
         let r = &p.report;
         let mut row = vec![
-            r.name.clone(),
+            if r.removed {
+                format!("{} (removed)", r.name)
+            } else {
+                r.name.clone()
+            },
             r.plan.clone(),
             r.site.clone(),
-            r.taken.to_string(),
+            if r.machines > r.taken {
+                format!("{} (+{} surplus)", r.taken, r.machines - r.taken)
+            } else {
+                r.taken.to_string()
+            },
             r.count.to_string(),
             r.failed.to_string(),
             match r.stock {

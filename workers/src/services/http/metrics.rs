@@ -5,7 +5,9 @@
 //! older scrapers read.
 
 use super::*;
-use shepherd::jobs::{ASSIMILATE_QUEUE, CREATE_DEVICE_QUEUE, RECONCILE_QUEUE};
+use shepherd::jobs::{
+    ASSIMILATE_QUEUE, CREATE_DEVICE_QUEUE, DELETE_MACHINE_QUEUE, RECONCILE_QUEUE,
+};
 
 /// The states apalis gives a job.
 const JOB_STATES: [&str; 6] = ["Pending", "Queued", "Running", "Done", "Failed", "Killed"];
@@ -46,6 +48,18 @@ pub(super) struct Outcomes {
     pub(super) assimilated: i64,
     pub(super) skipped: i64,
     pub(super) rejected: i64,
+    pub(super) deletions_requested: i64,
+    pub(super) deleted: i64,
+    pub(super) deletion_failed: i64,
+    pub(super) deletion_cancelled: i64,
+    pub(super) lost: i64,
+    pub(super) limit_exceeded: i64,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct HeldLabels {
+    pub(super) pool: String,
+    pub(super) guard: String,
 }
 
 /// The provisioner's figures at one scrape.
@@ -87,12 +101,20 @@ impl Figures {
                count(*) filter (where event_type = 'discrepancy_found') as discrepancies,
                count(*) filter (where event_type = 'machine_assimilated') as assimilated,
                count(*) filter (where event_type = 'assimilation_skipped') as skipped,
-               count(*) filter (where event_type = 'assimilation_rejected') as rejected
+               count(*) filter (where event_type = 'assimilation_rejected') as rejected,
+               count(*) filter (where event_type = 'deletion_requested') as deletions_requested,
+               count(*) filter (where event_type = 'machine_deleted') as deleted,
+               count(*) filter (where event_type = 'deletion_failed') as deletion_failed,
+               count(*) filter (where event_type = 'deletion_cancelled') as deletion_cancelled,
+               count(*) filter (where event_type = 'machine_lost') as lost,
+               count(*) filter (where event_type = 'limit_exceeded') as limit_exceeded
              from shepherd.events
              where event_type in ('device_created', 'creation_given_up', 'race_lost',
                                   'creation_attempt_failed', 'creation_refused',
                                   'discrepancy_found', 'machine_assimilated',
-                                  'assimilation_skipped', 'assimilation_rejected')",
+                                  'assimilation_skipped', 'assimilation_rejected',
+                                  'deletion_requested', 'machine_deleted', 'deletion_failed',
+                                  'deletion_cancelled', 'machine_lost', 'limit_exceeded')",
         )
         .fetch_one(pool)
         .await?;
@@ -151,6 +173,7 @@ impl Figures {
             let stock = Family::<PoolLabels, Gauge<u64, AtomicU64>>::default();
             let held = Family::<PoolLabels, Gauge<u64, AtomicU64>>::default();
             let failed = Family::<PoolLabels, Gauge<u64, AtomicU64>>::default();
+            let surplus = Family::<PoolLabels, Gauge<u64, AtomicU64>>::default();
             for p in &seen.pools {
                 let r = &p.report;
                 let labels = PoolLabels {
@@ -161,6 +184,9 @@ impl Figures {
                 places.get_or_create(&labels).set(u64::from(r.count));
                 machines.get_or_create(&labels).set(u64::from(r.taken));
                 failed.get_or_create(&labels).set(u64::from(r.failed));
+                surplus
+                    .get_or_create(&labels)
+                    .set(u64::from(r.machines.saturating_sub(r.taken)));
                 // Absent, not 0, where the last pass did not read the stock.
                 if let Some(s) = r.stock {
                     in_stock.get_or_create(&labels).set(u64::from(s.in_stock));
@@ -183,8 +209,13 @@ impl Figures {
             );
             registry.register(
                 "shepherd_pool_failed_machines",
-                "Machines of each pool whose deployment failed; they hold their places until an operator deletes and releases them",
+                "Machines of each pool whose deployment failed; shepherd replaces them unless a guard holds it back",
                 failed,
+            );
+            registry.register(
+                "shepherd_pool_surplus_machines",
+                "Machines of ours in each pool beyond one a place within its count, as the last listing saw them",
+                surplus,
             );
             registry.register(
                 "shepherd_pool_in_stock",
@@ -240,6 +271,45 @@ impl Figures {
             "1 while an operator has paused new creations",
             ConstGauge::new(i64::from(o.paused.is_some())),
         );
+        registry.register(
+            "shepherd_deletions_paused",
+            "1 while an operator has paused deletions",
+            ConstGauge::new(i64::from(o.deletions_paused.is_some())),
+        );
+        registry.register(
+            "shepherd_machines_leaving",
+            "Machines whose deletion is requested and not ended",
+            ConstGauge::new(o.leaving.len() as i64),
+        );
+        registry.register(
+            "shepherd_machines_protected",
+            "Machines under scale-in protection",
+            ConstGauge::new(o.protected),
+        );
+        let used = o.managed + o.in_flight();
+        registry.register(
+            "shepherd_machines_over_limit",
+            "Managed plus in flight beyond max_machines (machines of ours recorded although they existed past it)",
+            ConstGauge::new(match o.max_machines {
+                Some(max) if max > 0 => (used - max as i64).max(0),
+                _ => 0,
+            }),
+        );
+        let held = Family::<HeldLabels, Gauge<u64, AtomicU64>>::default();
+        if let Some(last) = &o.last_reconcile {
+            for h in &last.held {
+                held.get_or_create(&HeldLabels {
+                    pool: h.pool.clone(),
+                    guard: h.guard.clone(),
+                })
+                .set(u64::from(h.held));
+            }
+        }
+        registry.register(
+            "shepherd_deletions_held",
+            "Deletions the last pass held back, by pool and guard (paused, protected, unhealthy, budget)",
+            held,
+        );
 
         let creations = Family::<OutcomeLabel, Counter>::default();
         for (outcome, events) in [
@@ -279,11 +349,42 @@ impl Figures {
             "Assimilations by outcome, over the whole event log",
             assimilations,
         );
+        let deletions = Family::<OutcomeLabel, Counter>::default();
+        for (outcome, events) in [
+            ("requested", n.deletions_requested),
+            ("deleted", n.deleted),
+            ("failed", n.deletion_failed),
+            ("cancelled", n.deletion_cancelled),
+        ] {
+            deletions
+                .get_or_create(&OutcomeLabel { outcome })
+                .inc_by(count(events));
+        }
+        registry.register(
+            "shepherd_deletions",
+            "Deletions by outcome, over the whole event log",
+            deletions,
+        );
+        registry.register(
+            "shepherd_machines_lost",
+            "Managed machines the provider confirmed gone (not found twice, some time apart)",
+            ConstCounter::new(count(n.lost)),
+        );
+        registry.register(
+            "shepherd_limit_exceeded",
+            "Machines of ours recorded past the cluster's limit",
+            ConstCounter::new(count(n.limit_exceeded)),
+        );
 
         let jobs = Family::<QueueLabels, Gauge>::default();
         // Every kind in every state, at zero when empty: an alert on the
         // first killed job needs the series to exist before it.
-        for kind in [RECONCILE_QUEUE, CREATE_DEVICE_QUEUE, ASSIMILATE_QUEUE] {
+        for kind in [
+            RECONCILE_QUEUE,
+            CREATE_DEVICE_QUEUE,
+            ASSIMILATE_QUEUE,
+            DELETE_MACHINE_QUEUE,
+        ] {
             for state in JOB_STATES {
                 jobs.get_or_create(&QueueLabels {
                     kind: kind.to_string(),

@@ -34,6 +34,7 @@ pub(super) fn status_page(
         (fleet(o))
         (last_reconcile(o))
         (pools(o))
+        (leaving(o))
         (penalties(o, label))
         (queue(o))
         (workers(o))
@@ -107,6 +108,30 @@ fn alarms(o: &Overview) -> Markup {
                 " by " (p.by) " since " (ago(p.since, o.now)) ": " (p.reason)
             }
         }
+        @if let Some(p) = &o.deletions_paused {
+            div.warn {
+                strong { "Deletions are paused" }
+                " by " (p.by) " since " (ago(p.since, o.now)) ": " (p.reason)
+                " (surplus stays, failed machines are not replaced)"
+            }
+        }
+        @if let Some(r) = &o.last_reconcile {
+            @for s in &r.surplus {
+                div.warn {
+                    strong { "Surplus in pool " (s.pool) ": " }
+                    (s.machines) " machines of ours for a count of " (s.count)
+                    @if !s.doubled.is_empty() { " (two on " (s.doubled.join(", ")) ")" }
+                    ". The extra ones are deleted within the guards (failed first, then not \
+                     ready, then newest; protected never)."
+                }
+            }
+            @for h in &r.held {
+                div.warn {
+                    strong { "Deletions held back in pool " (h.pool) " (" (h.guard) "): " }
+                    (h.message)
+                }
+            }
+        }
     }
 }
 
@@ -132,6 +157,15 @@ fn fleet(o: &Overview) -> Markup {
             }
             tr { th { "Creations" }
                 @if o.paused.is_some() { td { strong { "paused" } } } @else { td.ok { "running" } }
+            }
+            @if !o.desired.is_empty() || !o.leaving.is_empty() {
+                tr { th { "Deletions" }
+                    @if o.deletions_paused.is_some() { td { strong { "paused" } } } @else { td.ok { "running" } }
+                }
+                tr { th { "Leaving" } td { (o.leaving.len()) } }
+            }
+            @if o.protected > 0 {
+                tr { th { "Protected" } td { (o.protected) " " span.muted { "(never deleted by shepherd)" } } }
             }
             tr { th { "Penalised reservations" } td { (o.penalised.len()) } }
             tr { th { "Last successful reconcile" }
@@ -170,11 +204,37 @@ fn last_reconcile(o: &Overview) -> Markup {
     }
 }
 
-/// The pools as the last listing saw them: what is declared, what stands
-/// (and how much of it failed to deploy: those hold their places until an
-/// operator deletes them and releases them), and whether the provider has
-/// stock to fill the rest.
+/// The pools: as declared (the cluster's desired state, with who changed
+/// each last), and as the last listing saw them: what stands (and how much
+/// of it failed to deploy, replaced within the guards), and whether the
+/// provider has stock to fill the rest.
 fn pools(o: &Overview) -> Markup {
+    html! {
+        @if !o.desired.is_empty() {
+            h2 { "Pools " span.muted { "(as declared)" } }
+            table.pools {
+                thead { tr {
+                    th { "Pool" } th { "Plan" } th { "Site" } th { "Count" } th { "OS" } th { "Changed" }
+                } }
+                tbody {
+                    @for p in &o.desired {
+                        tr {
+                            td { (p.name) @if p.removed { " " span.muted { "(removed, draining)" } } }
+                            td { (p.plan) }
+                            td { (p.site) }
+                            td.n { (p.count) }
+                            td { (p.operating_system) }
+                            td { (Time(p.updated_at).to_string()) " by " (p.updated_by) ": " (p.reason) }
+                        }
+                    }
+                }
+            }
+        }
+        (surveyed_pools(o))
+    }
+}
+
+fn surveyed_pools(o: &Overview) -> Markup {
     let Some(seen) = &o.pools else {
         return html! {};
     };
@@ -189,10 +249,13 @@ fn pools(o: &Overview) -> Markup {
                 @for p in &seen.pools {
                     @let r = &p.report;
                     tr {
-                        td { (r.name) }
+                        td { (r.name) @if r.removed { " " span.muted { "(removed)" } } }
                         td { (r.plan) }
                         td { (r.site) }
-                        td.n { (r.taken) }
+                        td.n {
+                            (r.taken)
+                            @if r.machines > r.taken { " " strong { "+" (r.machines - r.taken) " surplus" } }
+                        }
                         td.n { (r.count) }
                         @if r.failed > 0 {
                             td.n { strong { (r.failed) } }
@@ -211,6 +274,35 @@ fn pools(o: &Overview) -> Markup {
                         @match p.held_until {
                             Some(until) => td { "out of stock until " (Time(until).to_string()) },
                             None => td.muted { "no" },
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Machines leaving: why, for how long, and whether they wait for their
+/// leave hook.
+fn leaving(o: &Overview) -> Markup {
+    if o.leaving.is_empty() {
+        return html! {};
+    }
+    html! {
+        h2 { "Leaving (" (o.leaving.len()) ")" }
+        table {
+            thead { tr { th { "Machine" } th { "Pool" } th { "Why" } th { "For" } th { "State" } } }
+            tbody {
+                @for l in &o.leaving {
+                    tr {
+                        td { (device_id(&l.device)) @if let Some(h) = &l.hostname { " " span.muted { (h) } } }
+                        td { (l.pool.as_deref().unwrap_or("")) }
+                        td { (l.cause) ": " (l.message) " " span.muted { "(" (l.requested_by) ")" } }
+                        td { (human_duration(chrono::TimeDelta::seconds(l.seconds as i64))) }
+                        @match (&l.last_error, l.cleared) {
+                            (Some(e), _) => td { strong { "unknown: " } (e) },
+                            (None, true) => td { "deleting" },
+                            (None, false) => td { "waiting for its leave hook" },
                         }
                     }
                 }
