@@ -754,7 +754,8 @@ fn random_event(rng: &mut impl Rng, reservations: &[Uuid], devices: &[Uuid]) -> 
     let d = devices[rng.random_range(0..devices.len())];
     let offset = TimeDelta::seconds(rng.random_range(-3600..3600));
     let pool = ["web", "db", "batch"][rng.random_range(0..3)].to_string();
-    let machine = Uuid::from_u128(rng.random_range(0..4));
+    // A machine has one id at the provider, as in life.
+    let machine = Uuid::from_u128(d.as_u128() ^ 1);
     let request = Uuid::from_u128(rng.random_range(0..3));
     match rng.random_range(0..25) {
         24 => DeletionRequested {

@@ -444,8 +444,11 @@ async fn still_unknown(
         admitted: true,
         unknown: true,
         unknown_since: Some(since),
-        // Out of attempts: only looks from here on, until it can tell.
-        verify: args.verify || next_attempt > ctx.config.create_retry.max_attempts,
+        // Out of attempts: only looks from here on, until it can tell. The
+        // looks inside the window are not creates, and do not use them up:
+        // a look after it that finds nothing still leads to one create.
+        verify: args.verify
+            || (next_attempt > ctx.config.create_retry.max_attempts && until_settled.is_zero()),
         ..args.clone()
     };
     queue::push_create_device(&mut tx, &successor, Some(at(after))).await?;

@@ -188,7 +188,7 @@ async fn run_pass(
     };
     // Read after the listing, so what it skips as in flight and what the
     // admission counts come from the same moment or later.
-    let fleet = read_fleet(&ctx.pool).await?;
+    let mut fleet = read_fleet(&ctx.pool).await?;
     let ours = our_requests(&ctx.pool, &devices).await?;
     let mut comparison = compare(
         &devices,
@@ -203,7 +203,11 @@ async fn run_pass(
     let confirmed = confirm_missing(ctx, &settings, job_id, run, &comparison.missing).await?;
     comparison.missing = confirmed.uncertain;
     out.lost = confirmed.lost;
-    out.managed = fleet.managed.len() as u64 - out.lost.len() as u64;
+    if !out.lost.is_empty() {
+        // A lost machine freed its unit: what the pass fills is read anew.
+        fleet = read_fleet(&ctx.pool).await?;
+    }
+    out.managed = fleet.managed.len() as u64;
     out.in_flight = fleet.in_flight();
 
     if !comparison.adopt.is_empty() {
@@ -593,8 +597,8 @@ struct Confirmed {
 /// Looks each missing machine up by its id. A machine recorded within the
 /// settle window is not missing yet: the listings can lag behind creates.
 /// A definite "not found" is recorded (`machine_not_found`); one seen again
-/// at least a quarter of the settle window later (and no sooner than ten
-/// seconds) confirms it, and the machine is recorded as lost
+/// at least a quarter of the settle window later (and no sooner than a
+/// second) confirms it, and the machine is recorded as lost
 /// (`machine_lost`, with the evidence), which frees its unit. Anything less
 /// certain leaves it a discrepancy, and the pass refuses to work.
 async fn confirm_missing(
@@ -613,7 +617,7 @@ async fn confirm_missing(
     }
     let settle =
         chrono::TimeDelta::from_std(settings.settle_window).unwrap_or(chrono::TimeDelta::MAX);
-    let gap = (settle / 4).max(chrono::TimeDelta::seconds(10));
+    let gap = (settle / 4).max(chrono::TimeDelta::seconds(1));
     for id in missing {
         let row: Option<(
             Uuid,

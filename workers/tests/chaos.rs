@@ -120,6 +120,12 @@ async fn chaos_breaks_no_invariant(pool: PgPool) {
             let alive: Vec<usize> = (0..c.workers.len())
                 .filter(|&i| Some(i) != survivor && c.workers[i].try_wait().unwrap().is_none())
                 .collect();
+            assert!(
+                !alive.is_empty(),
+                "every worker has exited; logs in {}: {}",
+                c.dir.display(),
+                log_of(&c.dir, c.workers.len() - 1)
+            );
             let victim = alive[random(alive.len())];
             signal(&c.workers[victim], "KILL");
             let _ = c.workers[victim].wait();

@@ -87,9 +87,10 @@ async fn latitude_chaos_breaks_no_invariant(pool: PgPool) {
         "2s",
         "--penalty",
         "1h",
-        // A creation holds its place's lock beside its work.
+        // A creation and a deletion hold their unit's lock beside their
+        // work: as many as a worker asks for by default.
         "--db-connections",
-        "20",
+        "24",
         // One API attempt plus a heartbeat inside the harness's 3 s rescue
         // window, as a worker requires.
         "--latitude-api-timeout",
@@ -187,6 +188,12 @@ async fn latitude_chaos_breaks_no_invariant(pool: PgPool) {
             let alive: Vec<usize> = (0..c.workers.len())
                 .filter(|&i| c.workers[i].try_wait().unwrap().is_none())
                 .collect();
+            assert!(
+                !alive.is_empty(),
+                "every worker has exited; logs in {}: {}",
+                c.dir.display(),
+                log_of(&c.dir, c.workers.len() - 1)
+            );
             let victim = alive[random(alive.len())];
             signal(&c.workers[victim], "KILL");
             let _ = c.workers[victim].wait();

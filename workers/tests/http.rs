@@ -56,10 +56,15 @@ async fn history_pages_list_events_in_order_and_refuse_bad_ids(pool: PgPool) {
     assert!(at[0] < at[1], "out of order:\n{page}");
     assert!(!page.contains("creation_requested"));
 
-    for kind in ["reservation", "device"] {
-        let (status, _, page) = server.get(&format!("/{kind}/not-a-uuid")).await;
+    // A reservation is a UUID; a machine is any provider's id (a Latitude
+    // `sv_...` too), but never one with a path's characters in it.
+    for (kind, bad, says) in [
+        ("reservation", "not-a-uuid", "is not a reservation id"),
+        ("device", "a%20b%3Bc", "is not a machine id"),
+    ] {
+        let (status, _, page) = server.get(&format!("/{kind}/{bad}")).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{kind}");
-        assert!(page.contains(&format!("is not a {kind} id")), "{page}");
+        assert!(page.contains(says), "{page}");
 
         let nobody = Uuid::new_v4();
         let (status, _, page) = server.get(&format!("/{kind}/{nobody}")).await;
@@ -69,6 +74,12 @@ async fn history_pages_list_events_in_order_and_refuse_bad_ids(pool: PgPool) {
             "{page}"
         );
     }
+    let (status, _, page) = server.get("/device/sv_ZWr75Zbjr5A91").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert!(
+        page.contains("No events for device sv_ZWr75Zbjr5A91"),
+        "{page}"
+    );
 
     server.stop().await;
 }

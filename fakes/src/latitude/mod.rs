@@ -502,6 +502,19 @@ impl FakeLatitude {
         }
     }
 
+    /// Keeps a server out of listings (not out of its own GET) for `for_`,
+    /// as a stale cached page would. False if there is no such server.
+    pub fn omit_from_listings(&self, id: &str, for_: Duration) -> bool {
+        let mut world = self.shared.world();
+        match world.find(id) {
+            Some(i) => {
+                world.servers[i].listed_from = Instant::now() + for_;
+                true
+            }
+            None => false,
+        }
+    }
+
     /// A server of another project of the same team; returns its id.
     pub fn add_foreign_server(
         &self,

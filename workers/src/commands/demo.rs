@@ -270,6 +270,9 @@ pub async fn run(args: DemoArgs, stop: Stop) -> anyhow::Result<DemoSummary> {
             burst: 1,
         },
         create_retry: quick,
+        // The fakes show a server the moment it is made: an unknown
+        // creation need not wait the real service's five minutes.
+        settle_window: Duration::from_secs(2),
         assimilate_retry: quick,
         api_rate: Rate::UNLIMITED,
         ..ProvisionerConfig::default()

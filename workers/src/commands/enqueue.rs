@@ -89,6 +89,16 @@ async fn create(args: EnqueueCreate) -> anyhow::Result<()> {
     {
         bail!("--override-sinbin needs a reason");
     }
+    let is_place = args
+        .reservation
+        .split_once('/')
+        .is_some_and(|(pool, index)| !pool.is_empty() && index.parse::<u32>().is_ok());
+    if args.reservation.parse::<Uuid>().is_err() && !is_place {
+        bail!(
+            "--reservation {:?}: neither a unit id (a UUID) nor a place of a pool (web/3)",
+            args.reservation
+        );
+    }
     let pool = args.db.connect(2).await?;
     let (_, provider) = args.provider.provider(&pool, &args_os()).await?;
     let unit = match args.reservation.parse::<Uuid>() {
