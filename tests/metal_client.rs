@@ -788,3 +788,33 @@ async fn metrics_record_latency_by_endpoint_and_status() {
     assert!(text.contains("shepherd_metal_calls_waiting 0"));
     drop(fake);
 }
+
+/// A fence that refuses (the unit's lock lost with its connection, in a
+/// database restart) ends the call at once: it is asked once, nothing is
+/// sent, and the call is not retried inside itself, where the fence would
+/// refuse for ever; the job's next run takes a lock of its own.
+#[tokio::test]
+async fn a_refusing_fence_ends_the_create_without_retrying_it() {
+    struct Refusing(std::sync::atomic::AtomicU32);
+    impl shepherd::provider::Fence for Refusing {
+        fn check(&self) -> futures::future::BoxFuture<'_, Result<(), String>> {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Box::pin(async { Err("the unit's lock may be lost".to_string()) })
+        }
+    }
+    let (fake, client, _) = world(2).await;
+    let key = client
+        .ensure_ssh_key("k", "ssh-ed25519 AAAA k")
+        .await
+        .unwrap();
+    let r = client.list_reservations(&[]).await.unwrap()[0].id;
+    let fence = Refusing(std::sync::atomic::AtomicU32::new(0));
+    let pacer = shepherd::metal::LocalPacer::new(shepherd::config::Rate::UNLIMITED);
+    let err = client
+        .create_device_paced(&create_request(r, key, "fenced"), &pacer, &fence)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, MetalError::NotSent { .. }), "{err:?}");
+    assert_eq!(fence.0.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert!(fake.devices().is_empty());
+}

@@ -594,6 +594,16 @@ struct Confirmed {
     lost: Vec<String>,
 }
 
+/// A missing machine as recorded: its id, unit, when it was recorded, the
+/// database's now, and the last "not found" since.
+type MissingRow = (
+    Uuid,
+    Option<Uuid>,
+    chrono::DateTime<chrono::Utc>,
+    chrono::DateTime<chrono::Utc>,
+    Option<chrono::DateTime<chrono::Utc>>,
+);
+
 /// Looks each missing machine up by its id. A machine recorded within the
 /// settle window is not missing yet: the listings can lag behind creates.
 /// A definite "not found" is recorded (`machine_not_found`); one seen again
@@ -619,13 +629,7 @@ async fn confirm_missing(
         chrono::TimeDelta::from_std(settings.settle_window).unwrap_or(chrono::TimeDelta::MAX);
     let gap = (settle / 4).max(chrono::TimeDelta::seconds(1));
     for id in missing {
-        let row: Option<(
-            Uuid,
-            Option<Uuid>,
-            chrono::DateTime<chrono::Utc>,
-            chrono::DateTime<chrono::Utc>,
-            Option<chrono::DateTime<chrono::Utc>>,
-        )> = sqlx::query_as(
+        let row: Option<MissingRow> = sqlx::query_as(
             "select m.machine_id, m.reservation_id, m.assimilated_at, now(),
                         (select max(e.recorded_at) from shepherd.events e
                          where e.stream = 'device/' || m.provider_id

@@ -356,7 +356,7 @@ impl LatitudeClient {
             }
             (404, _) => LatitudeError::NotFound { call },
             (401 | 403, _) => LatitudeError::Unauthorized { call, status },
-            (422, code) if out_of_stock(code.as_deref(), &detail) => {
+            (422, code) if out_of_stock(code, &detail) => {
                 LatitudeError::OutOfStock { call, detail }
             }
             (s, _) if s >= 500 => LatitudeError::Transient {

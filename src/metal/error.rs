@@ -90,11 +90,15 @@ impl MetalError {
         }
     }
 
+    /// Worth another attempt inside this call. A fence's refusal is not:
+    /// what it guards (the unit's lock, the owner) is gone for this run,
+    /// and only a new run, with a lock of its own, may send.
     pub fn is_retryable(&self) -> bool {
-        matches!(
-            self.class(),
-            ErrorClass::Transient | ErrorClass::RateLimited
-        )
+        !matches!(self, MetalError::NotSent { .. })
+            && matches!(
+                self.class(),
+                ErrorClass::Transient | ErrorClass::RateLimited
+            )
     }
 }
 

@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod latitude;
 pub mod openapi;
 pub mod world;
 

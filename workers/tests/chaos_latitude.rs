@@ -1,12 +1,15 @@
 //! The chaos run against the fake Latitude.sh: three worker processes
 //! keeping pools under Latitude's faults (5xx, 429 with `meta.retry_after`,
-//! creates that succeed and answer 500, another party creating in the
-//! project, stock that runs out under the creates), SIGKILLs, a Postgres
-//! restart, and operators enqueueing passes; then the invariants, from the
-//! fake's servers and shepherd's views: no pool over its count and no place
-//! with two servers, one server per hostname witness, every server of ours
-//! managed, the limit never exceeded, nothing left in flight, and the views
-//! equal to the log. Its own test binary, so it runs alone.
+//! creates that succeed and answer 500, a gateway's 504 after the server
+//! was made with the server hidden from every read for seconds, listings
+//! that lag, a server the provider takes away, another party creating in
+//! the project, stock that runs out under the creates), SIGKILLs, a
+//! Postgres restart, and operators enqueueing passes. Checked all along at
+//! the fake (no pool over its count, no place with two servers, no
+//! hostname twice) and at the end from shepherd's views too: every server
+//! of ours managed, the taken one recorded as lost and replaced, the limit
+//! never exceeded, nothing left in flight, and the views equal to the log.
+//! Its own test binary, so it runs alone.
 
 use std::collections::HashSet;
 use std::process::Stdio;
@@ -20,6 +23,10 @@ mod common;
 use common::*;
 
 const KEY: &str = "latitude-chaos-key-51c0";
+/// How long a server made behind a gateway's 504 stays out of every read.
+const HIDDEN_MS: u64 = 4_000;
+/// How long a listing lags behind a create or a delete.
+const LAG_MS: u64 = 1_500;
 
 #[sqlx::test(migrations = false)]
 async fn latitude_chaos_breaks_no_invariant(pool: PgPool) {
@@ -46,6 +53,15 @@ async fn latitude_chaos_breaks_no_invariant(pool: PgPool) {
                     FaultKind::AcceptThenFail { status: 500 },
                 )
                 .with_probability(0.05),
+                // The weather that once made a pool of 6 hold 11 servers.
+                FaultRule::on(
+                    Call::CreateServer,
+                    FaultKind::GatewayTimeout {
+                        status: 504,
+                        hidden_ms: HIDDEN_MS,
+                    },
+                )
+                .with_probability(0.08),
                 FaultRule::new(FaultKind::RateLimited {
                     retry_after_secs: 1,
                 })
@@ -59,6 +75,10 @@ async fn latitude_chaos_breaks_no_invariant(pool: PgPool) {
     // once batch's first server stands, under the creates a pass admitted
     // with it. CHI has none: cold waits.
     assert!(fake.set_stock("c2-small-x86", "ASH", 12));
+    fake.set_weather(shepherd_fakes::latitude::Weather {
+        listing_lag_ms: LAG_MS,
+        ..fake.weather()
+    });
     let mut c = Cluster::new(pool, 0, shepherd_fakes::metal::Faults::none()).await;
     migrate(&c).await;
     let env = [
@@ -95,9 +115,10 @@ async fn latitude_chaos_breaks_no_invariant(pool: PgPool) {
         // window, as a worker requires.
         "--latitude-api-timeout",
         "1500ms",
-        // The fake shows a server the moment it is made: a short window.
+        // Longer than the fake hides a server or lags a listing (the real
+        // service's window is minutes: the default is 5m).
         "--settle-window",
-        "3s",
+        "6s",
     ];
     for _ in 0..3 {
         c.spawn_worker_with_env(&worker_args, &env);
@@ -111,6 +132,8 @@ async fn latitude_chaos_breaks_no_invariant(pool: PgPool) {
     let mut last_kill = Instant::now();
     let mut restarted: Option<Duration> = None;
     let mut passes = vec![];
+    let mut taken_away: Option<String> = None;
+    let (mut samples, mut most_servers) = (0u64, 0usize);
     let timeout = Duration::from_secs(env_or("SHEPHERD_CHAOS_TIMEOUT_SECS", 240));
     let web_full = |fake: &shepherd_fakes::latitude::FakeLatitude| {
         fake.servers()
@@ -162,6 +185,53 @@ async fn latitude_chaos_breaks_no_invariant(pool: PgPool) {
             highest = highest.max(m + f);
             assert!(m + f <= max, "managed {m} + in flight {f} > {max}");
         }
+        // At every moment, at the provider: what money is spent on.
+        let now = fake.servers();
+        most_servers = most_servers.max(now.len());
+        samples += 1;
+        assert_eq!(fake.duplicate_hostnames(), 0, "a hostname created twice");
+        let mut seen = HashSet::new();
+        for s in now.iter().filter(|s| !s.created_by_other) {
+            if let Some(named) = pools::parse("shepherd-", &pools, &s.hostname) {
+                assert!(
+                    seen.insert((named.pool.name.clone(), named.index)),
+                    "at {elapsed:?}, place {} of {} holds two servers",
+                    named.index,
+                    named.pool.name
+                );
+            }
+        }
+        for p in &pools {
+            let n = seen.iter().filter(|(name, _)| *name == p.name).count();
+            assert!(
+                n as u32 <= p.count,
+                "at {elapsed:?}, pool {} holds {n}",
+                p.name
+            );
+        }
+        // The provider takes a server away (reclaimed, deleted in its
+        // console): it is confirmed lost and its place filled again.
+        if taken_away.is_none() && elapsed > Duration::from_secs(20) {
+            // A managed one, so that its loss is shepherd's to find (a
+            // server still in its creation's hands is that creation's).
+            let managed: HashSet<String> = match sqlx::query_scalar::<_, String>(
+                "select provider_id from shepherd.managed_machines",
+            )
+            .fetch_all(&c.pool)
+            .await
+            {
+                Ok(ids) => ids.into_iter().collect(),
+                // Postgres may be down for its restart: the next sample.
+                Err(_) => HashSet::new(),
+            };
+            if let Some(victim) = now
+                .iter()
+                .find(|s| s.hostname.starts_with("shepherd-web-") && managed.contains(&s.id))
+            {
+                assert!(fake.reclaim(&victim.id));
+                taken_away = Some(victim.id.clone());
+            }
+        }
         if !ash_ran_out
             && fake
                 .servers()
@@ -171,7 +241,7 @@ async fn latitude_chaos_breaks_no_invariant(pool: PgPool) {
             assert!(fake.set_stock("c2-small-x86", "ASH", 0));
             ash_ran_out = true;
         }
-        let settled = matches!(sample, Some((_, 0, 0))) && web_full(&fake);
+        let settled = matches!(sample, Some((_, 0, 0))) && web_full(&fake) && taken_away.is_some();
         if settled && restarted.is_some() && elapsed > Duration::from_secs(15) {
             break;
         }
@@ -252,6 +322,7 @@ async fn latitude_chaos_breaks_no_invariant(pool: PgPool) {
     let cold = places.iter().filter(|(name, _)| name == "cold").count();
     assert_eq!(cold, 0, "a server in a site without stock");
     let managed: HashSet<String> = c.managed_ids().await.into_iter().collect();
+    let log = fake.request_log();
     assert_eq!(managed, ours, "managed machines and our servers differ");
     assert!(managed.len() as i64 <= max);
     assert_eq!(c.in_flight().await, 0, "something is left in flight");
@@ -265,6 +336,22 @@ async fn latitude_chaos_breaks_no_invariant(pool: PgPool) {
              where event_type = 'device_created' and (body->>'recovered')::bool",
         )
         .await;
+    let taken_away = taken_away.expect("no server was taken away");
+    assert!(
+        !managed.contains(&taken_away),
+        "the taken server is still managed"
+    );
+    let lost = c
+        .count("select count(*) from shepherd.events where event_type = 'machine_lost'")
+        .await;
+    assert_eq!(
+        lost, 1,
+        "the server taken away was not recorded as lost once"
+    );
+    let hidden = log
+        .iter()
+        .filter(|r| r.call == Call::CreateServer && r.status == 504)
+        .count();
     let penalised = c.count("select count(*) from shepherd.sinbin").await;
     let out_of_stock = c
         .count("select count(*) from shepherd.sinbin where scope is not null")
@@ -273,7 +360,6 @@ async fn latitude_chaos_breaks_no_invariant(pool: PgPool) {
         ash_ran_out,
         "batch never had a server, so ASH never ran out"
     );
-    let log = fake.request_log();
     let (errors, limited) = (
         log.iter().filter(|r| r.status >= 500).count(),
         log.iter().filter(|r| r.status == 429).count(),
@@ -284,7 +370,9 @@ async fn latitude_chaos_breaks_no_invariant(pool: PgPool) {
          {} of another party's, limit {max} (highest managed + in flight {highest}), \
          {penalised} places penalised ({out_of_stock} for want of stock), {} API calls ({errors} answered 5xx, {limited} 429), \
          {kills} workers SIGKILLed, Postgres down {:.1?}, {manual} manual passes, \
-         {recovered} servers found by their hostname after a lost answer, {:.1?}",
+         {recovered} servers found by their hostname after a lost answer ({hidden} of them answered by a 504 and hidden \
+         {HIDDEN_MS} ms), listings {LAG_MS} ms behind, 1 server taken away and \
+         replaced, {samples} samples at the fake (at most {most_servers} servers), {:.1?}",
         ours.len(),
         servers.iter().filter(|s| s.created_by_other).count(),
         fake.total_calls(),

@@ -158,7 +158,8 @@ pub enum FaultKind {
         #[serde(default = "one_second")]
         retry_after_secs: u64,
     },
-    /// `create-server` only: create the server, then answer with this status.
+    /// `create-server` and `destroy-server`: do the work, then answer with
+    /// this status.
     AcceptThenFail {
         #[serde(default = "internal_error")]
         status: u16,
@@ -173,10 +174,10 @@ pub enum FaultKind {
     /// `create-server` only: just before the request is handled, the
     /// requested plan's stock in the requested site runs out.
     StockRunsOut,
-    /// `create-server` only: the origin creates the server, and the gateway
-    /// in front of it answers `status` (504 by default) with an HTML page,
-    /// as Cloudflare does when an origin is slow; the new server stays out
-    /// of every read (listings and its own GET) for `hidden_ms`.
+    /// `create-server` and `destroy-server`: the origin does the work, and
+    /// the gateway in front of it answers `status` (504 by default) with an
+    /// HTML page, as Cloudflare does when an origin is slow; a new server
+    /// stays out of every read (listings and its own GET) for `hidden_ms`.
     GatewayTimeout {
         #[serde(default = "gateway_timeout")]
         status: u16,
@@ -200,11 +201,12 @@ impl AppliesTo<Call> for FaultKind {
     fn applies_to(&self, call: Call) -> bool {
         match self {
             FaultKind::Status { .. } | FaultKind::RateLimited { .. } => true,
-            FaultKind::AcceptThenFail { .. }
-            | FaultKind::FailDeployment
+            FaultKind::AcceptThenFail { .. } | FaultKind::GatewayTimeout { .. } => {
+                matches!(call, Call::CreateServer | Call::DestroyServer)
+            }
+            FaultKind::FailDeployment
             | FaultKind::OtherPartyCreates
             | FaultKind::StockRunsOut
-            | FaultKind::GatewayTimeout { .. }
             | FaultKind::CodelessOutOfStock => call == Call::CreateServer,
         }
     }
@@ -313,6 +315,8 @@ pub struct ServerSnapshot {
     pub status: String,
     pub tags: Vec<String>,
     pub created_by_other: bool,
+    /// Its deployment failed.
+    pub failed: bool,
 }
 
 const REQUEST_LOG_LIMIT: usize = 10_000;

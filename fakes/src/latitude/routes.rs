@@ -496,12 +496,22 @@ async fn update_server(
     answer(200, &json!({ "data": data, "meta": {} }))
 }
 
-async fn destroy_server(State(shared): State<Arc<Shared>>, Path(id): Path<String>) -> Response {
+async fn destroy_server(
+    State(shared): State<Arc<Shared>>,
+    Path(id): Path<String>,
+    Extension(fault): Extension<ActiveFault>,
+) -> Response {
     let mut world = shared.world();
     match world.find(&id) {
         Some(i) => {
             world.delete(i);
-            StatusCode::NO_CONTENT.into_response()
+            match fault.0 {
+                Some(FaultKind::AcceptThenFail { status }) => {
+                    error(status, "INTERNAL_ERROR", "Error", "Something went wrong")
+                }
+                Some(FaultKind::GatewayTimeout { status, .. }) => gateway_page(status),
+                _ => StatusCode::NO_CONTENT.into_response(),
+            }
         }
         None => not_found(),
     }

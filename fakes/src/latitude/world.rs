@@ -408,6 +408,7 @@ impl World {
                 status: self.status(s, now).into(),
                 tags: s.tags.clone(),
                 created_by_other: s.by_other,
+                failed: s.failed,
             })
             .collect()
     }

@@ -32,7 +32,7 @@ pub struct MachinesArgs {
 #[derive(Debug, clap::Subcommand)]
 pub enum MachinesCommand {
     /// Record that a machine the provider no longer has is no longer managed
-    Release(crate::commands::operate::ReleaseArgs),
+    Release(Box<crate::commands::operate::ReleaseArgs>),
     /// Delete one machine at the provider, through the deletion job (on
     /// Metal its reservation becomes free and, with room under the limit,
     /// is provisioned again; in a Latitude.sh pool its place is filled
@@ -50,7 +50,7 @@ pub enum MachinesCommand {
 pub async fn machines(args: MachinesArgs) -> anyhow::Result<()> {
     use crate::commands::operate;
     match args.command {
-        Some(MachinesCommand::Release(release)) => return operate::release(release).await,
+        Some(MachinesCommand::Release(release)) => return operate::release(*release).await,
         Some(MachinesCommand::Deprovision(a)) => return operate::deprovision(a).await,
         Some(MachinesCommand::Protect(a)) => return operate::protect(a, true).await,
         Some(MachinesCommand::Unprotect(a)) => return operate::protect(a, false).await,

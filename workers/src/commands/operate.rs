@@ -769,10 +769,16 @@ pub enum SettingsCommand {
     },
     /// Change one of the cluster's settings for every worker (recorded with who and why)
     Set {
-        /// max_machines, chunk_size, assimilate, device_creation_rate, api_rate,
-        /// penalty, penalty_factor or penalty_max
+        /// One of: max_machines, chunk_size, assimilate, device_creation_rate,
+        /// api_rate, penalty, penalty_factor, penalty_max, settle_window,
+        /// heartbeat, missed_heartbeats, api_timeout,
+        /// latitude_reads_per_minute, latitude_writes_per_minute,
+        /// deletion_budget, deletion_period, max_unhealthy, ready_deadline,
+        /// leave_hook, leave_timeout, leave_deadline, failed_skip_leave
+        /// (docs/configuration.md, docs/pools.md)
         key: String,
-        /// The new value, written as its flag takes it (50, 5s,1, 1h, true)
+        /// The new value, written as its flag takes it (50, 5s,1, 1h, true,
+        /// 10%,2, 40%, ack, https://...)
         #[arg(allow_negative_numbers = true)]
         value: String,
         /// Why; recorded with the change
