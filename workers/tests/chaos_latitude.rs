@@ -23,10 +23,6 @@ mod common;
 use common::*;
 
 const KEY: &str = "latitude-chaos-key-51c0";
-/// How long a server made behind a gateway's 504 stays out of every read.
-const HIDDEN_MS: u64 = 4_000;
-/// How long a listing lags behind a create or a delete.
-const LAG_MS: u64 = 1_500;
 
 #[sqlx::test(migrations = false)]
 async fn latitude_chaos_breaks_no_invariant(pool: PgPool) {
@@ -36,6 +32,12 @@ async fn latitude_chaos_breaks_no_invariant(pool: PgPool) {
     let pools: Vec<Pool> = pools_flag.split(';').map(|p| p.parse().unwrap()).collect();
     let max: i64 = 45;
     let kill_every = Duration::from_millis(env_or("SHEPHERD_CHAOS_KILL_EVERY_MS", 3000));
+    // How long a server made behind a gateway's 504 stays out of every
+    // read, and how long a listing lags behind a create or a delete; the
+    // settle window is longer than both, as an operator would set it.
+    let hidden_ms = env_or("SHEPHERD_CHAOS_HIDDEN_MS", 15_000);
+    let lag_ms = env_or("SHEPHERD_CHAOS_LAG_MS", 10_000);
+    let settle = format!("{}ms", hidden_ms.max(lag_ms) * 3 / 2);
     let fake = start_latitude(FakeConfig {
         token: KEY.into(),
         // Ten times Latitude's budgets, and the workers told so: the run
@@ -58,7 +60,7 @@ async fn latitude_chaos_breaks_no_invariant(pool: PgPool) {
                     Call::CreateServer,
                     FaultKind::GatewayTimeout {
                         status: 504,
-                        hidden_ms: HIDDEN_MS,
+                        hidden_ms,
                     },
                 )
                 .with_probability(0.08),
@@ -76,7 +78,7 @@ async fn latitude_chaos_breaks_no_invariant(pool: PgPool) {
     // with it. CHI has none: cold waits.
     assert!(fake.set_stock("c2-small-x86", "ASH", 12));
     fake.set_weather(shepherd_fakes::latitude::Weather {
-        listing_lag_ms: LAG_MS,
+        listing_lag_ms: lag_ms,
         ..fake.weather()
     });
     let mut c = Cluster::new(pool, 0, shepherd_fakes::metal::Faults::none()).await;
@@ -118,7 +120,7 @@ async fn latitude_chaos_breaks_no_invariant(pool: PgPool) {
         // Longer than the fake hides a server or lags a listing (the real
         // service's window is minutes: the default is 5m).
         "--settle-window",
-        "6s",
+        &settle,
     ];
     for _ in 0..3 {
         c.spawn_worker_with_env(&worker_args, &env);
@@ -371,7 +373,7 @@ async fn latitude_chaos_breaks_no_invariant(pool: PgPool) {
          {penalised} places penalised ({out_of_stock} for want of stock), {} API calls ({errors} answered 5xx, {limited} 429), \
          {kills} workers SIGKILLed, Postgres down {:.1?}, {manual} manual passes, \
          {recovered} servers found by their hostname after a lost answer ({hidden} of them answered by a 504 and hidden \
-         {HIDDEN_MS} ms), listings {LAG_MS} ms behind, 1 server taken away and \
+         {hidden_ms} ms), listings {lag_ms} ms behind (settle window {settle}), 1 server taken away and \
          replaced, {samples} samples at the fake (at most {most_servers} servers), {:.1?}",
         ours.len(),
         servers.iter().filter(|s| s.created_by_other).count(),
