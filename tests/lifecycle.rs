@@ -690,3 +690,51 @@ async fn events_of(pool: &PgPool, kind: &str) -> Vec<serde_json::Value> {
         .await
         .unwrap()
 }
+
+/// A plan that fails every deployment does not spend money in a loop: each
+/// failed machine is replaced once and its place penalised; with the
+/// penalties lifted by an operator, the next failures penalise the plan at
+/// the site as a whole, and nothing more is created there.
+#[sqlx::test(migrations = false)]
+async fn a_plan_that_always_fails_is_held_back_not_churned(db: PgPool) {
+    let w = World::new(db, 10, vec![pool("web", "DAL", 2)]).await;
+    for (key, value) in [("deletion_budget", "100%,10"), ("max_unhealthy", "100%")] {
+        sqlx::query("select shepherd.change_setting($1, $2, 'the test', 'test')")
+            .bind(key)
+            .bind(value)
+            .execute(&w.pool)
+            .await
+            .unwrap();
+    }
+    w.fake.set_faults(
+        Faults::none().with_rule(FaultRule::on(Call::CreateServer, FaultKind::FailDeployment)),
+    );
+    for _ in 0..6 {
+        round(&w).await;
+    }
+    assert_eq!(
+        w.fake.calls(Call::CreateServer),
+        2,
+        "the failures were churned"
+    );
+    assert!(w.fake.servers().is_empty(), "a failed server was kept");
+    assert_eq!(w.count("select count(*) from shepherd.sinbin").await, 2);
+    let failed: Vec<serde_json::Value> = events(&w, "deletion_requested").await;
+    assert!(failed.iter().all(|e| e["cause"] == "failed"), "{failed:?}");
+    // The operator lifts the penalties: one more try each, and the plan at
+    // the site is held back as a whole after the third failure in a row.
+    sql(
+        &w,
+        "select shepherd.clear_all_penalties('try again', 'test')",
+    )
+    .await;
+    for _ in 0..6 {
+        round(&w).await;
+    }
+    assert_eq!(w.fake.calls(Call::CreateServer), 4);
+    let scoped = w
+        .count("select count(*) from shepherd.sinbin where scope = 'c2-small-x86@DAL' and until > now()")
+        .await;
+    assert!(scoped >= 1, "the plan at the site was not held back");
+    assert_consistent(&w).await;
+}

@@ -200,7 +200,7 @@ pub async fn create_device(
         let since = args
             .unknown
             .then(|| args.unknown_since.unwrap_or_else(Utc::now));
-        return retry_later(ctx, args, job_id, &busy, since).await;
+        return retry_later(ctx, args, job_id, &busy, since, args.creates_before()).await;
     };
     let outcome = holding(ctx, &settings, args, job_id, &lock).await;
     lock.release().await;
@@ -223,7 +223,7 @@ async fn holding(
                 .unknown
                 .then(|| args.unknown_since.unwrap_or_else(Utc::now));
             let e = ProviderError::new(ErrorClass::Transient, reason);
-            return retry_later(ctx, args, job_id, &e, since).await;
+            return retry_later(ctx, args, job_id, &e, since, args.creates_before()).await;
         }
     };
     if standing.owner.as_deref() != Some(ours.as_str()) {
@@ -300,13 +300,20 @@ async fn holding(
                 ctx.forget_ssh_key().await;
             }
             let worth_another = retryable(&e) || key_refused;
-            if worth_another && args.attempt < ctx.config.create_retry.max_attempts {
-                retry_later(ctx, args, job_id, &e, unknown_since).await
+            // This attempt counts against the budget whatever it sent; the
+            // looks of an unknown creation (`settle`) do not.
+            let sent = args.creates_before() + 1;
+            if worth_another && sent < ctx.config.create_retry.max_attempts {
+                retry_later(ctx, args, job_id, &e, unknown_since, sent).await
             } else if let Some(since) = unknown_since {
+                let args = &CreateDeviceArgs {
+                    creates: Some(sent),
+                    ..args.clone()
+                };
                 unresolved(ctx, args, job_id, &e.to_string(), since).await
             } else {
                 let cause = if worth_another {
-                    format!("gave up after {} attempts: {e}", args.attempt)
+                    format!("gave up after {sent} creates: {e}")
                 } else {
                     e.to_string()
                 };
@@ -444,11 +451,10 @@ async fn still_unknown(
         admitted: true,
         unknown: true,
         unknown_since: Some(since),
-        // Out of attempts: only looks from here on, until it can tell. The
-        // looks inside the window are not creates, and do not use them up:
-        // a look after it that finds nothing still leads to one create.
-        verify: args.verify
-            || (next_attempt > ctx.config.create_retry.max_attempts && until_settled.is_zero()),
+        // Out of creates: only looks from here on, until it can tell. The
+        // looks themselves are not creates, and do not use them up.
+        verify: args.verify || args.creates_before() >= ctx.config.create_retry.max_attempts,
+        creates: Some(args.creates_before()),
         ..args.clone()
     };
     queue::push_create_device(&mut tx, &successor, Some(at(after))).await?;
@@ -541,6 +547,7 @@ async fn retry_later(
     job_id: &str,
     e: &ProviderError,
     unknown_since: Option<DateTime<Utc>>,
+    creates: u32,
 ) -> Result<CreateOutcome, JobError> {
     let next_attempt = args.attempt + 1;
     let after = ctx.config.create_retry.backoff(next_attempt);
@@ -563,6 +570,7 @@ async fn retry_later(
         admitted: true,
         unknown: unknown_since.is_some(),
         unknown_since,
+        creates: Some(creates),
         ..args.clone()
     };
     queue::push_create_device(&mut tx, &successor, Some(at(after))).await?;

@@ -81,6 +81,12 @@ pub struct CreateDeviceArgs {
     /// unknown and its attempts are spent.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub verify: bool,
+    /// Creates sent by the earlier attempts. The budget of attempts counts
+    /// these, not the looks an unknown creation makes while its settle
+    /// window runs. Absent in arguments written before it existed: every
+    /// earlier attempt counts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub creates: Option<u32>,
 }
 
 impl CreateDeviceArgs {
@@ -96,7 +102,15 @@ impl CreateDeviceArgs {
             unknown: false,
             unknown_since: None,
             verify: false,
+            creates: Some(0),
         }
+    }
+
+    /// Creates the earlier attempts sent (for old arguments, every earlier
+    /// attempt).
+    pub fn creates_before(&self) -> u32 {
+        self.creates
+            .unwrap_or_else(|| self.attempt.saturating_sub(1))
     }
 }
 

@@ -595,7 +595,7 @@ struct Confirmed {
 }
 
 /// A missing machine as recorded: its id, unit, when it was recorded, the
-/// database's now, and the last "not found" since.
+/// database's now, and the first "not found" since.
 type MissingRow = (
     Uuid,
     Option<Uuid>,
@@ -631,7 +631,7 @@ async fn confirm_missing(
     for id in missing {
         let row: Option<MissingRow> = sqlx::query_as(
             "select m.machine_id, m.reservation_id, m.assimilated_at, now(),
-                        (select max(e.recorded_at) from shepherd.events e
+                        (select min(e.recorded_at) from shepherd.events e
                          where e.stream = 'device/' || m.provider_id
                            and e.event_type = 'machine_not_found'
                            and e.recorded_at >= m.assimilated_at)
@@ -654,6 +654,8 @@ async fn confirm_missing(
                 out.uncertain.push(id.clone());
             }
             Err(e) if e.not_found() => {
+                // Measured from the first "not found": passes come every
+                // second or so, and the latest one is always recent.
                 let event: Event = match seen_gone {
                     Some(first) if now - first >= gap => {
                         tracing::warn!(device = %id, %first, "the provider does not know a managed machine, seen twice: recorded as lost");
@@ -669,7 +671,12 @@ async fn confirm_missing(
                         }
                         .into()
                     }
-                    _ => {
+                    Some(_) => {
+                        // Seen once already; the first one is the evidence.
+                        out.uncertain.push(id.clone());
+                        continue;
+                    }
+                    None => {
                         out.uncertain.push(id.clone());
                         MachineNotFound {
                             run,

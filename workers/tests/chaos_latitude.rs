@@ -135,6 +135,11 @@ async fn latitude_chaos_breaks_no_invariant(pool: PgPool) {
     let mut restarted: Option<Duration> = None;
     let mut passes = vec![];
     let mut taken_away: Option<String> = None;
+    // An operator lowers web to 24 once it is whole, and raises it back to
+    // 30 once it has shed its surplus: deletions under the same weather.
+    let mut lowered = false;
+    let mut raised = false;
+    let mut other_party: HashSet<String> = HashSet::new();
     let (mut samples, mut most_servers) = (0u64, 0usize);
     let timeout = Duration::from_secs(env_or("SHEPHERD_CHAOS_TIMEOUT_SECS", 240));
     let web_full = |fake: &shepherd_fakes::latitude::FakeLatitude| {
@@ -193,6 +198,56 @@ async fn latitude_chaos_breaks_no_invariant(pool: PgPool) {
         samples += 1;
         assert_eq!(fake.duplicate_hostnames(), 0, "a hostname created twice");
         let mut seen = HashSet::new();
+        other_party.extend(
+            now.iter()
+                .filter(|s| s.created_by_other)
+                .map(|s| s.id.clone()),
+        );
+        let web_now = now
+            .iter()
+            .filter(|s| !s.created_by_other && s.hostname.starts_with("shepherd-web-"))
+            .count();
+        if !lowered && web_now >= 30 {
+            operator(
+                &c,
+                &env,
+                &[
+                    "settings",
+                    "set",
+                    "deletion_budget",
+                    "100%,10",
+                    "--reason",
+                    "chaos",
+                ],
+            );
+            operator(
+                &c,
+                &env,
+                &[
+                    "pools",
+                    "set",
+                    "web",
+                    "count=24",
+                    "--reason",
+                    "chaos: lower",
+                ],
+            );
+            lowered = true;
+        } else if lowered && !raised && web_now <= 24 {
+            operator(
+                &c,
+                &env,
+                &[
+                    "pools",
+                    "set",
+                    "web",
+                    "count=30",
+                    "--reason",
+                    "chaos: raise",
+                ],
+            );
+            raised = true;
+        }
         for s in now.iter().filter(|s| !s.created_by_other) {
             if let Some(named) = pools::parse("shepherd-", &pools, &s.hostname) {
                 assert!(
@@ -213,11 +268,14 @@ async fn latitude_chaos_breaks_no_invariant(pool: PgPool) {
         }
         // The provider takes a server away (reclaimed, deleted in its
         // console): it is confirmed lost and its place filled again.
-        if taken_away.is_none() && elapsed > Duration::from_secs(20) {
+        // Once the shrink is over, so that no deletion can meet it first.
+        if taken_away.is_none() && raised && elapsed > Duration::from_secs(20) {
             // A managed one, so that its loss is shepherd's to find (a
             // server still in its creation's hands is that creation's).
             let managed: HashSet<String> = match sqlx::query_scalar::<_, String>(
-                "select provider_id from shepherd.managed_machines",
+                "select provider_id from shepherd.managed_machines m
+                 where not exists (select 1 from shepherd.pending_deletions d
+                                   where d.machine_id = m.machine_id)",
             )
             .fetch_all(&c.pool)
             .await
@@ -243,7 +301,8 @@ async fn latitude_chaos_breaks_no_invariant(pool: PgPool) {
             assert!(fake.set_stock("c2-small-x86", "ASH", 0));
             ash_ran_out = true;
         }
-        let settled = matches!(sample, Some((_, 0, 0))) && web_full(&fake) && taken_away.is_some();
+        let settled =
+            matches!(sample, Some((_, 0, 0))) && web_full(&fake) && taken_away.is_some() && raised;
         if settled && restarted.is_some() && elapsed > Duration::from_secs(15) {
             break;
         }
@@ -339,6 +398,42 @@ async fn latitude_chaos_breaks_no_invariant(pool: PgPool) {
         )
         .await;
     let taken_away = taken_away.expect("no server was taken away");
+    // Deletions: no more than the surplus the operator made, and never a
+    // server that is not ours.
+    let surplus_deletions = c
+        .count(
+            "select count(*) from shepherd.events
+             where event_type = 'deletion_requested' and body->>'cause' = 'surplus'",
+        )
+        .await;
+    let failed_deletions = c
+        .count("select count(*) from shepherd.events where event_type = 'deletion_failed'")
+        .await;
+    assert!(
+        (6..=6 + failed_deletions).contains(&surplus_deletions),
+        "{surplus_deletions} surplus deletions for a surplus of 6 ({failed_deletions} failed)"
+    );
+    let deleted_ids: HashSet<String> = log
+        .iter()
+        .filter(|r| r.call == Call::DestroyServer)
+        .filter_map(|r| r.path.rsplit('/').next().map(str::to_string))
+        .collect();
+    assert!(
+        deleted_ids.is_disjoint(&other_party),
+        "another party's server was deleted"
+    );
+    let deleted_machines: HashSet<String> = sqlx::query_scalar(
+        "select body->>'provider_id' from shepherd.events where event_type = 'deletion_requested'",
+    )
+    .fetch_all(&c.pool)
+    .await
+    .unwrap()
+    .into_iter()
+    .collect();
+    assert!(
+        deleted_ids.is_subset(&deleted_machines),
+        "a DELETE for a server no deletion was requested for: {deleted_ids:?}"
+    );
     assert!(
         !managed.contains(&taken_away),
         "the taken server is still managed"
@@ -371,7 +466,7 @@ async fn latitude_chaos_breaks_no_invariant(pool: PgPool) {
         "latitude chaos: {} servers of ours (web 30, batch {batch} on ASH's stock, cold 0), \
          {} of another party's, limit {max} (highest managed + in flight {highest}), \
          {penalised} places penalised ({out_of_stock} for want of stock), {} API calls ({errors} answered 5xx, {limited} 429), \
-         {kills} workers SIGKILLed, Postgres down {:.1?}, {manual} manual passes, \
+         web lowered to 24 and raised to 30 ({surplus_deletions} deleted), {kills} workers SIGKILLed, Postgres down {:.1?}, {manual} manual passes, \
          {recovered} servers found by their hostname after a lost answer ({hidden} of them answered by a 504 and hidden \
          {hidden_ms} ms), listings {lag_ms} ms behind (settle window {settle}), 1 server taken away and \
          replaced, {samples} samples at the fake (at most {most_servers} servers), {:.1?}",
@@ -380,5 +475,21 @@ async fn latitude_chaos_breaks_no_invariant(pool: PgPool) {
         fake.total_calls(),
         restarted.unwrap_or_default(),
         elapsed
+    );
+}
+
+/// An operator's command, run to its end; it must succeed.
+fn operator(c: &Cluster, env: &[(&str, &str)], args: &[&str]) {
+    let out = c
+        .command(args)
+        .envs(env.iter().copied())
+        .env("SHEPHERD_LOG", "warn")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "shepherd {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
     );
 }
