@@ -19,6 +19,10 @@ pub enum DbError {
     )]
     Unreachable { target: String, reason: String },
     #[error(
+        "the Postgres server at {target} answered and refused the connection: {reason}. Check the user, password, database and sslmode in DATABASE_URL"
+    )]
+    Refused { target: String, reason: String },
+    #[error(
         "the Postgres server at {target} answered, but it has no database {name}: create it and apply shepherd's schema with `shepherd migrate`"
     )]
     NoDatabase { target: String, name: String },
@@ -88,6 +92,14 @@ fn unreachable(url: &str, e: &sqlx::Error) -> DbError {
             name,
         };
     }
+    // The server answered (a role that does not exist, a wrong password,
+    // TLS asked of a server without it): starting one would not help.
+    if e.as_database_error().is_some() || matches!(e, sqlx::Error::Tls(_)) {
+        return DbError::Refused {
+            target: describe_url(url),
+            reason: e.to_string(),
+        };
+    }
     DbError::Unreachable {
         target: describe_url(url),
         reason: e.to_string(),
@@ -97,6 +109,26 @@ fn unreachable(url: &str, e: &sqlx::Error) -> DbError {
 /// A pool for `url`. `max_connections` bounds what this process holds.
 pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, DbError> {
     let options = check_url(url)?.application_name("shepherd");
+    // One connection first, alone: a pool retries a refused port until its
+    // acquire timeout and then says only that it timed out; this says what
+    // is wrong, at once.
+    match tokio::time::timeout(
+        Duration::from_secs(5),
+        <sqlx::PgConnection as sqlx::Connection>::connect_with(&options),
+    )
+    .await
+    {
+        Err(_) => {
+            return Err(DbError::Unreachable {
+                target: describe_url(url),
+                reason: "no answer within 5 s".into(),
+            });
+        }
+        Ok(Err(e)) => return Err(unreachable(url, &e)),
+        Ok(Ok(conn)) => {
+            let _ = sqlx::Connection::close(conn).await;
+        }
+    }
     PgPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(Duration::from_secs(10))

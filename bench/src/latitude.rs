@@ -73,7 +73,7 @@ pub async fn run(args: LatitudeBench) -> anyhow::Result<()> {
             "--device-creation-rate",
             "0s,1",
             "--db-connections",
-            "20",
+            "24",
         ];
         if i == 0 {
             worker.push("--scheduler");
@@ -117,6 +117,188 @@ pub async fn run(args: LatitudeBench) -> anyhow::Result<()> {
     );
     println!(
         "(the bound: the writes beyond the first 20 wait a minute each 20, with the key's sliding minute; the workers widen it by 2 % and 250 ms)"
+    );
+    stage.finish().await?;
+    fake.shutdown().await;
+    Ok(())
+}
+
+/// Scenario 10: a pool change converged at the key's real budgets. A pool
+/// is filled, the key's minute is let run out, then one `pools apply`
+/// lowers it and declares a second pool: deletions and creations share the
+/// 20 writes a minute, and the figure is the time from the apply until the
+/// fake holds exactly the new pools, against the least time those writes
+/// allow.
+#[derive(Debug, Args)]
+pub struct ConvergeBench {
+    #[command(flatten)]
+    pub server: Server,
+    /// The first pool's count before the change
+    #[arg(long, default_value_t = 20)]
+    pub from: usize,
+    /// The first pool's count after it
+    #[arg(long, default_value_t = 8)]
+    pub to: usize,
+    /// The count of the pool the change declares
+    #[arg(long, default_value_t = 12)]
+    pub new_pool: usize,
+    #[arg(long, default_value_t = 3)]
+    pub workers: usize,
+}
+
+pub async fn converge(args: ConvergeBench) -> anyhow::Result<()> {
+    let (from, to, new) = (args.from.max(1), args.to.min(args.from), args.new_pool);
+    println!(
+        "\n## Scenario 10: a pool change at the key's budgets: web {from} → {to} and db 0 → {new} in one `pools apply`, {} worker processes",
+        args.workers
+    );
+    let fake = FakeLatitude::start(
+        FakeConfig {
+            token: KEY.into(),
+            deploy_delay: Duration::from_secs(2),
+            ..FakeConfig::default()
+        },
+        "127.0.0.1:0".parse().expect("a literal address"),
+    )
+    .await
+    .context("cannot start the fake Latitude API")?;
+    let mut stage = Stage::new(&args.server, "converge", Default::default()).await?;
+    let os = "ubuntu_24_04_x64_lts";
+    let pools = format!("name=web,plan=c2-small-x86,site=DAL,count={from},os={os}");
+    let (url, project) = (fake.base_url(), fake.project().to_string());
+    let env = [
+        ("SHEPHERD_PROVIDER", "latitude"),
+        ("LATITUDE_API_URL", url.as_str()),
+        ("LATITUDE_PROJECT", project.as_str()),
+        ("LATITUDE_API_KEY", KEY),
+        ("SHEPHERD_LATITUDE_POOLS", pools.as_str()),
+    ];
+    let max = (from.max(to + new) + 5).to_string();
+    for i in 0..args.workers.max(1) {
+        let mut worker = vec![
+            "worker",
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--skip-migrations",
+            "--max-machines",
+            &max,
+            "--chunk-size",
+            "20",
+            "--reconcile-rate",
+            "10s,1",
+            "--device-creation-rate",
+            "0s,1",
+            "--db-connections",
+            "24",
+        ];
+        if i == 0 {
+            worker.push("--scheduler");
+        }
+        stage.spawn_with_env(&worker, &env)?;
+    }
+    stage
+        .wait_for(
+            "select count(*) from shepherd.managed_machines",
+            from as i64,
+            Duration::from_secs(600),
+        )
+        .await?;
+    // The fill's writes leave the key's minute; the guard's budget is
+    // opened so that the key's is what bounds the change (the default,
+    // 10 % or 2 a pool per 5 minutes, would make it a matter of hours).
+    tokio::time::sleep(Duration::from_secs(61)).await;
+    let operator = |args: &[&str]| -> anyhow::Result<()> {
+        let out = stage.command(args)?.envs(env.iter().copied()).output()?;
+        anyhow::ensure!(
+            out.status.success(),
+            "shepherd {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(())
+    };
+    operator(&[
+        "settings",
+        "set",
+        "deletion_budget",
+        "100%,1000",
+        "--reason",
+        "bench",
+    ])?;
+    let file = std::env::temp_dir().join(format!("shepherd-bench-pools-{}", std::process::id()));
+    std::fs::write(
+        &file,
+        format!(
+            "name=web,plan=c2-small-x86,site=DAL,count={to},os={os}\n\
+             name=db,plan=c2-small-x86,site=ASH,count={new},os={os}\n"
+        ),
+    )?;
+    let file_arg = file.display().to_string();
+    let started = Instant::now();
+    operator(&[
+        "pools",
+        "apply",
+        &file_arg,
+        "--confirm-delete",
+        "--reason",
+        "bench",
+    ])?;
+    let _ = std::fs::remove_file(&file);
+    let count = |pool: &str| {
+        fake.servers()
+            .iter()
+            .filter(|s| s.hostname.starts_with(&format!("shepherd-{pool}-")))
+            .count()
+    };
+    loop {
+        let busy = stage
+            .count(
+                "select (select count(*) from shepherd.in_flight)
+                      + (select count(*) from shepherd.leaving)",
+            )
+            .await?;
+        if busy == 0 && count("web") == to && count("db") == new {
+            break;
+        }
+        anyhow::ensure!(
+            started.elapsed() < Duration::from_secs(900),
+            "not converged after 15 minutes: web {}, db {}",
+            count("web"),
+            count("db")
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let log: Vec<_> = fake
+        .request_log()
+        .into_iter()
+        .filter(|r| r.started >= started)
+        .collect();
+    let reads = log.iter().filter(|r| r.method == "GET").count();
+    let deletes = log.iter().filter(|r| r.method == "DELETE").count();
+    let writes = log.len() - reads;
+    let throttled = log.iter().filter(|r| r.status == 429).count();
+    let deleted = from - to;
+    anyhow::ensure!(
+        deletes == deleted,
+        "{deletes} deletes for a surplus of {deleted}: the run was not correct"
+    );
+    let windows = (writes.saturating_sub(1) / 20) as f64;
+    let bound = windows * 60.0;
+    println!(
+        "| change | wall time, s | bound, s | wall / bound | writes (deletes + creates) | reads | 429s |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    println!(
+        "| web {from} → {to}, db 0 → {new} | {seconds:.1} | {bound:.0} | {} | {writes} ({deletes} + {}) | {reads} | {throttled} |",
+        if bound > 0.0 {
+            format!("{:.3}", seconds / bound)
+        } else {
+            "-".into()
+        },
+        writes - deletes,
+    );
+    println!(
+        "(the bound: the writes beyond the first 20 wait a minute each 20; a pass every 10 s decides the change, so up to 10 s pass before the first write)"
     );
     stage.finish().await?;
     fake.shutdown().await;

@@ -45,6 +45,8 @@ pub enum BenchCommand {
     Throttle(pipeline::ThrottleBench),
     /// 9: Latitude.sh pools filled against the key's real budgets
     Latitude(latitude::LatitudeBench),
+    /// 10: a pool change (deletions and creations) against the key's budgets
+    Converge(latitude::ConvergeBench),
     /// A bare apalis worker with a no-op job (scenario 1's baseline)
     #[command(hide = true)]
     NoopWorker(pipeline::NoopWorker),
@@ -111,6 +113,7 @@ pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Latency(args) => reconcile::latency(args).await,
         BenchCommand::Throttle(args) => pipeline::throttle(args).await,
         BenchCommand::Latitude(args) => latitude::run(args).await,
+        BenchCommand::Converge(args) => latitude::converge(args).await,
         BenchCommand::NoopWorker(args) => pipeline::noop_worker(args).await,
         BenchCommand::ReconcileOnce(args) => reconcile::once(args).await,
     }
@@ -184,8 +187,16 @@ async fn all(args: AllBench) -> anyhow::Result<()> {
     })
     .await?;
     latitude::run(latitude::LatitudeBench {
-        server,
+        server: server.clone(),
         machines: if q { 18 } else { 38 },
+        workers: 3,
+    })
+    .await?;
+    latitude::converge(latitude::ConvergeBench {
+        server,
+        from: if q { 6 } else { 20 },
+        to: if q { 2 } else { 8 },
+        new_pool: if q { 4 } else { 12 },
         workers: 3,
     })
     .await?;

@@ -21,7 +21,7 @@ use super::{PUBLIC_KEY, Server, Stage, Stats, TOKEN};
 const CREATE_CONCURRENCY: usize = 4;
 const ASSIMILATE_CONCURRENCY: usize = 4;
 const POLL_INTERVAL: &str = "1s";
-const DB_CONNECTIONS: &str = "16";
+const DB_CONNECTIONS: &str = "24";
 
 #[derive(Debug, Args)]
 pub struct QueueBench {

@@ -120,8 +120,9 @@ pub async fn retry(pool: &PgPool, id: &str, by: &str, reason: &str) -> Result<()
     let row = lock(&mut tx, id).await?;
     if !row.ended() {
         return Err(JobActionError::Refused(format!(
-            "job {id} is {} with {} of {} attempts: only a failed or killed job is retried",
-            row.status, row.attempts, row.max_attempts
+            "job {id} is {}: only a failed or killed job is retried (the queue ran this row {} \
+             times; a job's own retries are new rows, listed by `shepherd history`)",
+            row.status, row.attempts
         )));
     }
     let key = match row.job_type.as_str() {

@@ -22,4 +22,4 @@ pub mod provider;
 
 pub use client::{Budgets, CreateServer, Created, LatitudeClient, LatitudeConfig, LatitudeError};
 pub use model::{Phase, Server, Stock};
-pub use pools::{Pool, PoolPlan, Shortfall};
+pub use pools::Pool;

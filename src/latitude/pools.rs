@@ -1,6 +1,6 @@
-//! Pools: what an operator asks of Latitude.sh, which has no reservations.
-//! A pool is "keep `count` servers of `plan` in `site`", bounded by the
-//! plan's stock in that site and by the cluster's limit.
+//! Pools on Latitude.sh, which has no reservations: a pool is "keep
+//! `count` servers of `plan` in `site`" (the spec is `provider::pool`);
+//! here are its flag's checks and the hostname that is its witness.
 //!
 //! A server belongs to a place in a pool by its hostname, the only mark a
 //! create carries: `<prefix><pool>-<index>-<8 hex of the creation's
@@ -10,12 +10,9 @@
 //! (`index` below the pool's count) is a unit of capacity: it holds at most
 //! one server, and the sinbin penalises it.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::HashSet;
 
-use serde::Serialize;
 use uuid::Uuid;
-
-use super::model::{Phase, Server, Stock};
 
 /// Latitude refuses longer hostnames (its Terraform provider checks the
 /// same bound).
@@ -128,135 +125,6 @@ pub fn pool_of<'p>(prefix: &str, pools: &'p [Pool], hostname: &str) -> Option<&'
     parse(prefix, pools, hostname).map(|n| n.pool)
 }
 
-/// Why a pool gets fewer creations than it lacks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Shortfall {
-    /// The plan does not exist in the site.
-    NotInSite,
-    /// The site has none of the plan in stock now (or fewer than needed).
-    OutOfStock,
-    /// The cluster's limit leaves no room.
-    AtLimit,
-    /// The pool is in the sinbin.
-    Penalised,
-}
-
-/// One pool as a pass would see it.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct PoolPlan {
-    pub pool: String,
-    pub want: u32,
-    /// Servers of the pool that are on or on their way.
-    pub have: u32,
-    /// Servers of the pool whose deployment failed: not counted in `have`.
-    pub failed: u32,
-    /// Creations admitted and not yet seen as servers.
-    pub in_flight: u32,
-    pub stock: Stock,
-    /// Creations a pass would admit now.
-    pub create: u32,
-    /// Lacking after `create`, and why.
-    pub short: Option<(u32, Shortfall)>,
-}
-
-/// What a pass would do for each pool: count its servers (by hostname,
-/// and only where plan and site still match the pool), subtract what is in
-/// flight, and admit what stock and the cluster's `room` allow. Room is
-/// shared one creation at a time across pools in turn, so one large pool
-/// cannot starve the others at the limit.
-pub fn plan(
-    prefix: &str,
-    pools: &[Pool],
-    servers: &[Server],
-    stock: &BTreeMap<(String, String), Stock>,
-    in_flight: &HashMap<String, u32>,
-    penalised: &HashSet<String>,
-    room: u64,
-) -> Vec<PoolPlan> {
-    let mut plans: Vec<PoolPlan> = pools
-        .iter()
-        .map(|p| {
-            let mine = servers.iter().filter(|s| {
-                s.hostname()
-                    .and_then(|h| pool_of(prefix, pools, h))
-                    .is_some_and(|owner| owner.name == p.name)
-                    && s.plan_slug() == Some(p.plan.as_str())
-                    && s.site()
-                        .is_some_and(|site| site.eq_ignore_ascii_case(&p.site))
-            });
-            let (mut have, mut failed) = (0, 0);
-            for s in mine {
-                match s.phase() {
-                    Phase::Failed => failed += 1,
-                    Phase::Ready | Phase::Underway => have += 1,
-                }
-            }
-            PoolPlan {
-                pool: p.name.clone(),
-                want: p.count,
-                have,
-                failed,
-                in_flight: in_flight.get(&p.name).copied().unwrap_or(0),
-                stock: stock
-                    .get(&(p.plan.clone(), p.site.clone()))
-                    .copied()
-                    .unwrap_or(Stock::Unavailable),
-                create: 0,
-                short: None,
-            }
-        })
-        .collect();
-    // What each pool lacks, and what its stock and the sinbin allow.
-    let mut open: Vec<(u32, Option<Shortfall>)> = plans
-        .iter()
-        .map(|p| {
-            let lacking = p.want.saturating_sub(p.have + p.in_flight);
-            if lacking == 0 {
-                return (0, None);
-            }
-            if penalised.contains(&p.pool) {
-                return (0, Some(Shortfall::Penalised));
-            }
-            match p.stock {
-                Stock::Unavailable => (0, Some(Shortfall::NotInSite)),
-                Stock::Empty => (0, Some(Shortfall::OutOfStock)),
-                Stock::Some(Some(n)) if n < lacking => (n, Some(Shortfall::OutOfStock)),
-                Stock::Some(_) => (lacking, None),
-            }
-        })
-        .collect();
-    let mut room = room;
-    loop {
-        let mut gave = false;
-        for (plan, (allowed, _)) in plans.iter_mut().zip(open.iter_mut()) {
-            if *allowed > 0 && room > 0 {
-                plan.create += 1;
-                *allowed -= 1;
-                room -= 1;
-                gave = true;
-            }
-        }
-        if !gave {
-            break;
-        }
-    }
-    for (plan, (allowed, why)) in plans.iter_mut().zip(open) {
-        let lacking = plan
-            .want
-            .saturating_sub(plan.have + plan.in_flight + plan.create);
-        if lacking > 0 {
-            let why = if allowed > 0 {
-                Shortfall::AtLimit
-            } else {
-                why.unwrap_or(Shortfall::AtLimit)
-            };
-            plan.short = Some((lacking, why));
-        }
-    }
-    plans
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -265,28 +133,6 @@ mod tests {
         format!("name={name},plan=c2-small-x86,site=SAO2,count={count},os=ubuntu_24_04_x64_lts")
             .parse()
             .unwrap()
-    }
-
-    fn server(hostname: &str, plan: &str, site: &str, status: &str) -> Server {
-        serde_json::from_value(serde_json::json!({
-            "id": format!("sv_{hostname}"),
-            "type": "servers",
-            "attributes": {
-                "hostname": hostname,
-                "status": status,
-                "plan": {"slug": plan},
-                "region": {"site": {"slug": site}},
-            }
-        }))
-        .unwrap()
-    }
-
-    fn stock(n: Option<u32>) -> BTreeMap<(String, String), Stock> {
-        let s = match n {
-            Some(0) => Stock::Empty,
-            n => Stock::Some(n),
-        };
-        BTreeMap::from([(("c2-small-x86".into(), "SAO2".into()), s)])
     }
 
     #[test]
@@ -347,124 +193,5 @@ mod tests {
         ] {
             assert!(pool_of("shepherd-", &pools, other).is_none(), "{other}");
         }
-    }
-
-    #[test]
-    fn a_pool_counts_its_own_servers_where_they_belong() {
-        let pools = [pool("web", 4)];
-        let h = |n: u8| format!("shepherd-web-{n}-{n:08x}");
-        let servers = [
-            server(&h(1), "c2-small-x86", "SAO2", "on"),
-            server(&h(2), "c2-small-x86", "SAO2", "deploying"),
-            server(&h(3), "c2-small-x86", "SAO2", "failed_deployment"),
-            // Ours by name, but the pool's plan changed since: not counted.
-            server(&h(4), "c3-large-x86", "SAO2", "on"),
-            // Someone else's.
-            server("db-1", "c2-small-x86", "SAO2", "on"),
-        ];
-        let plans = plan(
-            "shepherd-",
-            &pools,
-            &servers,
-            &stock(Some(10)),
-            &HashMap::new(),
-            &HashSet::new(),
-            100,
-        );
-        let p = &plans[0];
-        assert_eq!((p.have, p.failed, p.create), (2, 1, 2));
-        assert_eq!(p.short, None);
-    }
-
-    #[test]
-    fn stock_in_flight_and_the_limit_bound_the_creations() {
-        let pools = [pool("web", 5), pool("db", 5)];
-        let none = HashSet::new();
-        // Stock of 2: two creations, three short for stock.
-        let plans = plan(
-            "shepherd-",
-            &pools[..1],
-            &[],
-            &stock(Some(2)),
-            &HashMap::new(),
-            &none,
-            100,
-        );
-        assert_eq!(plans[0].create, 2);
-        assert_eq!(plans[0].short, Some((3, Shortfall::OutOfStock)));
-        // In stock without a count: not bounded by it.
-        let plans = plan(
-            "shepherd-",
-            &pools[..1],
-            &[],
-            &stock(None),
-            &HashMap::new(),
-            &none,
-            100,
-        );
-        assert_eq!(plans[0].create, 5);
-        // None in stock.
-        let plans = plan(
-            "shepherd-",
-            &pools[..1],
-            &[],
-            &stock(Some(0)),
-            &HashMap::new(),
-            &none,
-            100,
-        );
-        assert_eq!(plans[0].short, Some((5, Shortfall::OutOfStock)));
-        // Three in flight count against the pool.
-        let flying = HashMap::from([("web".to_string(), 3)]);
-        let plans = plan(
-            "shepherd-",
-            &pools[..1],
-            &[],
-            &stock(None),
-            &flying,
-            &none,
-            100,
-        );
-        assert_eq!(plans[0].create, 2);
-        // Room for 5 across two pools of 5: shared in turn, 3 and 2.
-        let plans = plan(
-            "shepherd-",
-            &pools,
-            &[],
-            &stock(None),
-            &HashMap::new(),
-            &none,
-            5,
-        );
-        assert_eq!((plans[0].create, plans[1].create), (3, 2));
-        assert_eq!(plans[0].short, Some((2, Shortfall::AtLimit)));
-        assert_eq!(plans[1].short, Some((3, Shortfall::AtLimit)));
-        // A penalised pool gets nothing, and its room goes to the other.
-        let sinbin = HashSet::from(["web".to_string()]);
-        let plans = plan(
-            "shepherd-",
-            &pools,
-            &[],
-            &stock(None),
-            &HashMap::new(),
-            &sinbin,
-            5,
-        );
-        assert_eq!((plans[0].create, plans[1].create), (0, 5));
-        assert_eq!(plans[0].short, Some((5, Shortfall::Penalised)));
-        // A site without the plan.
-        let elsewhere: Pool = "name=web,plan=c2-small-x86,site=NYC,count=1,os=o"
-            .parse()
-            .unwrap();
-        let plans = plan(
-            "shepherd-",
-            &[elsewhere],
-            &[],
-            &stock(None),
-            &HashMap::new(),
-            &none,
-            5,
-        );
-        assert_eq!(plans[0].short, Some((1, Shortfall::NotInSite)));
     }
 }

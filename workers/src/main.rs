@@ -15,7 +15,8 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 #[command(
     name = "shepherd",
     version,
-    about = "Turns Equinix Metal hardware reservations into managed machines",
+    about = "Turns a bare-metal provider's capacity (Latitude.sh pools, Equinix Metal hardware \
+             reservations) into managed machines, kept as the cluster's pools declare",
     propagate_version = true
 )]
 struct Cli {
@@ -28,9 +29,10 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run a whole cluster against the fake Metal API and show it working
+    /// Run a whole cluster against a fake provider (Metal, or Latitude.sh with
+    /// --provider latitude) and show it working
     Demo(demo::DemoArgs),
-    /// Run workers for all three job kinds (and optionally the scheduler)
+    /// Run workers for every job kind (and optionally the scheduler)
     Worker(Box<worker::WorkerArgs>),
     /// Enqueue one Reconcile per period, cluster-wide
     Scheduler(worker::SchedulerArgs),
@@ -44,7 +46,7 @@ enum Command {
     Status(operate::StatusArgs),
     /// What the next reconcile would do, without doing it
     Plan(Box<operate::PlanArgs>),
-    /// The events of one reservation or device, in order
+    /// The events of one unit (reservation, pool place) or machine, in order
     #[command(subcommand)]
     History(operate::HistoryOf),
     /// Retry or cancel one job
@@ -57,19 +59,19 @@ enum Command {
     Resume(operate::ResumeArgs),
     /// Create the database if needed and apply the schema
     Migrate(database::DatabaseArgs),
-    /// List the machines shepherd manages, or release one whose device is gone
+    /// List the machines shepherd manages; release, deprovision, protect one, or let it leave
     Machines(inspect::MachinesArgs),
     /// Show or change the cluster's settings (limit, rates, penalties, ...)
     #[command(subcommand)]
     Settings(operate::SettingsCommand),
-    /// List penalised reservations with cause and time left, or clear them
+    /// List penalised units (reservations, pool places) with cause and time left, or clear them
     Sinbin(inspect::SinbinArgs),
     /// Show the event log, optionally one stream, optionally following it
     Events(inspect::EventsArgs),
     /// Check or rebuild the views from the event log
     #[command(subcommand)]
     Views(inspect::ViewsCommand),
-    /// Latitude.sh pools: what a pass would create in each, bounded by stock
+    /// The cluster's pools (Latitude.sh): list, set, remove, apply a file, plan
     #[command(subcommand)]
     Pools(pools::PoolsCommand),
     /// Serve a fake Equinix Metal API from memory, with fault injection

@@ -205,8 +205,28 @@ async fn with_request_id(mut response: Response) -> Response {
     response
 }
 
-async fn unknown_path() -> ApiError {
-    ApiError::not_found()
+/// An unknown path is a 404, but for one client quirk the real service
+/// tolerated: packet-python joins an absolute href (`/metal/v1/...`) onto a
+/// base that already ends in `/metal/v1`, and the real server, which served
+/// from its root, accepted the doubled prefix. The fake sends such a client
+/// to the path it meant.
+async fn unknown_path(uri: axum::http::Uri) -> Response {
+    const DOUBLED: &str = "/metal/v1//metal/v1/";
+    match uri.path().strip_prefix(DOUBLED) {
+        Some(rest) => {
+            let query = uri.query().map(|q| format!("?{q}")).unwrap_or_default();
+            let to = format!("/metal/v1/{rest}{query}");
+            match HeaderValue::try_from(to) {
+                Ok(location) => (
+                    StatusCode::PERMANENT_REDIRECT,
+                    [(axum::http::header::LOCATION, location)],
+                )
+                    .into_response(),
+                Err(_) => ApiError::not_found().into_response(),
+            }
+        }
+        None => ApiError::not_found().into_response(),
+    }
 }
 
 async fn method_not_allowed() -> ApiError {
@@ -329,12 +349,18 @@ impl Page {
             "current_page": self.number,
             "last_page": last,
         });
-        if self.number > 1 {
-            meta["previous"] = link(self.number - 1);
-        }
-        if self.number < last {
-            meta["next"] = link(self.number + 1);
-        }
+        // Always present, null at the ends, as the real API answered
+        // (packet-python reads `meta["next"]` and fails without the key).
+        meta["previous"] = if self.number > 1 {
+            link(self.number - 1)
+        } else {
+            Value::Null
+        };
+        meta["next"] = if self.number < last {
+            link(self.number + 1)
+        } else {
+            Value::Null
+        };
         meta
     }
 }

@@ -344,14 +344,10 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
         provider = ctx.provider.name(),
         "provisioning through this provider"
     );
-    let key = ctx
-        .ensure_ssh_key()
-        .await
-        .context("cannot ensure the managed SSH key at the provider")?;
-    tracing::info!(key = %key, label = %config.ssh_key_label, "SSH key ensured");
-
     let stop = stop_on_signal();
-    // The status page stays up while jobs drain, and stops after them.
+    // The status page stays up while jobs drain, and stops after them. It
+    // is served from the start, so a provider that does not answer at
+    // start-up leaves an operator something to look at.
     let (http_stop_tx, http_stop) = Stop::new();
     let job_metrics = runtime::JobMetrics::default();
     let http = tokio::spawn(crate::services::http::serve(
@@ -365,6 +361,48 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
         },
         http_stop,
     ));
+    // The provider's first answer: retried for as long as the client's
+    // budget allows, and said at WARN within seconds while it does not come
+    // (a wrong base URL, a closed service), not after minutes.
+    let key = {
+        let ensure = ctx.ensure_ssh_key();
+        tokio::pin!(ensure);
+        let stopped = stop.clone().wait();
+        tokio::pin!(stopped);
+        let started = tokio::time::Instant::now();
+        let mut nag = tokio::time::interval_at(
+            started + std::time::Duration::from_secs(5),
+            std::time::Duration::from_secs(30),
+        );
+        loop {
+            tokio::select! {
+                r = &mut ensure => {
+                    break r.map_err(|e| {
+                        let hint = if e.not_found() {
+                            " (a 404 at start-up is most often a wrong base URL: Metal's ends in \
+                             /metal/v1, Latitude's is https://api.latitude.sh)"
+                        } else {
+                            ""
+                        };
+                        anyhow::anyhow!("cannot ensure the managed SSH key at the provider: {e}{hint}")
+                    })?;
+                }
+                () = &mut stopped => {
+                    tracing::info!("stopped before the provider answered");
+                    let _ = http_stop_tx.send(true);
+                    return Ok(());
+                }
+                _ = nag.tick() => tracing::warn!(
+                    provider = ctx.provider.name(),
+                    waited_s = started.elapsed().as_secs(),
+                    "the provider has not answered the start-up check (the managed SSH key) yet; \
+                     still trying. Check its base URL (Metal's ends in /metal/v1), the network \
+                     and the API key; the status page is up meanwhile"
+                ),
+            }
+        }
+    };
+    tracing::info!(key = %key, label = %config.ssh_key_label, "SSH key ensured");
     let opts = RuntimeOptions {
         process_name: process_name(),
         reconcile_concurrency: args.reconcile_concurrency as usize,

@@ -1,0 +1,249 @@
+//! The README's "Try Latitude.sh in five minutes", walked as a newcomer
+//! would: the fake Latitude.sh as its own process, `shepherd migrate`, a
+//! worker with the README's flags, and then the commands an operator types
+//! with the README's exported environment only (no `--provider`, no
+//! Metal flags): `status`, `machines`, `plan`, `pools set|list`, `history
+//! device sv_…`, `enqueue`, `machines release`, `events`. Each must
+//! succeed (or refuse, where the README's path would be wrong) and say
+//! what the docs say it says.
+
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use sqlx::PgPool;
+
+mod common;
+use common::{database_url, free_port};
+
+const KEY: &str = "try-key";
+const PROJECT: &str = "proj_fake0000000001";
+
+struct Walk {
+    db: String,
+    api: String,
+    dir: std::path::PathBuf,
+    children: Vec<Child>,
+}
+
+impl Drop for Walk {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Walk {
+    fn command(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_shepherd"));
+        c.args(args)
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("HOME", &self.dir)
+            .env("USER", "newcomer")
+            .env("DATABASE_URL", &self.db)
+            .env("LATITUDE_API_KEY", KEY)
+            .env("LATITUDE_API_URL", &self.api)
+            .env("LATITUDE_PROJECT", PROJECT)
+            .stdin(Stdio::null());
+        c
+    }
+
+    fn spawn(&mut self, name: &str, args: &[&str]) {
+        let log = std::fs::File::create(self.dir.join(format!("{name}.log"))).unwrap();
+        let child = self
+            .command(args)
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.children.push(child);
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.command(args).output().unwrap()
+    }
+
+    /// Runs a command that must succeed; its standard output.
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        );
+        assert!(
+            out.status.success(),
+            "shepherd {args:?} failed ({}): {stdout}{stderr}",
+            out.status
+        );
+        stdout
+    }
+
+    /// The managed machines' provider ids, from `shepherd machines --json`.
+    fn machines(&self) -> Vec<String> {
+        let out = self.ok(&["machines", "--json"]);
+        let rows: Vec<serde_json::Value> = serde_json::from_str(&out).unwrap();
+        rows.iter()
+            .map(|m| m["provider_id"].as_str().unwrap().to_string())
+            .collect()
+    }
+
+    /// Polls `machines` until `n` are managed and the pool's survey agrees.
+    async fn wait_for(&self, n: usize, what: &str) -> Vec<String> {
+        let started = Instant::now();
+        loop {
+            let ids = self.machines();
+            let status = self.ok(&["status"]);
+            if ids.len() == n && !status.to_lowercase().contains("leaving (") {
+                return ids;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "{what}: {} machines; logs in {}\n{status}",
+                ids.len(),
+                self.dir.display()
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+}
+
+async fn wait_for_port(port: u16) {
+    let started = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the fake did not listen"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[sqlx::test(migrations = false)]
+async fn the_readmes_latitude_path_works_as_written(pool: PgPool) {
+    let dir = std::env::temp_dir().join(format!("shepherd-walk-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let port = free_port();
+    let mut w = Walk {
+        db: database_url(&pool).await,
+        api: format!("http://127.0.0.1:{port}"),
+        dir: dir.clone(),
+        children: vec![],
+    };
+    let listen = format!("127.0.0.1:{port}");
+    w.spawn(
+        "fake",
+        &[
+            "fake-latitude",
+            "--listen",
+            &listen,
+            "--stock",
+            "c2-small-x86@DAL=20",
+            "--deploy-delay",
+            "1s",
+        ],
+    );
+    wait_for_port(port).await;
+    let key = dir.join("shepherd-try");
+    let made = Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", ""])
+        .arg("-f")
+        .arg(&key)
+        .status()
+        .expect("ssh-keygen, which the README uses, is missing");
+    assert!(made.success());
+    let migrated = w.ok(&["migrate"]);
+    assert!(migrated.contains("up to date"), "{migrated}");
+    let public = format!("{}.pub", key.display());
+    let metrics = format!("127.0.0.1:{}", free_port());
+    w.spawn(
+        "worker",
+        &[
+            "worker",
+            "--scheduler",
+            "--provider",
+            "latitude",
+            "--reconcile-rate",
+            "2s,1",
+            "--max-machines",
+            "10",
+            "--pool",
+            "name=web,plan=c2-small-x86,site=DAL,count=4,os=ubuntu_24_04_x64_lts",
+            "--ssh-public-key-file",
+            &public,
+            "--metrics-listen",
+            &metrics,
+        ],
+    );
+    let ids = w.wait_for(4, "web filled").await;
+    assert!(ids.iter().all(|id| id.starts_with("sv_")), "{ids:?}");
+    let status = w.ok(&["status"]);
+    assert!(status.contains("web"), "{status}");
+    // plan works on the cluster's provider without being told.
+    let plan = w.ok(&["plan"]);
+    assert!(plan.contains("web"), "{plan}");
+    assert!(
+        !plan.to_lowercase().contains("reservation"),
+        "Metal's words: {plan}"
+    );
+    let history = w.ok(&["history", "device", &ids[0]]);
+    assert!(history.contains("device_created"), "{history}");
+    // Shrink: the two newest go.
+    let changed = w.ok(&[
+        "pools",
+        "set",
+        "web",
+        "count=2",
+        "--reason",
+        "a quieter week",
+    ]);
+    assert!(changed.contains("web"), "{changed}");
+    let left = w.wait_for(2, "web shrunk").await;
+    let list = w.ok(&["pools", "list"]);
+    assert!(list.contains("web"), "{list}");
+    let gone = ids.iter().find(|id| !left.contains(id)).unwrap();
+    let history = w.ok(&["history", "device", gone]);
+    assert!(
+        history.contains("device_created") && history.contains("machine_deleted"),
+        "a deleted server's history from creation to deletion: {history}"
+    );
+    // Manual jobs take the provider's ids and places.
+    w.ok(&["enqueue", "reconcile"]);
+    let refused = w.run(&["enqueue", "create-device", "--unit", "web/0"]);
+    let said = String::from_utf8_lossy(&refused.stderr).to_string();
+    assert!(
+        !refused.status.success() && said.contains("already has a machine"),
+        "a place that holds a server was admitted: {said}"
+    );
+    // release refuses a server the provider still has...
+    let kept = &left[0];
+    let refused = w.run(&["machines", "release", kept, "--reason", "gone?"]);
+    assert!(!refused.status.success(), "a live server was released");
+    // ...and records one it no longer has.
+    let client = reqwest::Client::new();
+    let reclaimed = client
+        .delete(format!("{}/_fake/servers/{kept}", w.api))
+        .send()
+        .await
+        .unwrap();
+    assert!(reclaimed.status().is_success(), "{}", reclaimed.status());
+    let released = w.ok(&[
+        "machines",
+        "release",
+        kept,
+        "--reason",
+        "deleted in the console",
+    ]);
+    assert!(released.contains(kept.as_str()), "{released}");
+    let events = w.ok(&["events", "--last", "200"]);
+    for kind in [
+        "pool_changed",
+        "deletion_requested",
+        "machine_deleted",
+        "machine_released",
+    ] {
+        assert!(events.contains(kind), "no {kind} in: {events}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
