@@ -165,6 +165,8 @@ fn main() -> ExitCode {
 
 /// The error and its causes on one line, skipping a cause whose text the
 /// message before it already carries (many errors print their source too).
+/// A table that does not exist means a database never migrated, whatever
+/// command met it: that is said, with the next step.
 fn describe(e: &anyhow::Error) -> String {
     let mut out = e.to_string();
     for cause in e.chain().skip(1) {
@@ -173,6 +175,21 @@ fn describe(e: &anyhow::Error) -> String {
             out.push_str(": ");
             out.push_str(&text);
         }
+    }
+    let unmigrated = e.chain().any(|c| {
+        let database = c
+            .downcast_ref::<sqlx::Error>()
+            .and_then(|e| e.as_database_error())
+            .or_else(|| match c.downcast_ref::<shepherd::db::DbError>() {
+                Some(shepherd::db::DbError::Query(e)) => e.as_database_error(),
+                _ => None,
+            });
+        database.and_then(|d| d.code()).as_deref() == Some("42P01")
+    });
+    if unmigrated && !out.contains("shepherd migrate") {
+        out.push_str(
+            " (the database has no shepherd schema, or an older one: run `shepherd migrate` first)",
+        );
     }
     out
 }

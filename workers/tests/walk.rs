@@ -22,6 +22,8 @@ struct Walk {
     db: String,
     api: String,
     dir: std::path::PathBuf,
+    /// What the README has the newcomer export, beside `DATABASE_URL`.
+    env: Vec<(&'static str, String)>,
     children: Vec<Child>,
 }
 
@@ -43,9 +45,7 @@ impl Walk {
             .env("HOME", &self.dir)
             .env("USER", "newcomer")
             .env("DATABASE_URL", &self.db)
-            .env("LATITUDE_API_KEY", KEY)
-            .env("LATITUDE_API_URL", &self.api)
-            .env("LATITUDE_PROJECT", PROJECT)
+            .envs(self.env.iter().map(|(k, v)| (*k, v.as_str())))
             .stdin(Stdio::null());
         c
     }
@@ -82,11 +82,15 @@ impl Walk {
 
     /// The managed machines' provider ids, from `shepherd machines --json`.
     fn machines(&self) -> Vec<String> {
-        let out = self.ok(&["machines", "--json"]);
-        let rows: Vec<serde_json::Value> = serde_json::from_str(&out).unwrap();
-        rows.iter()
+        self.machine_rows()
+            .iter()
             .map(|m| m["provider_id"].as_str().unwrap().to_string())
             .collect()
+    }
+
+    fn machine_rows(&self) -> Vec<serde_json::Value> {
+        let out = self.ok(&["machines", "--json"]);
+        serde_json::from_str(&out).unwrap()
     }
 
     /// Polls `machines` until `n` are managed and the pool's survey agrees.
@@ -125,10 +129,16 @@ async fn the_readmes_latitude_path_works_as_written(pool: PgPool) {
     let dir = std::env::temp_dir().join(format!("shepherd-walk-{}", uuid::Uuid::new_v4()));
     std::fs::create_dir_all(&dir).unwrap();
     let port = free_port();
+    let api = format!("http://127.0.0.1:{port}");
     let mut w = Walk {
         db: database_url(&pool).await,
-        api: format!("http://127.0.0.1:{port}"),
+        api: api.clone(),
         dir: dir.clone(),
+        env: vec![
+            ("LATITUDE_API_KEY", KEY.into()),
+            ("LATITUDE_API_URL", api),
+            ("LATITUDE_PROJECT", PROJECT.into()),
+        ],
         children: vec![],
     };
     let listen = format!("127.0.0.1:{port}");
@@ -246,4 +256,160 @@ async fn the_readmes_latitude_path_works_as_written(pool: PgPool) {
         assert!(events.contains(kind), "no {kind} in: {events}");
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The README's Metal path, against the fake Metal as its own process: the
+/// exported connection, `migrate`, a worker with the defaults' provider,
+/// and the same operator commands, in Metal's words.
+#[sqlx::test(migrations = false)]
+async fn the_readmes_metal_path_works_as_written(pool: PgPool) {
+    let dir = std::env::temp_dir().join(format!("shepherd-walk-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let port = free_port();
+    let api = format!("http://127.0.0.1:{port}/metal/v1");
+    let project = "0d9f6c3a-5b1e-4c7d-8a2f-3e4b5c6d7e8f";
+    let token = "walk-metal-token";
+    let mut w = Walk {
+        db: database_url(&pool).await,
+        api: api.clone(),
+        dir: dir.clone(),
+        env: vec![
+            ("METAL_API_URL", api),
+            ("METAL_PROJECT_ID", project.into()),
+            ("METAL_AUTH_TOKEN", token.into()),
+        ],
+        children: vec![],
+    };
+    let listen = format!("127.0.0.1:{port}");
+    w.spawn(
+        "fake",
+        &[
+            "fake-metal",
+            "--listen",
+            &listen,
+            "--reservations",
+            "6",
+            "--provisioning-delay",
+            "200ms",
+            "--active-delay",
+            "500ms",
+        ],
+    );
+    wait_for_port(port).await;
+    let key = dir.join("shepherd-try");
+    let made = Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", ""])
+        .arg("-f")
+        .arg(&key)
+        .status()
+        .expect("ssh-keygen, which the README uses, is missing");
+    assert!(made.success());
+    w.ok(&["migrate"]);
+    let public = format!("{}.pub", key.display());
+    let metrics = format!("127.0.0.1:{}", free_port());
+    w.spawn(
+        "worker",
+        &[
+            "worker",
+            "--scheduler",
+            "--reconcile-rate",
+            "2s,1",
+            "--max-machines",
+            "3",
+            "--ssh-public-key-file",
+            &public,
+            "--metrics-listen",
+            &metrics,
+        ],
+    );
+    let ids = w.wait_for(3, "three machines").await;
+    let rows = w.machine_rows();
+    assert!(rows.iter().all(|m| m["provider"] == "metal"), "{rows:?}");
+    let status = w.ok(&["status"]);
+    assert!(status.contains('3'), "{status}");
+    let plan = w.ok(&["plan"]);
+    assert!(plan.to_lowercase().contains("reservation"), "{plan}");
+    let history = w.ok(&["history", "device", &ids[0]]);
+    assert!(history.contains("device_created"), "{history}");
+    let unit = rows[0]["reservation_id"].as_str().unwrap().to_string();
+    let history = w.ok(&["history", "reservation", &unit]);
+    assert!(history.contains("creation_requested"), "{history}");
+    let refused = w.run(&["enqueue", "create-device", "--reservation", &unit]);
+    assert!(
+        !refused.status.success(),
+        "a reservation with a device was admitted"
+    );
+    // A device deleted in the provider's console: release records it.
+    let kept = &ids[1];
+    let refused = w.run(&["machines", "release", kept, "--reason", "gone?"]);
+    assert!(!refused.status.success(), "a live device was released");
+    let deleted = reqwest::Client::new()
+        .delete(format!("{}/devices/{kept}", w.api))
+        .header("X-Auth-Token", token)
+        .send()
+        .await
+        .unwrap();
+    assert!(deleted.status().is_success(), "{}", deleted.status());
+    let released = w.ok(&[
+        "machines",
+        "release",
+        kept,
+        "--reason",
+        "deleted in the console",
+    ]);
+    assert!(released.contains(kept.as_str()), "{released}");
+    let events = w.ok(&["events", "--last", "200"]);
+    assert!(events.contains("machine_released"), "{events}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// What a newcomer meets first when the database is not ready: a database
+/// never migrated says to run `shepherd migrate`, whatever the command; a
+/// role the server refuses is not called unreachable; a port nothing
+/// listens on is.
+#[sqlx::test(migrations = false)]
+async fn a_database_not_ready_says_what_to_do(pool: PgPool) {
+    let url = database_url(&pool).await;
+    let run = |url: &str, args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_shepherd"))
+            .args(args)
+            .env("DATABASE_URL", url)
+            .env("SHEPHERD_LOG", "warn")
+            .env_remove("SHEPHERD_PROVIDER")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    for args in [
+        &["status"][..],
+        &["events"],
+        &["settings", "show"],
+        &["views", "rebuild"],
+        &["machines"],
+        &["sinbin"],
+        &["history", "device", "sv_x"],
+        &["pools", "list"],
+    ] {
+        let (code, err) = run(&url, args);
+        assert_eq!(code, Some(1), "{args:?}: {err}");
+        assert!(err.contains("run `shepherd migrate`"), "{args:?}: {err}");
+    }
+    let (host, name) = url.rsplit_once('/').unwrap();
+    let host = host.rsplit_once('@').map_or(host, |(_, h)| h);
+    let stranger = format!("postgres://no_such_role_7f@{host}/{name}");
+    let (code, err) = run(&stranger, &["status"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("refused the connection"), "{err}");
+    assert!(
+        !err.contains("Start one"),
+        "a refusal called unreachable: {err}"
+    );
+    let nobody = format!("postgres://postgres@127.0.0.1:{}/{name}", free_port());
+    let (code, err) = run(&nobody, &["status"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("cannot reach Postgres"), "{err}");
 }
