@@ -204,7 +204,10 @@ async fn an_operator_clicks_through_the_console_in_a_browser(pool: PgPool) {
     .fetch_one(&pool)
     .await
     .unwrap();
-    let server = Server::start_with(pool.clone(), Some("browser-credential")).await;
+    // The page speaks for a Metal provider whose fake holds no device of the
+    // managed machine: its release (below) is allowed.
+    let (_fake, provider) = metal_provider().await;
+    let server = Server::start_full(pool.clone(), Some("browser-credential"), Some(provider)).await;
     let browser = Browser::start().await;
 
     browser.goto(&format!("{}/", server.base)).await;
@@ -575,5 +578,134 @@ async fn actions_need_the_credential_and_record_who(pool: PgPool) {
         .await
         .unwrap();
     assert_eq!(r.status(), StatusCode::NOT_FOUND);
+    server.stop().await;
+}
+
+const METAL_TOKEN: &str = "console-metal-token";
+
+/// A fake Metal and the provider that speaks to it, as a worker's page has.
+async fn metal_provider() -> (
+    shepherd_fakes::metal::FakeMetal,
+    std::sync::Arc<dyn shepherd::provider::Provider>,
+) {
+    let fake = shepherd_fakes::metal::FakeMetal::start(
+        shepherd_fakes::metal::FakeConfig {
+            token: METAL_TOKEN.into(),
+            reservations: 2,
+            ..Default::default()
+        },
+        "127.0.0.1:0".parse().unwrap(),
+    )
+    .await
+    .unwrap();
+    let client = shepherd::metal::MetalClient::new(
+        shepherd::metal::ClientConfig::new(
+            fake.base_url(),
+            fake.project_id(),
+            shepherd::secret::ApiToken::new(METAL_TOKEN),
+        ),
+        shepherd::metal::ClientMetrics::default(),
+    )
+    .unwrap();
+    let provider = shepherd::metal::provider::MetalProvider::new(
+        client,
+        "shepherd-".into(),
+        "ubuntu_20_04".into(),
+    );
+    (fake, std::sync::Arc::new(provider))
+}
+
+/// Release from the console is judged as `shepherd machines release` is:
+/// a machine the provider still has is refused (409, and why), since the
+/// next pass would adopt it again under a new id; once it is gone at the
+/// provider, the release is recorded with who.
+#[sqlx::test(migrations = false)]
+async fn a_release_from_the_console_asks_the_provider(pool: PgPool) {
+    shepherd::db::migrate(&pool).await.unwrap();
+    let (fake, provider) = metal_provider().await;
+    let client = shepherd::metal::MetalClient::new(
+        shepherd::metal::ClientConfig::new(
+            fake.base_url(),
+            fake.project_id(),
+            shepherd::secret::ApiToken::new(METAL_TOKEN),
+        ),
+        shepherd::metal::ClientMetrics::default(),
+    )
+    .unwrap();
+    let reservation = fake.reservations()[0].id;
+    let key = client
+        .ensure_ssh_key("console", "ssh-ed25519 AAAA console")
+        .await
+        .unwrap();
+    let made = client
+        .create_device(&shepherd::metal::CreateDevice {
+            reservation,
+            hostname: "shepherd-console".into(),
+            operating_system: "ubuntu_20_04".into(),
+            ssh_keys: vec![key],
+            witness: shepherd::metal::Witness::new("console"),
+        })
+        .await
+        .unwrap();
+    let device = made.device.id.to_string();
+    let mut tx = pool.begin().await.unwrap();
+    shepherd::events::record(
+        &mut tx,
+        vec![shepherd::events::NewEvent::new(
+            shepherd::events::event::MachineAssimilated {
+                machine_id: uuid::Uuid::new_v4(),
+                provider: "metal".into(),
+                provider_id: device.clone(),
+                reservation: Some(reservation),
+                hostname: Some("shepherd-console".into()),
+            },
+        )],
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    let server = Server::start_full(pool.clone(), Some("s3cret-operator"), Some(provider)).await;
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let release = |machine: String| {
+        let (http, url) = (http.clone(), format!("{}/actions/release", server.base));
+        async move {
+            post_form(
+                &http,
+                url,
+                &[
+                    ("authorization", "Bearer s3cret-operator"),
+                    ("x-shepherd-operator", "bot"),
+                ],
+                &[("machine", &machine), ("reason", "gone?")],
+            )
+            .await
+        }
+    };
+    let r = release(device.clone()).await;
+    assert_eq!(r.status(), StatusCode::CONFLICT);
+    let said = r.text().await.unwrap();
+    assert!(said.contains("still exists at the provider"), "{said}");
+    let r = release("no-such-machine".into()).await;
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+    let released: i64 = sqlx::query_scalar(
+        "select count(*) from shepherd.events where event_type = 'machine_released'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(released, 0);
+    client.delete_device(made.device.id).await.unwrap();
+    let r = release(device.clone()).await;
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    let by: String = sqlx::query_scalar(
+        "select body->>'by' from shepherd.events where event_type = 'machine_released'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(by, "console:bot");
     server.stop().await;
 }

@@ -6,8 +6,9 @@ use sqlx::PgPool;
 
 #[derive(Debug, Clone, Args)]
 pub struct DatabaseArgs {
-    /// Postgres URL (`shepherd migrate` and `shepherd worker` create the
-    /// database if it does not exist; other commands expect it)
+    /// Postgres URL (`shepherd migrate`, `shepherd worker` and `shepherd
+    /// scheduler` create the database if it does not exist; other commands
+    /// expect it)
     #[arg(
         long,
         env = "DATABASE_URL",

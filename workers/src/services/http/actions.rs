@@ -230,6 +230,49 @@ pub(super) async fn act(
                     Failure::BadRequest("which machine? (its id or device id)".into())
                 })?;
             back = "/machines".into();
+            // The same judgement as `shepherd machines release`: only a
+            // machine the provider no longer has is released, else the next
+            // pass adopts it again under a new id and the log lies.
+            let device: Option<String> = sqlx::query_scalar(
+                "select provider_id from shepherd.managed_machines
+                 where machine_id::text = $1 or provider_id = $1",
+            )
+            .bind(machine.trim())
+            .fetch_optional(pool)
+            .await
+            .map_err(|e| {
+                tracing::warn!(error = %e, "reading the machine to release");
+                Failure::Unavailable
+            })?;
+            let Some(device) = device else {
+                return Err(Failure::NotFound(format!(
+                    "no managed machine has id or device {}",
+                    machine.trim()
+                )));
+            };
+            let Some(provider) = &state.provider else {
+                return Err(Failure::Conflict(
+                    "this process does not speak to the provider; release the machine from a \
+                     worker's page or with shepherd machines release"
+                        .into(),
+                ));
+            };
+            match provider.machine(&device).await {
+                Err(e) if e.not_found() => {}
+                Ok(facts) if facts.foreign.is_some() => {}
+                Ok(_) => {
+                    return Err(Failure::Conflict(format!(
+                        "machine {device} still exists at the provider; only a machine the \
+                         provider no longer has is released (to delete it: shepherd machines \
+                         deprovision {device} --reason ...)"
+                    )));
+                }
+                Err(e) => {
+                    return Err(Failure::Conflict(format!(
+                        "the provider could not be asked about {device}: {e}; nothing was released"
+                    )));
+                }
+            }
             sqlx::query("select shepherd.release_machine($1, $2, $3)")
                 .bind(machine.trim())
                 .bind(&reason)
