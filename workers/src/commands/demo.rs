@@ -134,8 +134,10 @@ pub struct DemoSummary {
     pub machines: i64,
     pub max_machines: u64,
     pub in_flight: i64,
-    /// Reservation and cause.
+    /// Unit and cause.
     pub penalised: Vec<(uuid::Uuid, String)>,
+    /// What the provider's units are called: reservations, or places.
+    pub units: &'static str,
     pub api_calls: u64,
     pub api_errors: u64,
     pub failed_attempts: i64,
@@ -434,6 +436,10 @@ async fn finish(
     .fetch_one(pool)
     .await?;
     Ok(DemoSummary {
+        units: match fake {
+            Fake::Metal(_) => "reservations",
+            Fake::Latitude(_) => "places",
+        },
         elapsed: started.elapsed(),
         machines: c.managed,
         max_machines,
@@ -466,7 +472,7 @@ pub fn print_summary(s: &DemoSummary, database_url: &str) {
         "creation attempts that failed and were retried: {}",
         s.failed_attempts
     );
-    println!("penalised reservations ({}):", s.penalised.len());
+    println!("penalised {} ({}):", s.units, s.penalised.len());
     for (r, cause) in &s.penalised {
         println!("  {r}  {cause}");
     }
