@@ -39,6 +39,8 @@ pub struct PenaltyRow {
 pub struct PoolsSeen {
     pub surveyed_at: DateTime<Utc>,
     pub pools: Vec<PoolState>,
+    /// What the pass's listing asked for and cost.
+    pub listing: Option<crate::provider::ListingCost>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -207,6 +209,7 @@ pub async fn overview(pool: &PgPool) -> Result<Overview, sqlx::Error> {
         match Event::decode("pools_surveyed", version, body) {
             Ok(Event::PoolsSurveyed(e)) => Some(PoolsSeen {
                 surveyed_at,
+                listing: e.listing,
                 pools: e
                     .pools
                     .into_iter()

@@ -59,6 +59,11 @@ fn one_of_each() -> Vec<Event> {
                 machines: 3,
                 removed: false,
             }],
+            listing: Some(shepherd::provider::ListingCost {
+                scope: "servers whose hostname starts with shepherd-".into(),
+                reads: 1,
+                machines: 3,
+            }),
         }
         .into(),
         DiscrepancyFound {

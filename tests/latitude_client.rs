@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use shepherd::latitude::{
-    CreateServer, LatitudeClient, LatitudeConfig, LatitudeError, Phase, Stock,
+    CreateServer, LatitudeClient, LatitudeConfig, LatitudeError, Phase, Servers, Stock,
 };
 use shepherd::metal::{ErrorClass, RetrySettings};
 use shepherd::secret::ApiToken;
@@ -96,7 +96,7 @@ async fn every_call_works_against_the_fake() {
     }
     // Five servers on pages of two: the third page is short and ends it.
     let before = fake.calls(Call::GetServers);
-    let all = c.list_servers(None).await.unwrap();
+    let all = c.list_servers(Servers::All).await.unwrap();
     assert_eq!(all.len(), 5);
     assert_eq!(fake.calls(Call::GetServers) - before, 3);
     let found = c.find_by_hostname("shepherd-a").await.unwrap().unwrap();

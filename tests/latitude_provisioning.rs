@@ -697,3 +697,100 @@ async fn looks_inside_the_settle_window_do_not_use_up_the_creates(db: PgPool) {
     w.settle(3).await;
     w.assert_invariants().await;
 }
+
+/// Beside 250 other servers of the project, a pass reads only the
+/// cluster's: one page, whatever else the project holds. An API that
+/// ignores the prefix filter costs pages and no wrong answer; one that
+/// reads it as an exact match leaves our servers out, and the pass that
+/// finds one of them still standing stops trusting the filter: it refuses
+/// once, lists the whole project from then on, and no second server is
+/// ever made.
+#[sqlx::test(migrations = false)]
+async fn a_pass_reads_only_the_clusters_servers_and_survives_a_filter_it_cannot_trust(db: PgPool) {
+    use shepherd_fakes::latitude::{HostnameOperators, Weather};
+    let w = World::with_settle(db, 5, vec![pool("web", "DAL", 2)], Duration::from_secs(1)).await;
+    let project = w.fake.project().to_string();
+    for n in 0..250 {
+        w.fake
+            .add_foreign_server(&project, "c2-small-x86", "DAL", &format!("other-{n}"));
+    }
+    w.settle(3).await;
+    let ours = |servers: &[shepherd_fakes::latitude::ServerSnapshot]| {
+        servers
+            .iter()
+            .filter(|s| s.hostname.starts_with(PREFIX))
+            .count()
+    };
+    assert_eq!(ours(&w.fake.servers()), 2);
+    let listing = |w: &World| {
+        let pool = w.pool.clone();
+        async move {
+            let body: serde_json::Value = sqlx::query_scalar(
+                "select body->'listing' from shepherd.events
+                 where event_type = 'pools_surveyed' order by position desc limit 1",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            body
+        }
+    };
+
+    let before = w.fake.calls(Call::GetServers);
+    let pass = w.pass().await;
+    assert!(
+        pass.refused.is_none() && pass.enqueued.is_empty(),
+        "{pass:?}"
+    );
+    assert_eq!(
+        w.fake.calls(Call::GetServers) - before,
+        1,
+        "one page of ours"
+    );
+    let seen = listing(&w).await;
+    assert_eq!(seen["reads"], 1, "{seen}");
+    assert_eq!(seen["machines"], 2, "{seen}");
+    assert!(seen["scope"].as_str().unwrap().contains(PREFIX), "{seen}");
+
+    // An API that ignores the operator: the whole project, filtered here.
+    w.fake.set_weather(Weather {
+        hostname_operators: HostnameOperators::Ignored,
+        ..w.fake.weather()
+    });
+    let before = w.fake.calls(Call::GetServers);
+    let pass = w.pass().await;
+    assert!(
+        pass.refused.is_none() && pass.enqueued.is_empty(),
+        "{pass:?}"
+    );
+    let pages = w.fake.calls(Call::GetServers) - before;
+    assert!(pages >= 3, "252 servers in {pages} pages");
+    assert_eq!(listing(&w).await["machines"], 2);
+
+    // One that reads it as an exact hostname: nothing of ours is listed.
+    w.fake.set_weather(Weather {
+        hostname_operators: HostnameOperators::Exact,
+        ..w.fake.weather()
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let pass = w.pass().await;
+    assert!(pass.refused.is_some(), "{pass:?}");
+    assert!(pass.lost.is_empty() && pass.enqueued.is_empty(), "{pass:?}");
+    assert_eq!(
+        w.count("select count(*) from shepherd.events where event_type = 'machine_not_found'")
+            .await,
+        0,
+        "the provider knows both servers"
+    );
+    // From then on the whole project is listed, and the pass works.
+    let pass = w.pass().await;
+    assert!(
+        pass.refused.is_none() && pass.enqueued.is_empty(),
+        "{pass:?}"
+    );
+    let seen = listing(&w).await;
+    assert_eq!(seen["machines"], 252, "{seen}");
+    assert_eq!(seen["scope"], "every server of the project", "{seen}");
+    assert_eq!(ours(&w.fake.servers()), 2);
+    w.assert_invariants().await;
+}

@@ -146,7 +146,14 @@ events! {
     ReservationsListed = "reservations_listed", 1 { run: Uuid, counts: ReservationCounts }
     /// How each pool stood as the pass saw it (a provider with pools), its
     /// stock where the pass read it.
-    PoolsSurveyed = "pools_surveyed", 1 { run: Uuid, pools: Vec<crate::provider::PoolReport> }
+    PoolsSurveyed = "pools_surveyed", 1 {
+        run: Uuid,
+        pools: Vec<crate::provider::PoolReport>,
+        /// What the pass's listing asked for and cost (absent before
+        /// 2026-12-05).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        listing: Option<crate::provider::ListingCost>,
+    }
     /// Provider and shepherd disagree about which machines exist.
     DiscrepancyFound = "discrepancy_found", 1 {
         run: Uuid,

@@ -158,7 +158,7 @@ async fn run_pass(
     let before = read_fleet(&ctx.pool).await?;
     let full = limit.is_reached(before.managed.len() as u64 + before.in_flight());
     let survey = ctx.provider.survey(!full).await;
-    let (devices, listed) = (survey.machines, survey.units);
+    let (devices, listed, listing) = (survey.machines, survey.units, survey.listing);
     let devices = match devices {
         Ok(d) => d,
         Err(e) => {
@@ -178,7 +178,14 @@ async fn run_pass(
         if pools.is_empty() {
             vec![]
         } else {
-            vec![PoolsSurveyed { run, pools }.into()]
+            vec![
+                PoolsSurveyed {
+                    run,
+                    pools,
+                    listing: listing.clone(),
+                }
+                .into(),
+            ]
         }
     };
     // Only the passes that end before admitting need it.
@@ -651,6 +658,7 @@ async fn confirm_missing(
         match ctx.provider.machine(id).await {
             Ok(_) => {
                 tracing::warn!(device = %id, "the listing omitted a machine that exists");
+                ctx.provider.listing_omitted(id);
                 out.uncertain.push(id.clone());
             }
             Err(e) if e.not_found() => {

@@ -117,6 +117,51 @@ impl std::fmt::Debug for LatitudeClient {
     }
 }
 
+/// Which of the project's servers a listing asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Servers<'a> {
+    All,
+    /// The one with this exact hostname (`filter[hostname]`).
+    Hostname(&'a str),
+    /// Those whose hostname starts so (`filter[hostname][prefix]`): a
+    /// cluster's own servers, at a cost that does not grow with the rest
+    /// of the project.
+    HostnamePrefix(&'a str),
+}
+
+impl Servers<'_> {
+    fn selects(&self, hostname: Option<&str>) -> bool {
+        match self {
+            Servers::All => true,
+            Servers::Hostname(h) => hostname == Some(*h),
+            Servers::HostnamePrefix(p) => hostname.is_some_and(|h| h.starts_with(*p)),
+        }
+    }
+}
+
+/// What one listing cost and found.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ListingReport {
+    /// Pages read, re-readings included.
+    pub pages: u32,
+    /// Servers the pages held.
+    pub read: u64,
+    /// Servers the filter selects, as checked here.
+    pub kept: u64,
+    /// The pages held servers the filter should have left out: the API
+    /// did not apply it.
+    pub filter_ignored: bool,
+}
+
+/// One reading of a listing.
+struct Once {
+    servers: Vec<Server>,
+    read: u64,
+    total: Option<u64>,
+    pages: u32,
+    filter_ignored: bool,
+}
+
 /// One exchange's answer: status and body.
 struct Answer {
     status: u16,
@@ -547,20 +592,39 @@ impl LatitudeClient {
 
     // ----- servers -----
 
-    /// The project's servers (optionally only those with this exact
-    /// hostname), read whole. The first page asks for the total
-    /// (`stats[total]=count`) and the pages are sorted by creation, so
-    /// servers made meanwhile come last; a listing that read fewer servers
-    /// than the total (one deleted mid-way shifts the pages under the
-    /// reader) is read again, and a page the API capped below the size
-    /// asked for does not end it early.
-    pub async fn list_servers(&self, hostname: Option<&str>) -> Result<Vec<Server>, LatitudeError> {
+    /// The project's servers that `which` selects, read whole. The first
+    /// page asks for the total (`stats[total]=count`) and the pages are
+    /// sorted by creation, so servers made meanwhile come last; a listing
+    /// that read fewer servers than the total (one deleted mid-way shifts
+    /// the pages under the reader) is read again, and a page the API
+    /// capped below the size asked for does not end it early. The filter's
+    /// match is checked here as well: an API that ignored it costs pages,
+    /// never a wrong answer.
+    pub async fn list_servers(&self, which: Servers<'_>) -> Result<Vec<Server>, LatitudeError> {
+        Ok(self.list_servers_reported(which).await?.0)
+    }
+
+    /// [`LatitudeClient::list_servers`], with what the reading cost.
+    pub async fn list_servers_reported(
+        &self,
+        which: Servers<'_>,
+    ) -> Result<(Vec<Server>, ListingReport), LatitudeError> {
         let mut short = (0, 0);
+        let mut pages = 0;
         for _ in 0..LISTING_READS {
-            let (servers, read, total) = self.list_servers_once(hostname).await?;
-            match total {
-                Some(total) if read < total => short = (read, total),
-                _ => return Ok(servers),
+            let once = self.list_servers_once(which).await?;
+            pages += once.pages;
+            match once.total {
+                Some(total) if once.read < total => short = (once.read, total),
+                _ => {
+                    let report = ListingReport {
+                        pages,
+                        read: once.read,
+                        kept: once.servers.len() as u64,
+                        filter_ignored: once.filter_ignored,
+                    };
+                    return Ok((once.servers, report));
+                }
             }
         }
         Err(LatitudeError::Undecodable {
@@ -573,16 +637,13 @@ impl LatitudeClient {
         })
     }
 
-    /// One reading of the listing: the servers kept, how many distinct
-    /// servers the pages held, and the total the first page counted.
-    async fn list_servers_once(
-        &self,
-        hostname: Option<&str>,
-    ) -> Result<(Vec<Server>, u64, Option<u64>), LatitudeError> {
+    /// One reading of the listing.
+    async fn list_servers_once(&self, which: Servers<'_>) -> Result<Once, LatitudeError> {
         let call = "get-servers";
         let mut seen = HashSet::new();
         let mut out = vec![];
         let mut total = None;
+        let mut filter_ignored = false;
         let mut size = self.inner.page_size as usize;
         for number in 1..=MAX_PAGES {
             let mut query = vec![
@@ -594,8 +655,12 @@ impl LatitudeClient {
             if number == 1 {
                 query.push(("stats[total]", "count".to_string()));
             }
-            if let Some(h) = hostname {
-                query.push(("filter[hostname]", h.to_string()));
+            match which {
+                Servers::All => {}
+                Servers::Hostname(h) => query.push(("filter[hostname]", h.to_string())),
+                Servers::HostnamePrefix(p) => {
+                    query.push(("filter[hostname][prefix]", p.to_string()))
+                }
             }
             let page: Page<Server> = self.read(call, "/servers", &query).await?;
             if number == 1 {
@@ -611,14 +676,21 @@ impl LatitudeClient {
                 if !seen.insert(s.id.clone()) {
                     continue;
                 }
-                // The filter's match is not documented as exact: check it.
-                if hostname.is_none_or(|h| s.hostname() == Some(h)) {
+                if which.selects(s.hostname()) {
                     out.push(s);
+                } else {
+                    filter_ignored = true;
                 }
             }
             let done = total.is_some_and(|t| seen.len() as u64 >= t);
             if short || done {
-                return Ok((out, seen.len() as u64, total));
+                return Ok(Once {
+                    servers: out,
+                    read: seen.len() as u64,
+                    total,
+                    pages: number,
+                    filter_ignored,
+                });
             }
         }
         Err(LatitudeError::Undecodable {
@@ -630,7 +702,7 @@ impl LatitudeClient {
 
     /// The server carrying this hostname, if one exists.
     pub async fn find_by_hostname(&self, hostname: &str) -> Result<Option<Server>, LatitudeError> {
-        let mut found = self.list_servers(Some(hostname)).await?;
+        let mut found = self.list_servers(Servers::Hostname(hostname)).await?;
         Ok(if found.is_empty() {
             None
         } else {

@@ -20,6 +20,9 @@ pub mod model;
 pub mod pools;
 pub mod provider;
 
-pub use client::{Budgets, CreateServer, Created, LatitudeClient, LatitudeConfig, LatitudeError};
+pub use client::{
+    Budgets, CreateServer, Created, LatitudeClient, LatitudeConfig, LatitudeError, ListingReport,
+    Servers,
+};
 pub use model::{Phase, Server, Stock};
 pub use pools::Pool;

@@ -8,20 +8,21 @@
 //! is provisionable while the plan is in stock in the pool's site (a pass
 //! lists the servers once and reads the stock once per plan and site). A
 //! create refused for want of stock penalises the plan at the site, so the
-//! pool's other places wait with it. A create first looks its
-//! hostname up, so a second run of a job whose create was sent finds the
-//! server instead of making another; then waits for the creation limiter;
-//! then sends it, and a create whose answer was not seen is settled by the
-//! client looking the hostname up, never by sending it again.
+//! pool's other places wait with it. A create waits for the creation
+//! limiter and sends one POST; a create whose answer was not seen is
+//! settled by the job looking the hostname up after the settle window
+//! (`find_created`), never by sending it again. A pass lists only the
+//! servers whose hostname carries the cluster's prefix.
 
 use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
 use futures::future::BoxFuture;
 
 use uuid::Uuid;
 
-use super::client::{CreateServer, LatitudeClient, LatitudeError};
+use super::client::{CreateServer, LatitudeClient, LatitudeError, Servers};
 use super::model::{Phase, Server, Stock};
 use super::pools::{self, Pool};
 use crate::config::Rate;
@@ -30,8 +31,8 @@ use crate::provider::ErrorClass;
 use crate::provider::discipline::Pacer;
 use crate::provider::pool::Declared;
 use crate::provider::{
-    Created, Deleted, Failure, Fence, Inventory, Machine, MachineFacts, PoolReport, PoolStock,
-    Provider, ProviderError, ProviderResult, Survey, Unit,
+    Created, Deleted, Failure, Fence, Inventory, ListingCost, Machine, MachineFacts, PoolReport,
+    PoolStock, Provider, ProviderError, ProviderResult, Survey, Unit,
 };
 
 /// The name machines of this provider carry in the views.
@@ -46,6 +47,9 @@ pub struct LatitudeProvider {
     prefix: String,
     /// The cluster's pools, replaced whenever a job reads them anew.
     places: Arc<RwLock<Arc<Places>>>,
+    /// Set once a pass found a server of ours that the prefix-filtered
+    /// listing left out: from then on this process lists the whole project.
+    whole_project: Arc<AtomicBool>,
 }
 
 /// The pools and their places, as one snapshot.
@@ -84,7 +88,47 @@ impl LatitudeProvider {
             client,
             prefix,
             places: Arc::new(RwLock::new(Arc::new(places))),
+            whole_project: Arc::new(AtomicBool::new(false)),
         })
+    }
+
+    /// The servers that can be this cluster's, and what reading them cost.
+    /// Every hostname shepherd gives starts with the prefix, so a listing
+    /// filtered by it holds every server a pass must see, at a cost that
+    /// follows the cluster's servers, not the project's (a project of
+    /// 10,000 is 100 pages a pass unfiltered, more than a minute's reads).
+    /// The client checks the filter's match on its side too: an API that
+    /// ignored the filter costs pages, not a wrong answer.
+    async fn listing(&self) -> Result<(Vec<Machine>, ListingCost), ProviderError> {
+        let narrowed = !self.prefix.is_empty() && !self.whole_project.load(Ordering::Relaxed);
+        let which = if narrowed {
+            Servers::HostnamePrefix(&self.prefix)
+        } else {
+            Servers::All
+        };
+        let (servers, report) = self.client.list_servers_reported(which).await?;
+        if report.filter_ignored {
+            tracing::warn!(
+                prefix = %self.prefix,
+                read = report.read,
+                kept = report.kept,
+                "the API did not apply the hostname prefix filter; the listing was filtered here"
+            );
+        }
+        let machines = servers.iter().map(|s| self.as_machine(s)).collect();
+        let scope = if narrowed {
+            format!("servers whose hostname starts with {}", self.prefix)
+        } else {
+            "every server of the project".to_string()
+        };
+        Ok((
+            machines,
+            ListingCost {
+                scope,
+                reads: report.pages,
+                machines: report.kept,
+            },
+        ))
     }
 
     pub fn client(&self) -> &LatitudeClient {
@@ -174,10 +218,17 @@ impl Provider for LatitudeProvider {
     }
 
     fn machines(&self) -> ProviderResult<'_, Vec<Machine>> {
-        Box::pin(async move {
-            let servers = self.client.list_servers(None).await?;
-            Ok(servers.iter().map(|s| self.as_machine(s)).collect())
-        })
+        Box::pin(async move { Ok(self.listing().await?.0) })
+    }
+
+    fn listing_omitted(&self, id: &str) {
+        if !self.whole_project.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                server = %id,
+                prefix = %self.prefix,
+                "a server of ours exists that the prefix-filtered listing left out; this process lists the whole project from now on"
+            );
+        }
     }
 
     fn units(&self) -> ProviderResult<'_, Inventory> {
@@ -193,13 +244,20 @@ impl Provider for LatitudeProvider {
     /// disagree.
     fn survey(&self, with_units: bool) -> BoxFuture<'_, Survey> {
         Box::pin(async move {
-            let machines = self.machines().await;
+            let (machines, listing) = match self.listing().await {
+                Ok((machines, cost)) => (Ok(machines), Some(cost)),
+                Err(e) => (Err(e), None),
+            };
             let units = match (&machines, with_units) {
                 (_, false) => None,
                 (Ok(machines), true) => Some(self.inventory(machines).await),
                 (Err(e), true) => Some(Err(e.clone())),
             };
-            Survey { machines, units }
+            Survey {
+                machines,
+                units,
+                listing,
+            }
         })
     }
 

@@ -182,6 +182,23 @@ impl ProviderError {
 pub struct Survey {
     pub machines: Result<Vec<Machine>, ProviderError>,
     pub units: Option<Result<Inventory, ProviderError>>,
+    /// What the machines' listing asked for and cost, where the provider
+    /// says.
+    pub listing: Option<ListingCost>,
+}
+
+/// What a pass's listing of machines asked for and what it cost: shown
+/// beside the pools (`status`, the page), so an operator sees that a
+/// pass's reads follow the cluster's machines, not the whole project.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ListingCost {
+    /// What was listed, in words ("servers whose hostname starts with
+    /// shepherd-", "every server of the project").
+    pub scope: String,
+    /// Reads the listing took (pages, re-readings included).
+    pub reads: u32,
+    /// Machines the pages held.
+    pub machines: u64,
 }
 
 pub type ProviderResult<'a, T> = BoxFuture<'a, Result<T, ProviderError>>;
@@ -218,9 +235,17 @@ pub trait Provider: Send + Sync + 'static {
                 }
             })
             .await;
-            Survey { machines, units }
+            Survey {
+                machines,
+                units,
+                listing: None,
+            }
         })
     }
+
+    /// The pass found a machine the provider has that its listing left
+    /// out: a listing that narrows by a filter stops trusting it.
+    fn listing_omitted(&self, _id: &str) {}
 
     /// Whether the provider knows the unit (a manual creation's check).
     fn unit_exists(&self, unit: Uuid) -> ProviderResult<'_, bool>;

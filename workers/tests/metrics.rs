@@ -289,6 +289,7 @@ async fn pools_and_their_stock_show_on_the_page_and_in_metrics(pool: PgPool) {
                     // A pass at the limit does not read the stock.
                     report("full", "ASH", 2, 2, 0, None),
                 ],
+                listing: None,
             }
             .into(),
             ReservationPenalised {

@@ -386,6 +386,7 @@ async fn plan_reads_the_pools_through_the_seam(pool: sqlx::PgPool) {
             shepherd::events::NewEvent::new(PoolsSurveyed {
                 run: Uuid::new_v4(),
                 pools,
+                listing: None,
             }),
             shepherd::events::NewEvent::new(ReservationPenalised {
                 reservation: Uuid::new_v4(),

@@ -11,7 +11,8 @@
 //!   taken by a create and given back by a delete; a create beyond it is
 //!   `422 SERVERS_OUT_OF_STOCK`;
 //! - no tags and no idempotency key on create: the hostname is the only
-//!   mark a create carries, and `filter[hostname]` finds it;
+//!   mark a create carries, and `filter[hostname]` finds it (with the
+//!   SDK's operators `[eql]`, `[prefix]`, `[suffix]` and `[match]`);
 //! - pages by `page[number]`/`page[size]` with no total unless
 //!   `stats[total]=count` is asked for;
 //! - rate limits per key: reads and writes counted apart over a sliding
@@ -65,8 +66,8 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use crate::faults::AppliesTo;
-pub use world::Weather;
 use world::World;
+pub use world::{HostnameOperators, Weather};
 
 /// The calls the fake serves, by the document's `operationId`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]

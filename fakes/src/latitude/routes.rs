@@ -17,7 +17,7 @@ use axum::{Extension, Json, Router};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::world::{NewServer, Refusal};
+use super::world::{HostnameOperators, NewServer, Refusal};
 use super::{Call, FaultKind, Faults, RequestRecord, Shared};
 
 /// What every JSON answer is labelled; the official SDK refuses
@@ -307,7 +307,7 @@ async fn list_servers(State(shared): State<Arc<Shared>>, Query(params): Params) 
         .into_iter()
         .filter(|s| {
             project.as_ref().is_none_or(|p| *p == s.project)
-                && wanted("filter[hostname]", &s.hostname)
+                && hostname_wanted(&params, &s.hostname, world.weather.hostname_operators)
                 && wanted("filter[plan]", &s.plan)
                 && wanted("filter[region]", &s.site)
                 && wanted("filter[status]", world.status(s, now))
@@ -350,6 +350,29 @@ async fn list_servers(State(shared): State<Arc<Shared>>, Query(params): Params) 
         .map(|s| world.server_json(s, now, true))
         .collect();
     paged(items, &params)
+}
+
+/// `filter[hostname]` and its operators as the SDK names them (3.4.6):
+/// `[eql]` exact, `[prefix]`, `[suffix]`, and `[match]` anywhere in the
+/// name. Every one given must hold.
+fn hostname_wanted(
+    params: &HashMap<String, String>,
+    hostname: &str,
+    operators: HostnameOperators,
+) -> bool {
+    let holds = |key: &str, test: fn(&str, &str) -> bool| {
+        let test: fn(&str, &str) -> bool = match operators {
+            HostnameOperators::Honoured => test,
+            HostnameOperators::Ignored => |_: &str, _: &str| true,
+            HostnameOperators::Exact => |h: &str, w: &str| h == w,
+        };
+        params.get(key).is_none_or(|w| test(hostname, w))
+    };
+    params.get("filter[hostname]").is_none_or(|w| w == hostname)
+        && holds("filter[hostname][eql]", |h, w| h == w)
+        && holds("filter[hostname][prefix]", |h, w| h.starts_with(w))
+        && holds("filter[hostname][suffix]", |h, w| h.ends_with(w))
+        && holds("filter[hostname][match]", |h, w| h.contains(w))
 }
 
 async fn get_server(State(shared): State<Arc<Shared>>, Path(id): Path<String>) -> Response {

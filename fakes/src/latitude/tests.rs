@@ -249,6 +249,68 @@ async fn pages_end_short_and_the_total_comes_only_when_asked() {
 }
 
 #[tokio::test]
+async fn hostname_filters_take_the_sdks_operators() {
+    let (fake, http) = start(FakeConfig {
+        writes_per_window: 100,
+        ..FakeConfig::default()
+    })
+    .await;
+    for h in [
+        "shepherd-web-0-a",
+        "shepherd-web-1-b",
+        "other-web-0",
+        "xshepherd-c",
+    ] {
+        let (status, _, _) = call(
+            &http,
+            &fake,
+            reqwest::Method::POST,
+            "/servers",
+            Some(server(h, "c2-small-x86", "DAL")),
+        )
+        .await;
+        assert_eq!(status, 201);
+    }
+    let names = |page: &Value| -> Vec<String> {
+        page["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["attributes"]["hostname"].as_str().unwrap().to_string())
+            .collect()
+    };
+    for (query, expected) in [
+        (
+            "filter[hostname][prefix]=shepherd-",
+            vec!["shepherd-web-0-a", "shepherd-web-1-b"],
+        ),
+        ("filter[hostname][eql]=other-web-0", vec!["other-web-0"]),
+        ("filter[hostname][suffix]=-b", vec!["shepherd-web-1-b"]),
+        (
+            "filter[hostname][match]=shepherd",
+            vec!["shepherd-web-0-a", "shepherd-web-1-b", "xshepherd-c"],
+        ),
+        ("filter[hostname]=shepherd-web", vec![]),
+    ] {
+        let (status, _, page) = call(
+            &http,
+            &fake,
+            reqwest::Method::GET,
+            &format!("/servers?{query}&stats[total]=count"),
+            None,
+        )
+        .await;
+        assert_eq!(status, 200, "{query}");
+        assert_eq!(names(&page), expected, "{query}");
+        assert_eq!(
+            page["meta"]["stats"]["total"]["count"],
+            expected.len(),
+            "{query}"
+        );
+    }
+}
+
+#[tokio::test]
 async fn reads_and_writes_have_budgets_of_their_own() {
     let (fake, http) = start(FakeConfig {
         reads_per_window: 3,

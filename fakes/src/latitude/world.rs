@@ -53,6 +53,24 @@ pub struct Weather {
     /// Whether plan answers count the stock per site (`in_stock_count`), as
     /// newer answers do; older ones only name the sites.
     pub plan_counts: bool,
+    /// How the server listing takes the hostname operators
+    /// (`filter[hostname][prefix]` and the like): the API's filter
+    /// semantics are not documented, so a client must survive both an API
+    /// that ignores them and one that reads them as an exact match.
+    pub hostname_operators: HostnameOperators,
+}
+
+/// See [`Weather::hostname_operators`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HostnameOperators {
+    /// As the SDK describes them.
+    #[default]
+    Honoured,
+    /// Left out of the filtering: every server is listed.
+    Ignored,
+    /// Each operator's value matched as the whole hostname.
+    Exact,
 }
 
 impl Default for Weather {
@@ -60,6 +78,7 @@ impl Default for Weather {
         Weather {
             listing_lag_ms: 0,
             plan_counts: true,
+            hostname_operators: HostnameOperators::Honoured,
         }
     }
 }

@@ -187,6 +187,13 @@ pub fn render_status(o: &Overview) -> String {
             crate::table::human_duration(o.now - seen.surveyed_at)
         ));
         out.push_str(&render_pools(&seen.pools, true));
+        if let Some(l) = &seen.listing {
+            out.push_str(&format!(
+                "listed: {}
+",
+                listing_words(l)
+            ));
+        }
     }
     if !o.leaving.is_empty() {
         out.push_str(&format!("\nleaving ({})\n", o.leaving.len()));
@@ -1014,4 +1021,16 @@ pub async fn job(command: JobCommand) -> anyhow::Result<()> {
         println!("job {} cancelled", args.id);
     }
     Ok(())
+}
+
+/// What a pass's listing read, in one line: "servers whose hostname starts
+/// with shepherd-: 40 in 1 read".
+pub fn listing_words(l: &shepherd::provider::ListingCost) -> String {
+    format!(
+        "{}: {} in {} read{}",
+        l.scope,
+        l.machines,
+        l.reads,
+        if l.reads == 1 { "" } else { "s" }
+    )
 }

@@ -240,6 +240,9 @@ fn surveyed_pools(o: &Overview) -> Markup {
     };
     html! {
         h2 { "Pools " span.muted { "(as the last pass saw them, " (ago(seen.surveyed_at, o.now)) ")" } }
+        @if let Some(l) = &seen.listing {
+            p.muted.listing { "Listed " (crate::commands::operate::listing_words(l)) "." }
+        }
         table.pools {
             thead { tr {
                 th { "Pool" } th { "Plan" } th { "Site" } th { "Machines" } th { "Places" }
