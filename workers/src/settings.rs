@@ -160,7 +160,8 @@ pub struct ProvisionerArgs {
     #[arg(long, env = "SHEPHERD_RECONCILE_RATE", default_value_t = defaults().reconcile_rate)]
     pub reconcile_rate: Rate,
 
-    /// Device creations across the cluster: INTERVAL,BURST (0s,1: no limit)
+    /// Device creations across the cluster: INTERVAL,BURST (0s,1: no limit;
+    /// with --provider latitude the default is the key's write budget, 3s,20)
     #[arg(long, env = "SHEPHERD_DEVICE_CREATION_RATE", default_value_t = defaults().device_creation_rate)]
     pub device_creation_rate: Rate,
 
@@ -238,6 +239,17 @@ pub fn note_explicit(matches: &clap::ArgMatches) {
         m = current.subcommand().map(|(_, sub)| sub);
     }
     let _ = EXPLICIT.set(found);
+}
+
+/// The creation rate a Latitude cluster gets when none is given: as many
+/// creations a minute as the key's writes, all at once if need be (the
+/// key's own window limiter then spaces them).
+pub fn latitude_creation_rate(writes_per_minute: u32) -> shepherd::config::Rate {
+    let writes = writes_per_minute.max(1);
+    shepherd::config::Rate {
+        interval: Duration::from_secs(60) / writes,
+        burst: writes,
+    }
 }
 
 pub fn explicit() -> &'static [String] {

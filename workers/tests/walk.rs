@@ -190,6 +190,19 @@ async fn the_readmes_latitude_path_works_as_written(pool: PgPool) {
     assert!(ids.iter().all(|id| id.starts_with("sv_")), "{ids:?}");
     let status = w.ok(&["status"]);
     assert!(status.contains("web"), "{status}");
+    // The pass read the cluster's servers only, and says so.
+    assert!(
+        status.contains("listed: servers whose hostname starts with shepherd-"),
+        "{status}"
+    );
+    // Creations run at the key's write budget, not the seed's one in 5 s.
+    let settings = w.ok(&["settings", "show"]);
+    assert!(
+        settings
+            .lines()
+            .any(|l| l.contains("device_creation_rate") && l.contains("3s,20")),
+        "{settings}"
+    );
     // plan works on the cluster's provider without being told.
     let plan = w.ok(&["plan"]);
     assert!(plan.contains("web"), "{plan}");

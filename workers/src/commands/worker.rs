@@ -144,6 +144,17 @@ impl WorkerArgs {
         };
         config.latitude_reads_per_minute = self.latitude.latitude_reads_per_minute;
         config.latitude_writes_per_minute = self.latitude.latitude_writes_per_minute;
+        if self.provider == ProviderKind::Latitude
+            && !crate::settings::explicit()
+                .iter()
+                .any(|k| k == "device_creation_rate")
+        {
+            // The seed's one creation every 5 s would hold a fill to 12 a
+            // minute where the key allows 20: on Latitude the creation
+            // rate is the key's write budget unless the operator says.
+            config.device_creation_rate =
+                crate::settings::latitude_creation_rate(config.latitude_writes_per_minute);
+        }
         config.validate()?;
         if self.provider == ProviderKind::Latitude {
             config.rescue.validate_for_creates()?;
