@@ -43,6 +43,47 @@ async fn the_seeds_smoke_test_reaches_the_limit_in_three_passes(pool: PgPool) {
     w.assert_fleet_consistent().await;
 }
 
+/// A fill does not wait for the scheduler's tick: a pass the chunk held
+/// back queues the next one at once, once; not while a chunk of creations
+/// already waits to be sent, and not when the chunk was not what held it.
+#[sqlx::test(migrations = false)]
+async fn a_pass_held_back_by_its_chunk_queues_the_next_at_once(pool: PgPool) {
+    let w = World::with(pool, 10, config(10, 4)).await;
+    let queued = || async {
+        let rows: Vec<(String, f64)> = sqlx::query_as(
+            "select convert_from(job, 'UTF8')::jsonb->>'requested_by',
+                    extract(epoch from run_at - now())::float8
+             from apalis.jobs where job_type = 'reconcile' and status = 'Pending'",
+        )
+        .fetch_all(&w.pool)
+        .await
+        .unwrap();
+        rows
+    };
+    let first = w.reconcile().await;
+    assert_eq!(first.enqueued.len(), 4, "{first:?}");
+    assert!(first.follow_up, "{first:?}");
+    let after_first = queued().await;
+    assert_eq!(after_first.len(), 1, "{after_first:?}");
+    assert!(after_first[0].0.contains("chunk"), "{after_first:?}");
+    assert!(after_first[0].1 <= 2.0, "not at once: {after_first:?}");
+    // A chunk of creations waits to be sent: the next pass takes its own
+    // chunk and leaves the rest to the tick.
+    let second = w.reconcile().await;
+    assert_eq!(second.enqueued.len(), 4, "{second:?}");
+    assert!(!second.follow_up, "{second:?}");
+    assert_eq!(queued().await.len(), 1);
+    w.drain().await;
+    // The last two are not held back by the chunk.
+    let third = w.reconcile().await;
+    assert_eq!(third.enqueued.len(), 2, "{third:?}");
+    assert!(!third.follow_up, "{third:?}");
+    assert_eq!(queued().await.len(), 1);
+    w.drain().await;
+    assert_eq!(w.managed().await, 10);
+    w.assert_fleet_consistent().await;
+}
+
 #[sqlx::test(migrations = false)]
 async fn at_the_limit_a_pass_lists_no_reservations_and_enqueues_nothing(pool: PgPool) {
     let w = World::with(pool, 10, config(3, 20)).await;

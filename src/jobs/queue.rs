@@ -45,6 +45,16 @@ pub async fn push_reconcile(
     push(conn, RECONCILE_QUEUE, args, None, idempotency_key).await
 }
 
+/// Pushes a pass to run at `at`, once per key.
+pub async fn push_reconcile_at(
+    conn: &mut PgConnection,
+    args: &ReconcileArgs,
+    at: DateTime<Utc>,
+    idempotency_key: &str,
+) -> Result<Option<String>, sqlx::Error> {
+    push(conn, RECONCILE_QUEUE, args, Some(at), Some(idempotency_key)).await
+}
+
 pub async fn push_assimilate(
     conn: &mut PgConnection,
     args: &AssimilateArgs,

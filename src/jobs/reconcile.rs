@@ -37,6 +37,9 @@ pub struct ReconcileOutcome {
     pub lost: Vec<String>,
     /// Machines whose deletion the pass requested (surplus, replacements).
     pub deletions: Vec<String>,
+    /// The chunk held the pass back while the budget had room: the next
+    /// pass was queued to run at once rather than at the scheduler's tick.
+    pub follow_up: bool,
 }
 
 async fn note(ctx: &JobContext, job_id: &str, events: Vec<Event>) -> Result<(), JobError> {
@@ -448,6 +451,29 @@ async fn run_pass(
     out.at_limit = capacity
         .room
         .is_some_and(|room| room <= admitted.len() as u64);
+    // A fill does not wait for the clock: a pass that the chunk held back,
+    // while less than a chunk of creations was already waiting to be
+    // sent, queues the next pass at once. Once a chunk waits, the next
+    // waits for the tick: admitted creations queue behind the provider's
+    // write budget, and a deeper queue would only outlast their deadlines.
+    let beyond_chunk = selection
+        .skipped
+        .iter()
+        .any(|(_, why)| *why == pass::Skip::BeyondChunk);
+    if beyond_chunk
+        && out.refused.is_none()
+        && admitted.len() as u64 == settings.chunk_size
+        && capacity.in_flight < settings.chunk_size
+    {
+        let args = crate::jobs::ReconcileArgs {
+            requested_by: "reconcile (the chunk held the last pass back)".into(),
+        };
+        // A moment later, so that this pass's lock is free when it starts.
+        let at = chrono::Utc::now() + chrono::TimeDelta::seconds(1);
+        out.follow_up = queue::push_reconcile_at(&mut tx, &args, at, &format!("after/{run}"))
+            .await?
+            .is_some();
+    }
     let mut closing: Vec<NewEvent> = Vec::new();
     if !admitted.is_empty() {
         closing.push(NewEvent::new(CreationsEnqueued {
