@@ -21,6 +21,7 @@ fn create_request(reservation: Uuid, key: Uuid, witness: &str) -> CreateDevice {
         operating_system: "ubuntu_20_04".into(),
         ssh_keys: vec![key],
         witness: Witness::new(witness),
+        first: None,
     }
 }
 

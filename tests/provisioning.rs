@@ -84,6 +84,42 @@ async fn a_pass_held_back_by_its_chunk_queues_the_next_at_once(pool: PgPool) {
     w.assert_fleet_consistent().await;
 }
 
+/// A creation's first attempt sends its create on what the pass listed,
+/// with no read of the reservation before it: one call a machine. A
+/// reservation another party took since the pass is told apart by the
+/// refusal and a read after it: the race is lost, nothing of ours is made,
+/// and no create is sent twice.
+#[sqlx::test(migrations = false)]
+async fn a_first_create_goes_out_without_reading_its_reservation(pool: PgPool) {
+    let w = World::with(pool, 10, config(6, 5)).await;
+    let first = w.reconcile().await;
+    assert_eq!(first.enqueued.len(), 5, "{first:?}");
+    let reads = w.fake.calls(Operation::FindHardwareReservationById);
+    w.drain().await;
+    assert_eq!(
+        w.fake.calls(Operation::FindHardwareReservationById) - reads,
+        0,
+        "a first create read its reservation"
+    );
+    assert_eq!(w.fake.calls(Operation::CreateDevice), 5);
+    assert_eq!(w.managed().await, 5);
+    // Another party takes the next chosen reservation after the pass.
+    let second = w.reconcile().await;
+    assert_eq!(second.enqueued.len(), 1, "{second:?}");
+    let taken = second.enqueued[0];
+    w.fake.add_foreign_device(taken, "someone-else", vec![]);
+    let ran = w.drain().await;
+    assert!(
+        ran.iter()
+            .any(|r| matches!(r, Ran::Create(CreateOutcome::RaceLost { .. }))),
+        "{ran:?}"
+    );
+    assert_eq!(w.fake.calls(Operation::CreateDevice), 6);
+    assert_eq!(w.fake.duplicate_creates(), 0);
+    assert_eq!(w.managed().await, 5);
+    w.assert_fleet_consistent().await;
+}
+
 #[sqlx::test(migrations = false)]
 async fn at_the_limit_a_pass_lists_no_reservations_and_enqueues_nothing(pool: PgPool) {
     let w = World::with(pool, 10, config(3, 20)).await;
@@ -276,8 +312,10 @@ async fn a_permanent_failure_penalises_the_reservation_until_it_expires(pool: Pg
 async fn a_lost_race_penalises_and_leaves_no_device_of_ours(pool: PgPool) {
     let w = World::with(pool, 3, config(1, 1)).await;
     let r = w.reconcile().await.enqueued[0];
+    // Taken the moment our create arrives (a first create reads nothing
+    // before it, so the race is lost at the POST).
     w.fake.set_faults(next(
-        Operation::FindHardwareReservationById,
+        Operation::CreateDevice,
         1,
         FaultKind::StealReservation,
     ));

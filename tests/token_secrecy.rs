@@ -71,6 +71,7 @@ async fn the_token_is_in_no_log_line_and_no_error() {
             operating_system: "ubuntu_20_04".into(),
             ssh_keys: vec![key],
             witness: Witness::new("w"),
+            first: None,
         };
         client.create_device(&request).await.unwrap();
         for kind in [
@@ -92,6 +93,7 @@ async fn the_token_is_in_no_log_line_and_no_error() {
         }
         let other = CreateDevice {
             witness: Witness::new("other"),
+            first: None,
             ..request.clone()
         };
         errors.push(format!(

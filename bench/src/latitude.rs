@@ -304,3 +304,220 @@ pub async fn converge(args: ConvergeBench) -> anyhow::Result<()> {
     fake.shutdown().await;
     Ok(())
 }
+
+/// Scenario 11: a pool filled at the key's real budgets with the release
+/// binary's defaults, in an empty project and beside thousands of other
+/// servers, side by side in one run; then the reads a whole pool costs at
+/// rest, and how soon a server taken away or failed is noticed.
+#[derive(Debug, Args)]
+pub struct BudgetBench {
+    #[command(flatten)]
+    pub server: Server,
+    /// The pool to fill
+    #[arg(long, default_value_t = 40)]
+    pub machines: usize,
+    /// Other servers in the project (the second run; the first has none)
+    #[arg(long, default_value_t = 10_000)]
+    pub others: usize,
+    #[arg(long, default_value_t = 3)]
+    pub workers: usize,
+    /// How long the pool is watched at rest
+    #[arg(long, default_value = "120s", value_parser = shepherd::config::parse_duration)]
+    pub rest: Duration,
+}
+
+/// What one project size measured.
+struct BudgetRun {
+    others: usize,
+    fill: f64,
+    bound: f64,
+    reads: usize,
+    writes: usize,
+    throttled: usize,
+    rest_reads_per_minute: f64,
+    vanished_noticed: f64,
+    failed_noticed: f64,
+    full_listing_bound: f64,
+}
+
+pub async fn budget(args: BudgetBench) -> anyhow::Result<()> {
+    let n = args.machines.max(1);
+    println!(
+        "\n## Scenario 11: a pool of {n} at the key's budgets with the defaults, in an empty project and beside {} other servers, {} worker processes",
+        args.others, args.workers
+    );
+    let mut runs = vec![];
+    for others in [0, args.others] {
+        runs.push(budget_once(&args, n, others).await?);
+    }
+    println!(
+        "| other servers | fill, s | bound, s | fill / bound | reads | writes | 429s | reads a minute at rest | a server taken away noticed after, s | a failed one, s | a full listing's least time, s |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    for r in &runs {
+        println!(
+            "| {} | {:.1} | {:.0} | {:.3} | {} | {} | {} | {:.1} ({:.0} % of 60) | {:.1} | {:.1} | {:.0} |",
+            r.others,
+            r.fill,
+            r.bound,
+            r.fill / r.bound,
+            r.reads,
+            r.writes,
+            r.throttled,
+            r.rest_reads_per_minute,
+            r.rest_reads_per_minute / 60.0 * 100.0,
+            r.vanished_noticed,
+            r.failed_noticed,
+            r.full_listing_bound,
+        );
+    }
+    if let [empty, crowded] = &runs[..] {
+        println!(
+            "(fill beside {} against the empty project: {:.3}; the bound: the writes beyond the first 20 wait a minute each 20; a full listing's least time: its pages at 60 reads a minute)",
+            crowded.others,
+            crowded.fill / empty.fill
+        );
+    }
+    Ok(())
+}
+
+async fn budget_once(args: &BudgetBench, n: usize, others: usize) -> anyhow::Result<BudgetRun> {
+    let fake = FakeLatitude::start(
+        FakeConfig {
+            token: KEY.into(),
+            deploy_delay: Duration::from_secs(2),
+            ..FakeConfig::default()
+        },
+        "127.0.0.1:0".parse().expect("a literal address"),
+    )
+    .await
+    .context("cannot start the fake Latitude API")?;
+    let project = fake.project().to_string();
+    for i in 0..others {
+        // Other teams' servers in the same project, on the same plans.
+        let site = ["DAL", "ASH", "SAO"][i % 3];
+        fake.add_foreign_server(
+            &project,
+            "c2-small-x86",
+            site,
+            &format!("team-{}-{i}", i % 7),
+        );
+    }
+    let mut stage = Stage::new(&args.server, "budget", Default::default()).await?;
+    let pools = format!("name=web,plan=c2-small-x86,site=DAL,count={n},os=ubuntu_24_04_x64_lts");
+    let url = fake.base_url();
+    let env = [
+        ("SHEPHERD_PROVIDER", "latitude"),
+        ("LATITUDE_API_URL", url.as_str()),
+        ("LATITUDE_PROJECT", project.as_str()),
+        ("LATITUDE_API_KEY", KEY),
+        ("SHEPHERD_LATITUDE_POOLS", pools.as_str()),
+    ];
+    let max = (n + 10).to_string();
+    let started = Instant::now();
+    for i in 0..args.workers.max(1) {
+        // The defaults, but for the limit (a pool above the default 50 is
+        // allowed) and a settle window short enough to watch a server
+        // vanish within the run (5 min by default; it does not touch a
+        // fill whose answers are all seen).
+        let mut worker = vec![
+            "worker",
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--skip-migrations",
+            "--max-machines",
+            &max,
+            "--settle-window",
+            "20s",
+            "--db-connections",
+            "24",
+        ];
+        if i == 0 {
+            worker.push("--scheduler");
+        }
+        stage.spawn_with_env(&worker, &env)?;
+    }
+    stage
+        .wait_for(
+            "select count(*) from shepherd.managed_machines",
+            n as i64,
+            Duration::from_secs(900),
+        )
+        .await?;
+    let fill = started.elapsed().as_secs_f64();
+    let log = fake.request_log();
+    let reads = log.iter().filter(|r| r.method == "GET").count();
+    let writes = log.len() - reads;
+    let throttled = log.iter().filter(|r| r.status == 429).count();
+    let ours = fake
+        .servers()
+        .into_iter()
+        .filter(|s| s.hostname.starts_with("shepherd-"))
+        .collect::<Vec<_>>();
+    anyhow::ensure!(
+        ours.len() == n && fake.duplicate_hostnames() == 0,
+        "{} servers for {n} places: the run was not correct",
+        ours.len()
+    );
+    let windows = (writes.saturating_sub(1) / 20).max(1) as f64;
+    let bound = windows * 60.0;
+
+    // At rest: the pool whole, the scheduler's passes only.
+    let rest_from = Instant::now();
+    tokio::time::sleep(args.rest).await;
+    let rest_reads = fake
+        .request_log()
+        .iter()
+        .filter(|r| r.method == "GET" && r.started >= rest_from)
+        .count();
+    let rest_reads_per_minute = rest_reads as f64 / args.rest.as_secs_f64() * 60.0;
+
+    // One server taken away, another failed: noticed when a pass records
+    // the first for not found and asks for the second's deletion.
+    let (gone, failed) = (&ours[0].id, &ours[1].id);
+    let hit = Instant::now();
+    anyhow::ensure!(fake.reclaim(gone) && fake.fail_server(failed));
+    let noticed = |sql: &'static str, id: String| {
+        let pool = stage.pool.clone();
+        async move {
+            loop {
+                let n: i64 = sqlx::query_scalar(sql).bind(&id).fetch_one(&pool).await?;
+                if n > 0 {
+                    return anyhow::Ok(hit.elapsed().as_secs_f64());
+                }
+                anyhow::ensure!(
+                    hit.elapsed() < Duration::from_secs(600),
+                    "not noticed in 10 minutes"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    let (vanished_noticed, failed_noticed) = tokio::try_join!(
+        noticed(
+            "select count(*) from shepherd.events where event_type = 'machine_not_found'
+               and body->>'provider_id' = $1",
+            gone.clone()
+        ),
+        noticed(
+            "select count(*) from shepherd.events where event_type = 'deletion_requested'
+               and body->>'provider_id' = $1",
+            failed.clone()
+        ),
+    )?;
+    let full_listing_bound = (n + others).div_ceil(100) as f64;
+    stage.finish().await?;
+    fake.shutdown().await;
+    Ok(BudgetRun {
+        others,
+        fill,
+        bound,
+        reads,
+        writes,
+        throttled,
+        rest_reads_per_minute,
+        vanished_noticed,
+        failed_noticed,
+        full_listing_bound,
+    })
+}

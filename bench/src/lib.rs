@@ -47,6 +47,8 @@ pub enum BenchCommand {
     Latitude(latitude::LatitudeBench),
     /// 10: a pool change (deletions and creations) against the key's budgets
     Converge(latitude::ConvergeBench),
+    /// 11: a pool filled with the defaults in an empty and a crowded project, then at rest
+    Budget(latitude::BudgetBench),
     /// A bare apalis worker with a no-op job (scenario 1's baseline)
     #[command(hide = true)]
     NoopWorker(pipeline::NoopWorker),
@@ -114,6 +116,7 @@ pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Throttle(args) => pipeline::throttle(args).await,
         BenchCommand::Latitude(args) => latitude::run(args).await,
         BenchCommand::Converge(args) => latitude::converge(args).await,
+        BenchCommand::Budget(args) => latitude::budget(args).await,
         BenchCommand::NoopWorker(args) => pipeline::noop_worker(args).await,
         BenchCommand::ReconcileOnce(args) => reconcile::once(args).await,
     }
@@ -193,11 +196,19 @@ async fn all(args: AllBench) -> anyhow::Result<()> {
     })
     .await?;
     latitude::converge(latitude::ConvergeBench {
-        server,
+        server: server.clone(),
         from: if q { 6 } else { 20 },
         to: if q { 2 } else { 8 },
         new_pool: if q { 4 } else { 12 },
         workers: 3,
+    })
+    .await?;
+    latitude::budget(latitude::BudgetBench {
+        server,
+        machines: if q { 20 } else { 40 },
+        others: if q { 3_000 } else { 10_000 },
+        workers: 3,
+        rest: Duration::from_secs(if q { 60 } else { 120 }),
     })
     .await?;
     println!("\nall scenarios in {:.0?}", started.elapsed());

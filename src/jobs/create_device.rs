@@ -260,6 +260,10 @@ async fn holding(
     // retries; when it runs out the attempt's outcome is unknown, and the
     // next one starts by looking for what this one may have made.
     let fence = lock.creation(args.request);
+    // Nothing can have been sent for this request before its first
+    // attempt: its create may go out on what the pass's listing said.
+    let fresh = args.attempt == 1 && !args.unknown && !args.verify && args.creates_before() == 0;
+    let first = args.hint.as_ref().filter(|_| fresh);
     let attempt = async {
         let key = ctx.ssh_key_id().await?;
         ctx.provider
@@ -269,6 +273,7 @@ async fn holding(
                 &key,
                 &ctx.creation_limiter,
                 &fence,
+                first,
             )
             .await
     };
@@ -821,6 +826,8 @@ async fn admit_manual(
         unit: args.reservation,
         scope: ctx.provider.unit_scope(args.reservation),
         place: ctx.provider.unit_label(args.reservation),
+        // A manual creation reads its unit before its create.
+        hint: None,
     }];
     let mut tx = ctx.pool.begin().await?;
     let (_, refused) = queue::admit(

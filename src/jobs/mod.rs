@@ -87,6 +87,11 @@ pub struct CreateDeviceArgs {
     /// earlier attempt counts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub creates: Option<u32>,
+    /// What the pass's listing said a create on the unit needs
+    /// (`Unit::hint`): the first create is sent without reading the unit
+    /// again. Later attempts read it first, as they must.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hint: Option<serde_json::Value>,
 }
 
 impl CreateDeviceArgs {
@@ -103,6 +108,7 @@ impl CreateDeviceArgs {
             unknown_since: None,
             verify: false,
             creates: Some(0),
+            hint: None,
         }
     }
 

@@ -560,6 +560,7 @@ mod tests {
             provisionable: true,
             scope: Some(scope.to_string()),
             pool: None,
+            hint: None,
         };
         let report = |scope: &str, count| PoolReport {
             name: scope.into(),

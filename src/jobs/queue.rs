@@ -184,6 +184,8 @@ pub struct UnitFacts {
     pub scope: Option<String>,
     /// Its place, where the provider has places (`web/3`).
     pub place: Option<String>,
+    /// What the listing said a create needs (`Unit::hint`).
+    pub hint: Option<serde_json::Value>,
 }
 
 /// Admits creations for `reservations` in order, as far as the cluster's
@@ -311,6 +313,11 @@ pub async fn admit(
         for &(reservation, request) in &admitted {
             let args = CreateDeviceArgs {
                 requested_by: how.requested_by.clone(),
+                hint: how
+                    .units
+                    .iter()
+                    .find(|u| u.unit == reservation)
+                    .and_then(|u| u.hint.clone()),
                 ..CreateDeviceArgs::admitted(reservation, request)
             };
             push_create_device(conn, &args, None).await?;

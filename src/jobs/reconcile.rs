@@ -426,6 +426,11 @@ async fn run_pass(
                 .find(|u| u.id == *unit)
                 .and_then(|u| u.scope.clone()),
             place: ctx.provider.unit_label(*unit),
+            hint: inventory
+                .units
+                .iter()
+                .find(|u| u.id == *unit)
+                .and_then(|u| u.hint.clone()),
         })
         .collect();
     let (admitted, refused) = queue::admit(

@@ -309,6 +309,8 @@ impl Provider for LatitudeProvider {
         ssh_key: &'a str,
         creations: &'a Limiter,
         fence: &'a dyn Fence,
+        // A place's create reads nothing first: there is nothing to skip.
+        _first: Option<&'a serde_json::Value>,
     ) -> ProviderResult<'a, Created> {
         Box::pin(async move {
             let (pool, index) = self.place(unit)?;
@@ -453,6 +455,7 @@ impl LatitudeProvider {
                     provisionable: in_stock,
                     scope: Some(scope(p)),
                     pool: Some(p.name.clone()),
+                    hint: None,
                 });
             }
         }

@@ -10,7 +10,7 @@ pub mod model;
 pub mod operation;
 pub mod provider;
 
-pub use client::{ClientConfig, CreateDevice, CreatedDevice, MetalClient, Witness};
+pub use client::{ClientConfig, CreateDevice, CreateHint, CreatedDevice, MetalClient, Witness};
 pub use discipline::{ClientMetrics, LatencyLog, LatencyMinute, LocalPacer, Pacer, RetrySettings};
 pub use error::{ErrorClass, MetalError};
 pub use operation::Operation;

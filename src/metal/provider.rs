@@ -5,7 +5,7 @@
 
 use uuid::Uuid;
 
-use super::client::{CreateDevice, MetalClient, WITNESS_TAG_PREFIX, Witness};
+use super::client::{CreateDevice, CreateHint, MetalClient, WITNESS_TAG_PREFIX, Witness};
 use super::error::MetalError;
 use super::model::{Device, HardwareReservation};
 use crate::config::Rate;
@@ -61,6 +61,7 @@ pub fn unit(r: &HardwareReservation) -> Unit {
         // A reservation is one machine's hardware, shared with nothing.
         scope: None,
         pool: None,
+        hint: CreateHint::of(r).and_then(|h| serde_json::to_value(h).ok()),
     }
 }
 
@@ -166,6 +167,7 @@ impl Provider for MetalProvider {
         ssh_key: &'a str,
         creations: &'a Limiter,
         fence: &'a dyn Fence,
+        first: Option<&'a serde_json::Value>,
     ) -> ProviderResult<'a, Created> {
         Box::pin(async move {
             let key: Uuid = ssh_key.parse().map_err(|_| {
@@ -180,6 +182,7 @@ impl Provider for MetalProvider {
                 operating_system: self.operating_system.clone(),
                 ssh_keys: vec![key],
                 witness: Witness::new(request),
+                first: first.and_then(|h| serde_json::from_value(h.clone()).ok()),
             };
             Ok(created(
                 self.client

@@ -60,6 +60,10 @@ pub struct Unit {
     /// The pool it is a place of, where the provider has pools: a pass
     /// takes no more of a pool's units than the pool lacks.
     pub pool: Option<String>,
+    /// What a create on it needs to know, as the listing showed it (Metal:
+    /// the plan and where the hardware is), carried to the creation's
+    /// first attempt so that it need not read the unit again.
+    pub hint: Option<serde_json::Value>,
 }
 
 /// The units of capacity shepherd may provision, and how each pool of them
@@ -282,7 +286,10 @@ pub trait Provider: Send + Sync + 'static {
     /// for `creations`' turn, then asks `fence` right before the create is
     /// sent (nothing is sent if it refuses). An answer that was not seen is
     /// `Ambiguous`: the create is never sent again by this call, and the
-    /// caller settles it by looking (`find_created`).
+    /// caller settles it by looking (`find_created`). `first`: the unit's
+    /// hint (`Unit::hint`) when nothing can have been sent for `request`
+    /// before, so that the create may go out without reading the unit.
+    #[allow(clippy::too_many_arguments)]
     fn create<'a>(
         &'a self,
         unit: Uuid,
@@ -290,6 +297,7 @@ pub trait Provider: Send + Sync + 'static {
         ssh_key: &'a str,
         creations: &'a Limiter,
         fence: &'a dyn Fence,
+        first: Option<&'a serde_json::Value>,
     ) -> ProviderResult<'a, Created>;
 
     /// Whether the provider itself refuses a second machine on a unit

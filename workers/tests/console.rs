@@ -644,6 +644,7 @@ async fn a_release_from_the_console_asks_the_provider(pool: PgPool) {
             operating_system: "ubuntu_20_04".into(),
             ssh_keys: vec![key],
             witness: shepherd::metal::Witness::new("console"),
+            first: None,
         })
         .await
         .unwrap();

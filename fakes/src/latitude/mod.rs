@@ -507,6 +507,20 @@ impl FakeLatitude {
         }
     }
 
+    /// A server's deployment fails (`failed_deployment` from now on), as
+    /// a reinstall or a bad disk can make one. False if there is no such
+    /// server.
+    pub fn fail_server(&self, id: &str) -> bool {
+        let mut world = self.shared.world();
+        match world.find(id) {
+            Some(i) => {
+                world.servers[i].failed = true;
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Keeps a server out of listings (not out of its own GET) for `for_`,
     /// as a stale cached page would. False if there is no such server.
     pub fn omit_from_listings(&self, id: &str, for_: Duration) -> bool {

@@ -32,6 +32,16 @@ impl MetalClient {
 
             attempts.store(attempt, Ordering::Relaxed);
             async move {
+                // The first POST of a creation nothing preceded goes out at
+                // once: no device of ours can be on the reservation, and a
+                // reservation taken meanwhile answers 422, told apart below
+                // by reading it then. Every later attempt reads first.
+                if let (1, Some(hint)) = (attempt, &req.first) {
+                    let body = self.hinted_body(req, hint, witness);
+                    return self
+                        .post_and_settle(req, &body, witness, attempt, ambiguous, pacer, fence)
+                        .await;
+                }
                 let reservation = self
                     .json_once::<HardwareReservation>(
                         self.reservation_call(req.reservation, &["device", "facility"]),
@@ -54,12 +64,49 @@ impl MetalClient {
                     });
                 }
                 let body = self.create_body(req, &reservation, witness)?;
+                self.post_and_settle(req, &body, witness, attempt, ambiguous, pacer, fence)
+                    .await
+            }
+        })
+        .await;
+        match result {
+            // A foreign device on the reservation settles it: ours cannot be there.
+            Err(e)
+                if ambiguous.load(Ordering::Relaxed)
+                    && !matches!(e, MetalError::RaceLost { .. }) =>
+            {
+                Err(MetalError::Ambiguous {
+                    op: Operation::CreateDevice,
+                    attempts: attempts.load(Ordering::Relaxed),
+                    reason: e.to_string(),
+                })
+            }
+            other => other,
+        }
+    }
+
+    /// One POST of the create and what its answer settles: a refusal that a
+    /// taken reservation would give is told apart by reading it again; an
+    /// answer not seen marks the creation ambiguous.
+    #[allow(clippy::too_many_arguments)]
+    async fn post_and_settle(
+        &self,
+        req: &CreateDevice,
+        body: &DeviceCreateRequest,
+        witness: &str,
+        attempt: u32,
+        ambiguous: &AtomicBool,
+        pacer: &dyn Pacer,
+        fence: &dyn Fence,
+    ) -> Result<CreatedDevice, MetalError> {
+        {
+            {
                 let call = Call {
                     op: Operation::CreateDevice,
                     method: Method::POST,
                     path: format!("/projects/{}/devices", self.inner.project_id),
                     query: vec![],
-                    body: Some(&body),
+                    body: Some(body),
                 };
                 let posted = match self.attempt_paced(&call, Some(pacer), Some(fence)).await {
                     Ok((status, body)) => decode::<Device>(call.op, status, &body),
@@ -71,7 +118,11 @@ impl MetalClient {
                         recovered: false,
                         attempts: attempt,
                     }),
-                    Err(e @ MetalError::Invalid { status: 409 | 422, .. }) => {
+                    Err(
+                        e @ MetalError::Invalid {
+                            status: 409 | 422, ..
+                        },
+                    ) => {
                         // A 422 (or a 409) is what a create on a reservation
                         // taken since our read looks like; tell that apart.
                         let now = self
@@ -111,7 +162,9 @@ impl MetalClient {
                         ambiguous.store(true, Ordering::Relaxed);
                         Err(MetalError::Transient {
                             op: call.op,
-                            reason: format!("the create was accepted but its answer is unreadable: {detail}"),
+                            reason: format!(
+                                "the create was accepted but its answer is unreadable: {detail}"
+                            ),
                         })
                     }
                     Err(e) => {
@@ -125,21 +178,26 @@ impl MetalClient {
                     }
                 }
             }
-        })
-        .await;
-        match result {
-            // A foreign device on the reservation settles it: ours cannot be there.
-            Err(e)
-                if ambiguous.load(Ordering::Relaxed)
-                    && !matches!(e, MetalError::RaceLost { .. }) =>
-            {
-                Err(MetalError::Ambiguous {
-                    op: Operation::CreateDevice,
-                    attempts: attempts.load(Ordering::Relaxed),
-                    reason: e.to_string(),
-                })
-            }
-            other => other,
+        }
+    }
+
+    /// The create's body from a listing's hint instead of a fresh read.
+    fn hinted_body(
+        &self,
+        req: &CreateDevice,
+        hint: &CreateHint,
+        witness: &str,
+    ) -> DeviceCreateRequest {
+        DeviceCreateRequest {
+            hostname: req.hostname.clone(),
+            plan: hint.plan.clone(),
+            operating_system: req.operating_system.clone(),
+            // The metro where there is one, as a read would choose.
+            metro: hint.metro.clone(),
+            facility: hint.facility.clone().filter(|_| hint.metro.is_none()),
+            hardware_reservation_id: req.reservation,
+            project_ssh_keys: req.ssh_keys.clone(),
+            tags: vec![witness.to_string()],
         }
     }
 

@@ -100,6 +100,34 @@ pub struct CreateDevice {
     pub operating_system: String,
     pub ssh_keys: Vec<Uuid>,
     pub witness: Witness,
+    /// What a listing said of the reservation, for a create that nothing
+    /// can have preceded (a creation's first attempt): its first POST is
+    /// sent without reading the reservation again. `None`: every attempt
+    /// reads first.
+    pub first: Option<CreateHint>,
+}
+
+/// A reservation's plan and place, as a create needs them.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct CreateHint {
+    pub plan: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metro: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub facility: Option<String>,
+}
+
+impl CreateHint {
+    /// The hint a listed reservation gives, if it names its plan and
+    /// where it is.
+    pub fn of(r: &HardwareReservation) -> Option<CreateHint> {
+        let hint = CreateHint {
+            plan: r.plan_slug()?.to_string(),
+            metro: r.metro_code().map(str::to_string),
+            facility: r.facility().and_then(|f| f.code.clone()),
+        };
+        (hint.metro.is_some() || hint.facility.is_some()).then_some(hint)
+    }
 }
 
 /// A device that `create_device` made or found.

@@ -144,6 +144,7 @@ async fn create(args: EnqueueCreate) -> anyhow::Result<()> {
         unit,
         scope: provider.unit_scope(unit),
         place: provider.unit_label(unit),
+        hint: None,
     }];
     let mut tx = pool.begin().await?;
     let (admitted, refused) = queue::admit(
