@@ -394,6 +394,9 @@ pub struct Plan {
     pub managed: u64,
     pub in_flight: u64,
     pub devices_listed: usize,
+    /// What the listing asked for and cost, where the provider says.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listing: Option<crate::provider::ListingCost>,
     pub discrepancy: Option<DiscrepancyFound>,
     pub would_adopt: Vec<String>,
     pub at_limit: bool,
@@ -445,6 +448,7 @@ pub async fn plan(
         .max_machines
         .is_reached(before.managed.len() as u64 + before.in_flight());
     let survey = provider.survey(!full).await;
+    let listing = survey.listing.clone();
     let devices = survey.machines?;
     let fleet = read_fleet(pool).await?;
     let ours = our_requests(pool, &devices).await?;
@@ -465,6 +469,7 @@ pub async fn plan(
         managed: fleet.managed.len() as u64,
         in_flight: fleet.in_flight() + comparison.adopt.len() as u64,
         devices_listed: devices.len(),
+        listing,
         discrepancy: None,
         would_adopt: comparison.adopt.iter().map(|a| a.device.clone()).collect(),
         at_limit: false,

@@ -207,6 +207,10 @@ async fn the_readmes_latitude_path_works_as_written(pool: PgPool) {
     let plan = w.ok(&["plan"]);
     assert!(plan.contains("web"), "{plan}");
     assert!(
+        plan.contains("listed: servers whose hostname starts with shepherd-: 4 in 1 read"),
+        "{plan}"
+    );
+    assert!(
         !plan.to_lowercase().contains("reservation"),
         "Metal's words: {plan}"
     );

@@ -1,5 +1,7 @@
 //! The idempotent create: read the reservation, recognise our own device
 //! by its witness, and only then POST; settle an unknown outcome by looking.
+//! A creation's first attempt, which nothing can have preceded, may skip
+//! the read and POST on what the pass listed (`CreateDevice::first`).
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 

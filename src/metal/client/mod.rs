@@ -443,12 +443,14 @@ impl MetalClient {
 
     /// Creates a device on a reservation, idempotently.
     ///
-    /// Before every attempt the reservation is read with its device: a device
-    /// carrying our witness is the result (a previous attempt, or a previous
-    /// process, made it); any other device means the reservation was taken
-    /// (`RaceLost`). A POST that fails without a clear refusal is never
-    /// repeated blindly: the next attempt starts with that read. In the normal
-    /// case this is two calls; after an accepted-then-failed POST, three.
+    /// Before every attempt (but a first one with a listing's hint,
+    /// `CreateDevice::first`) the reservation is read with its device: a
+    /// device carrying our witness is the result (a previous attempt, or a
+    /// previous process, made it); any other device means the reservation
+    /// was taken (`RaceLost`). A POST that fails without a clear refusal is
+    /// never repeated blindly: the next attempt starts with that read. In
+    /// the normal case this is two calls, one with a hint; after an
+    /// accepted-then-failed POST, three.
     pub async fn create_device(&self, req: &CreateDevice) -> Result<CreatedDevice, MetalError> {
         self.create_device_paced(
             req,

@@ -425,6 +425,9 @@ pub fn render_plan(
             plan.max_machines.to_string()
         }
     ));
+    if let Some(l) = &plan.listing {
+        out.push_str(&format!("listed: {}\n", listing_words(l)));
+    }
     if !plan.would_adopt.is_empty() {
         out.push_str(&format!(
             "would adopt {} {}: {}\n",
