@@ -516,6 +516,110 @@ async fn the_log_refuses_updates_deletes_and_truncates(pool: PgPool) {
     assert_eq!(count, 1);
 }
 
+/// What an operator writes into the permanent log has a limit, whatever
+/// the door: every SQL function an operator calls, and the library's own
+/// appends. A refusal records nothing and says what the limit is.
+#[sqlx::test(migrations = false)]
+async fn an_operators_reason_over_the_limit_is_refused_at_every_door(pool: PgPool) {
+    common::migrated(&pool).await;
+    let long = "x".repeat(1001);
+    let r = Uuid::new_v4();
+    let events = || async {
+        let n: i64 = sqlx::query_scalar("select count(*) from shepherd.events")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        n
+    };
+    let refused = |sql: &'static str, text: String| {
+        let pool = pool.clone();
+        async move {
+            let err = sqlx::query(sql)
+                .bind(&text)
+                .execute(&pool)
+                .await
+                .expect_err(sql);
+            let db = err.as_database_error().expect("a database error");
+            assert_eq!(db.code().as_deref(), Some("22023"), "{sql}: {err}");
+            assert!(db.message().contains("at most"), "{sql}: {err}");
+        }
+    };
+    refused(
+        "select shepherd.pause_creations($1, 'sql:test')",
+        long.clone(),
+    )
+    .await;
+    refused(
+        "select shepherd.pause_deletions($1, 'sql:test')",
+        long.clone(),
+    )
+    .await;
+    refused(
+        "select shepherd.pause_deletions('why', $1)",
+        "y".repeat(201),
+    )
+    .await;
+    refused(
+        "select shepherd.change_setting('chunk_size', '5', $1, 'sql:test')",
+        long.clone(),
+    )
+    .await;
+    assert_eq!(events().await, 0, "a refused action left an event");
+    sqlx::query("select shepherd.pause_creations('maintenance', 'sql:test')")
+        .execute(&pool)
+        .await
+        .unwrap();
+    refused(
+        "select shepherd.resume_creations($1, 'sql:test')",
+        long.clone(),
+    )
+    .await;
+    let mut tx = pool.begin().await.unwrap();
+    record(
+        &mut tx,
+        vec![NewEvent::new(ReservationPenalised {
+            reservation: r,
+            until: Utc::now() + TimeDelta::minutes(10),
+            cause: "test".into(),
+            class: None,
+            scope: None,
+        })],
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    let err = sqlx::query("select shepherd.clear_penalty($1, $2, 'sql:test')")
+        .bind(r)
+        .bind(&long)
+        .execute(&pool)
+        .await
+        .expect_err("a penalty cleared with a reason over the limit");
+    assert!(err.to_string().contains("at most"), "{err}");
+    // The library's own appends meet the same check.
+    let mut tx = pool.begin().await.unwrap();
+    let appended = record(
+        &mut tx,
+        vec![NewEvent::new(CreationsResumed {
+            by: "cli:test".into(),
+            reason: long.clone(),
+        })],
+    )
+    .await;
+    assert!(
+        appended.is_err(),
+        "the library appended a reason over the limit"
+    );
+    drop(tx);
+    assert_eq!(events().await, 2, "a refused action left an event");
+    // At the limit, it is taken.
+    sqlx::query("select shepherd.resume_creations($1, 'sql:test')")
+        .bind("x".repeat(1000))
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(events().await, 3);
+}
+
 #[sqlx::test(migrations = false)]
 async fn a_retried_append_is_stored_once(pool: PgPool) {
     common::migrated(&pool).await;

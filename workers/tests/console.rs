@@ -458,6 +458,34 @@ async fn actions_need_the_credential_and_record_who(pool: PgPool) {
             .any(|v| v.to_str().unwrap().contains("HttpOnly; SameSite=Strict"))
     );
     let cookie = cookies.join("; ");
+    // A reason over the limit is refused with why, and records nothing.
+    let long = "x".repeat(1001);
+    let r = post_form(
+        &http,
+        format!("{}/actions/pause", server.base),
+        &[("cookie", &cookie)],
+        &[("reason", long.as_str())],
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    let said = r.text().await.unwrap();
+    assert!(said.contains("at most 1000 characters"), "{said}");
+    assert_eq!(events("creations_paused").await, 0);
+    // Clearing a penalty that is not there says so.
+    let r = post_form(
+        &http,
+        format!("{}/actions/clear-penalty", server.base),
+        &[("cookie", &cookie)],
+        &[
+            ("reservation", &uuid::Uuid::new_v4().to_string()),
+            ("reason", "tidy"),
+        ],
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+    let said = r.text().await.unwrap();
+    assert!(said.contains("no penalty in force"), "{said}");
+    assert_eq!(events("penalty_cleared").await, 0);
     let r = post_form(
         &http,
         format!("{}/actions/pause", server.base),

@@ -214,13 +214,22 @@ pub(super) async fn act(
                 .as_deref()
                 .and_then(|r| r.parse().ok())
                 .ok_or_else(|| Failure::BadRequest("which reservation? (a UUID)".into()))?;
-            sqlx::query("select shepherd.clear_penalty($1, $2, $3)")
-                .bind(reservation)
-                .bind(&reason)
-                .bind(&by)
-                .execute(pool)
-                .await
-                .map(drop)
+            let cleared: Result<bool, sqlx::Error> =
+                sqlx::query_scalar("select shepherd.clear_penalty($1, $2, $3)")
+                    .bind(reservation)
+                    .bind(&reason)
+                    .bind(&by)
+                    .fetch_one(pool)
+                    .await;
+            match cleared {
+                // As the CLI says it: nothing was recorded.
+                Ok(false) => {
+                    return Err(Failure::NotFound(format!(
+                        "{reservation} has no penalty in force; nothing was cleared"
+                    )));
+                }
+                other => other.map(drop),
+            }
         }
         "release" => {
             let machine = form
@@ -350,12 +359,12 @@ pub(super) fn action_forms(o: &Overview) -> maud::Markup {
         h2 { "Actions " a.muted href="/login" { "(log in)" } }
         @if o.paused.is_some() {
             form.inline method="post" action="/actions/resume" {
-                input name="reason" placeholder="why resume" required;
+                input name="reason" placeholder="why resume" maxlength="1000" required;
                 " " button type="submit" { "Resume creations" }
             }
         } @else {
             form.inline method="post" action="/actions/pause" {
-                input name="reason" placeholder="why pause" required;
+                input name="reason" placeholder="why pause" maxlength="1000" required;
                 " " button type="submit" { "Pause creations" }
             }
         }
@@ -365,7 +374,7 @@ pub(super) fn action_forms(o: &Overview) -> maud::Markup {
         @for p in &o.penalised {
             form.inline method="post" action="/actions/clear-penalty" {
                 input type="hidden" name="reservation" value=(p.reservation_id);
-                input name="reason" placeholder="why clear" required;
+                input name="reason" placeholder="why clear" maxlength="1000" required;
                 " " button type="submit" { "Clear the penalty of " (p.reservation_id) }
             }
         }

@@ -13,7 +13,7 @@ h2 { font-size: 1.1em; margin: 1.8em 0 .4em; padding-bottom: .2em; border-bottom
 a { color: #0645ad; text-decoration: none; }
 a:hover { text-decoration: underline; }
 table { border-collapse: collapse; width: 100%; }
-th, td { text-align: left; vertical-align: top; padding: .25em .7em .25em 0; border-bottom: 1px solid #eee; }
+th, td { text-align: left; vertical-align: top; padding: .25em .7em .25em 0; border-bottom: 1px solid #eee; overflow-wrap: anywhere; }
 thead th { font-weight: 600; color: #555; border-bottom: 1px solid #ccc; }
 table.facts { width: auto; }
 table.facts th { font-weight: normal; color: #555; padding-right: 2em; }

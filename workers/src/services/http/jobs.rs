@@ -262,14 +262,14 @@ fn job_actions(job: &JobDetail) -> Markup {
         @if ended {
             form.inline method="post" action="/actions/retry-job" {
                 input type="hidden" name="job" value=(job.id);
-                input name="reason" placeholder="why run it again" required;
+                input name="reason" placeholder="why run it again" maxlength="1000" required;
                 " " button type="submit" { "Retry this job" }
             }
         }
         @if waiting {
             form.inline method="post" action="/actions/cancel-job" {
                 input type="hidden" name="job" value=(job.id);
-                input name="reason" placeholder="why cancel" required;
+                input name="reason" placeholder="why cancel" maxlength="1000" required;
                 " " button type="submit" { "Cancel this job" }
             }
         }

@@ -111,7 +111,7 @@ pub(super) async fn machines_page(
                                     // managing it and passes stop reporting it missing.
                                     form.inline method="post" action="/actions/release" {
                                         input type="hidden" name="machine" value=(m.machine_id);
-                                        input name="reason" placeholder="why release" required;
+                                        input name="reason" placeholder="why release" maxlength="1000" required;
                                         " " button type="submit" { "Release" }
                                     }
                                 }
