@@ -4,11 +4,16 @@
 //! it. Each action goes through the same SQL function or queue call as the
 //! CLI, so it is checked and recorded the same way, with who: `console:<name>`.
 //!
-//! A browser logs in once (`/login`): the credential is kept in an
-//! HttpOnly, SameSite=Strict cookie, which a cross-site form never sends;
-//! a request that says where it comes from (`Origin`) must come from this
-//! host. Scripts send `Authorization: Bearer <credential>` and name
-//! themselves in `X-Shepherd-Operator`.
+//! A browser logs in once (`/login`) and gets a session: a random id in an
+//! HttpOnly, SameSite=Strict cookie (Secure behind a proxy that says the
+//! request came over TLS), which a cross-site form never sends; the
+//! credential itself never leaves the login form. Sessions live in Postgres
+//! (`shepherd.console_sessions`, by the id's SHA-256), so every worker's
+//! page accepts them and a log-out or the expiry ends them everywhere.
+//! Failed log-ins are recorded and throttled across the cluster. A request
+//! that says where it comes from (`Origin`) must come from this host.
+//! Scripts send `Authorization: Bearer <credential>` and name themselves
+//! in `X-Shepherd-Operator`.
 
 use axum::Form;
 use axum::http::HeaderMap;
@@ -20,8 +25,72 @@ use super::*;
 use shepherd::jobs::manage::{self, JobActionError};
 use shepherd::jobs::{ReconcileArgs, queue};
 
-const TOKEN_COOKIE: &str = "shepherd_operator";
-const WHO_COOKIE: &str = "shepherd_who";
+const SESSION_COOKIE: &str = "shepherd_session";
+/// Cookies of builds that kept the credential itself in the browser: a
+/// log-in or log-out clears them.
+const OLD_COOKIES: [&str; 2] = ["shepherd_operator", "shepherd_who"];
+/// How long a session lasts: an on-call shift.
+const SESSION_HOURS: i64 = 12;
+/// Failed log-ins the whole cluster accepts in a minute before it answers
+/// 429 to every log-in until the minute has passed.
+const FAILED_LOGINS_PER_MINUTE: i64 = 10;
+
+/// Who is looking at a page, for what the page offers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Viewer {
+    /// Actions are off on this process.
+    ReadOnly,
+    /// Actions are on; nobody is logged in.
+    Anonymous,
+    /// Logged in, with a live session.
+    Operator(String),
+}
+
+impl Viewer {
+    pub(super) fn may_act(&self) -> bool {
+        matches!(self, Viewer::Operator(_))
+    }
+}
+
+/// The viewer a request's cookies make: an operator only with a session
+/// that has neither ended nor expired.
+pub(super) async fn viewer(state: &HttpState, headers: &HeaderMap) -> Viewer {
+    if state.operator_token.is_none() {
+        return Viewer::ReadOnly;
+    }
+    let Some(id) = cookie(headers, SESSION_COOKIE) else {
+        return Viewer::Anonymous;
+    };
+    match session(&state.pool, id).await {
+        Ok(Some(who)) => Viewer::Operator(who),
+        Ok(None) => Viewer::Anonymous,
+        Err(e) => {
+            tracing::warn!(error = %e, "reading a console session");
+            Viewer::Anonymous
+        }
+    }
+}
+
+async fn session(pool: &sqlx::PgPool, id: &str) -> Result<Option<String>, sqlx::Error> {
+    sqlx::query_scalar(
+        "select who from shepherd.console_sessions
+         where id_hash = encode(sha256(convert_to($1, 'UTF8')), 'hex')
+           and ended_at is null and now() < expires_at",
+    )
+    .bind(id)
+    .fetch_optional(pool)
+    .await
+}
+
+/// `Secure` where the browser reached us over TLS (this server speaks
+/// plain HTTP; a proxy in front says so in `X-Forwarded-Proto`).
+fn secure(headers: &HeaderMap) -> &'static str {
+    let tls = headers
+        .get("x-forwarded-proto")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|p| p.trim().eq_ignore_ascii_case("https"));
+    if tls { "; Secure" } else { "" }
+}
 
 fn off() -> Failure {
     Failure::Forbidden(
@@ -31,13 +100,16 @@ fn off() -> Failure {
     )
 }
 
-/// Compares without stopping at the first difference.
-fn same_secret(a: &str, b: &str) -> bool {
-    a.len() == b.len()
-        && a.bytes()
-            .zip(b.bytes())
-            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
-            == 0
+/// Compares `given` with `secret` in a time that depends on the secret's
+/// length only: no early stop at the first difference or at a length that
+/// differs.
+fn same_secret(given: &str, secret: &str) -> bool {
+    let (given, secret) = (given.as_bytes(), secret.as_bytes());
+    let mut differ = u8::from(given.len() != secret.len());
+    for (i, s) in secret.iter().enumerate() {
+        differ |= given.get(i).copied().unwrap_or(!s) ^ s;
+    }
+    differ == 0
 }
 
 fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
@@ -79,8 +151,9 @@ fn valid_name(who: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '@'))
 }
 
-/// Who is acting, if the request carries the credential.
-fn operator(state: &HttpState, headers: &HeaderMap) -> Result<String, Failure> {
+/// Who is acting: a script with the credential that names itself, or a
+/// browser with a live session.
+async fn operator(state: &HttpState, headers: &HeaderMap) -> Result<String, Failure> {
     let Some(token) = &state.operator_token else {
         return Err(off());
     };
@@ -89,41 +162,71 @@ fn operator(state: &HttpState, headers: &HeaderMap) -> Result<String, Failure> {
         .get(AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
-    let given = bearer.or_else(|| cookie(headers, TOKEN_COOKIE));
-    if !given.is_some_and(|g| same_secret(g, token.expose())) {
+    if let Some(given) = bearer {
+        if !same_secret(given, token.expose()) {
+            return Err(Failure::Unauthorized("wrong credential".into()));
+        }
+        let who = headers
+            .get("x-shepherd-operator")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        if !valid_name(who) {
+            return Err(Failure::BadRequest(
+                "name yourself in X-Shepherd-Operator: the log records who acted (letters, \
+                 digits, . _ - @, up to 64)"
+                    .into(),
+            ));
+        }
+        return Ok(format!("console:{who}"));
+    }
+    let Some(id) = cookie(headers, SESSION_COOKIE) else {
         return Err(Failure::Unauthorized(
             "log in first (/login), or send Authorization: Bearer <credential>".into(),
         ));
+    };
+    match session(&state.pool, id).await {
+        Ok(Some(who)) => Ok(format!("console:{who}")),
+        Ok(None) => Err(Failure::Unauthorized(
+            "your session has ended or expired: log in again (/login)".into(),
+        )),
+        Err(e) => Err(database_failure("reading a console session", e)),
     }
-    let who = headers
-        .get("x-shepherd-operator")
-        .and_then(|v| v.to_str().ok())
-        .or_else(|| cookie(headers, WHO_COOKIE))
-        .unwrap_or("");
-    if !valid_name(who) {
-        return Err(Failure::BadRequest(
-            "name yourself: the log records who acted (letters, digits, . _ - @)".into(),
-        ));
-    }
-    Ok(format!("console:{who}"))
 }
 
-pub(super) async fn login_page(State(state): State<HttpState>) -> Result<Html<String>, Failure> {
+pub(super) async fn login_page(
+    State(state): State<HttpState>,
+    headers: HeaderMap,
+) -> Result<Html<String>, Failure> {
     if state.operator_token.is_none() {
         return Err(off());
     }
+    let viewer = viewer(&state, &headers).await;
     Ok(layout(
         "shepherd · log in",
         false,
         html! {
             h1 { a href="/" { "shepherd" } " · log in to act" }
-            form method="post" action="/login" {
-                p { label { "Your name (recorded with every action) " input name="who" required; } }
-                p { label { "Operator credential " input type="password" name="token" required; } }
-                button type="submit" { "Log in" }
+            @if let Viewer::Operator(who) = &viewer {
+                p { "Logged in as " strong { (who) } ". " }
+                (logout_form())
+            } @else {
+                form method="post" action="/login" {
+                    p { label { "Your name (recorded with every action) " input name="who" maxlength="64" required autocomplete="username"; } }
+                    p { label { "Operator credential " input type="password" name="token" required autocomplete="current-password"; } }
+                    button type="submit" { "Log in" }
+                }
             }
         },
     ))
+}
+
+/// The log-out button.
+pub(super) fn logout_form() -> maud::Markup {
+    html! {
+        form.inline method="post" action="/logout" {
+            button type="submit" { "Log out" }
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -141,8 +244,30 @@ pub(super) async fn login(
         return Err(off());
     };
     same_origin(&headers)?;
+    let pool = &state.pool;
+    // Throttled before the credential is even compared: a burst of guesses
+    // costs the guesser the minute, whichever worker it reaches.
+    let failed: i64 = sqlx::query_scalar(
+        "select count(*) from shepherd.console_login_failures
+         where at > now() - interval '1 minute'",
+    )
+    .fetch_one(pool)
+    .await
+    .map_err(|e| database_failure("counting failed log-ins", e))?;
+    if failed >= FAILED_LOGINS_PER_MINUTE {
+        tracing::warn!(who = %truncated(&login.who), failed, "console log-in throttled");
+        return Err(Failure::TooManyRequests(format!(
+            "{failed} failed log-ins in the last minute: log-ins are refused until it has passed"
+        )));
+    }
     if !same_secret(&login.token, token.expose()) {
-        tracing::warn!(who = %login.who, "console log-in refused: wrong credential");
+        let who = truncated(&login.who);
+        tracing::warn!(%who, "console log-in refused: wrong credential");
+        sqlx::query("insert into shepherd.console_login_failures (who) values ($1)")
+            .bind(&who)
+            .execute(pool)
+            .await
+            .map_err(|e| database_failure("recording a failed log-in", e))?;
         return Err(Failure::Unauthorized("wrong credential".into()));
     }
     if !valid_name(&login.who) {
@@ -150,20 +275,79 @@ pub(super) async fn login(
             "a name of letters, digits, . _ - or @, up to 64".into(),
         ));
     }
+    // 244 random bits, from the OS's generator through uuid's v4.
+    let id = format!("{}{}", Uuid::new_v4().simple(), Uuid::new_v4().simple());
+    sqlx::query(
+        "insert into shepherd.console_sessions (id_hash, who, expires_at)
+         values (encode(sha256(convert_to($1, 'UTF8')), 'hex'), $2,
+                 now() + make_interval(hours => $3))",
+    )
+    .bind(&id)
+    .bind(&login.who)
+    .bind(SESSION_HOURS as i32)
+    .execute(pool)
+    .await
+    .map_err(|e| database_failure("starting a console session", e))?;
+    tracing::info!(who = %login.who, "console log-in");
     let mut response = (StatusCode::SEE_OTHER, [(LOCATION, "/")]).into_response();
-    for cookie in [
-        format!(
-            "{TOKEN_COOKIE}={}; HttpOnly; SameSite=Strict; Path=/",
-            token.expose()
-        ),
-        format!("{WHO_COOKIE}={}; SameSite=Strict; Path=/", login.who),
-    ] {
-        let value = axum::http::HeaderValue::from_str(&cookie).map_err(|_| {
-            Failure::BadRequest("the credential is not a valid cookie value".into())
-        })?;
+    let mut cookies = vec![format!(
+        "{SESSION_COOKIE}={id}; HttpOnly; SameSite=Strict; Path=/; Max-Age={}{}",
+        SESSION_HOURS * 3600,
+        secure(&headers)
+    )];
+    cookies.extend(
+        OLD_COOKIES
+            .iter()
+            .map(|c| format!("{c}=; Path=/; Max-Age=0")),
+    );
+    set_cookies(&mut response, &cookies)?;
+    Ok(response)
+}
+
+/// Ends the request's session everywhere and forgets its cookie.
+pub(super) async fn logout(
+    State(state): State<HttpState>,
+    headers: HeaderMap,
+) -> Result<Response, Failure> {
+    if state.operator_token.is_none() {
+        return Err(off());
+    }
+    same_origin(&headers)?;
+    if let Some(id) = cookie(&headers, SESSION_COOKIE) {
+        let ended: Option<String> = sqlx::query_scalar(
+            "update shepherd.console_sessions set ended_at = now()
+             where id_hash = encode(sha256(convert_to($1, 'UTF8')), 'hex') and ended_at is null
+             returning who",
+        )
+        .bind(id)
+        .fetch_optional(&state.pool)
+        .await
+        .map_err(|e| database_failure("ending a console session", e))?;
+        if let Some(who) = ended {
+            tracing::info!(%who, "console log-out");
+        }
+    }
+    let mut response = (StatusCode::SEE_OTHER, [(LOCATION, "/")]).into_response();
+    let cookies: Vec<String> = std::iter::once(SESSION_COOKIE)
+        .chain(OLD_COOKIES)
+        .map(|c| format!("{c}=; Path=/; Max-Age=0"))
+        .collect();
+    set_cookies(&mut response, &cookies)?;
+    Ok(response)
+}
+
+fn set_cookies(response: &mut Response, cookies: &[String]) -> Result<(), Failure> {
+    for cookie in cookies {
+        let value = axum::http::HeaderValue::from_str(cookie)
+            .map_err(|_| Failure::BadRequest("that name is not a valid cookie value".into()))?;
         response.headers_mut().append(SET_COOKIE, value);
     }
-    Ok(response)
+    Ok(())
+}
+
+/// A name as typed, cut to what the record keeps.
+fn truncated(who: &str) -> String {
+    who.chars().take(64).collect()
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -184,7 +368,7 @@ pub(super) async fn act(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Result<Response, Failure> {
-    let by = operator(&state, &headers)?;
+    let by = operator(&state, &headers).await?;
     // A form, or nothing at all (`curl -X POST` for a pass).
     let form: ActionForm = if body.is_empty() {
         ActionForm::default()
@@ -353,10 +537,11 @@ pub(super) async fn act(
     }
 }
 
-/// The actions' forms on the status page, where actions are on.
-pub(super) fn action_forms(o: &Overview) -> maud::Markup {
+/// The actions' forms on the status page, for the operator logged in.
+pub(super) fn action_forms(o: &Overview, who: &str) -> maud::Markup {
     html! {
-        h2 { "Actions " a.muted href="/login" { "(log in)" } }
+        h2 { "Actions" }
+        p.muted { "Logged in as " strong { (who) } ". " (logout_form()) }
         @if o.paused.is_some() {
             form.inline method="post" action="/actions/resume" {
                 input name="reason" placeholder="why resume" maxlength="1000" required;

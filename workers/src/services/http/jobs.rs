@@ -182,8 +182,10 @@ struct JobDetail {
 
 pub(super) async fn job_page(
     State(state): State<HttpState>,
+    headers: axum::http::HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Html<String>, Failure> {
+    let may_act = viewer(&state, &headers).await.may_act();
     let job: Option<JobDetail> = sqlx::query_as(
         "select id, job_type, job, status, attempts, max_attempts, run_at, lock_at, lock_by,
                 done_at, last_result
@@ -227,7 +229,7 @@ pub(super) async fn job_page(
                 tr { th { "Done" } td { (Time(at).to_string()) } }
             }
         }
-        @if state.operator_token.is_some() {
+        @if may_act {
             (job_actions(&job))
         }
         h2 { "Arguments" }

@@ -26,6 +26,7 @@ struct Row {
 
 pub(super) async fn machines_page(
     State(state): State<HttpState>,
+    headers: axum::http::HeaderMap,
     Query(query): Query<MachineQuery>,
 ) -> Result<Html<String>, Failure> {
     let number = query.page.unwrap_or(1);
@@ -75,7 +76,7 @@ pub(super) async fn machines_page(
         (total, rows)
     };
     let pages = ((total + PAGE_SIZE - 1) / PAGE_SIZE).max(1);
-    let actions = state.operator_token.is_some();
+    let actions = viewer(&state, &headers).await.may_act();
     let link = |page: i64| match &q {
         Some(q) => format!("/machines?page={page}&q={}", percent(q)),
         None => format!("/machines?page={page}"),

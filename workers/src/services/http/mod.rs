@@ -82,6 +82,7 @@ pub(super) fn router(state: HttpState) -> Router {
         .route("/device/{id}", get(device_page))
         .route("/jobs", get(jobs_page))
         .route("/login", get(login_page).post(login))
+        .route("/logout", axum::routing::post(logout))
         .route("/actions/{action}", axum::routing::post(act))
         .route("/machines", get(machines_page))
         .route("/jobs/{id}", get(job_page))
@@ -107,6 +108,8 @@ pub(super) enum Failure {
     Forbidden(String),
     /// The action does not fit the thing's state; the text says why.
     Conflict(String),
+    /// Too many failed log-ins in the last minute.
+    TooManyRequests(String),
 }
 
 impl IntoResponse for Failure {
@@ -135,6 +138,12 @@ impl IntoResponse for Failure {
             Failure::Conflict(text) => {
                 (StatusCode::CONFLICT, message("refused", &text)).into_response()
             }
+            Failure::TooManyRequests(text) => (
+                StatusCode::TOO_MANY_REQUESTS,
+                [(axum::http::header::RETRY_AFTER, "60")],
+                message("too many log-ins", &text),
+            )
+                .into_response(),
         }
     }
 }

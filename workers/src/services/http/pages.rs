@@ -3,8 +3,12 @@
 
 use super::*;
 
-pub(super) async fn front_page(State(state): State<HttpState>) -> Result<Html<String>, Failure> {
+pub(super) async fn front_page(
+    State(state): State<HttpState>,
+    headers: axum::http::HeaderMap,
+) -> Result<Html<String>, Failure> {
     const WHAT: &str = "status page";
+    let viewer = viewer(&state, &headers).await;
     let overview = fleet::overview(&state.pool)
         .await
         .map_err(|e| database_failure(WHAT, e))?;
@@ -75,13 +79,9 @@ pub(super) async fn front_page(State(state): State<HttpState>) -> Result<Html<St
     Ok(layout(
         "shepherd",
         true,
-        status_page(
-            &overview,
-            &machines,
-            &rows,
-            state.operator_token.is_some(),
-            &|unit| state.unit_label(unit),
-        ),
+        status_page(&overview, &machines, &rows, &viewer, &|unit| {
+            state.unit_label(unit)
+        }),
     ))
 }
 

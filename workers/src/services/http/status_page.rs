@@ -22,7 +22,7 @@ pub(super) fn status_page(
     o: &Overview,
     machines: &[ManagedMachine],
     events: &[EventRow],
-    actions: bool,
+    viewer: &Viewer,
     label: &dyn Fn(Uuid) -> Option<String>,
 ) -> Markup {
     html! {
@@ -30,7 +30,14 @@ pub(super) fn status_page(
         p.nav { a href="/jobs" { "Jobs" } " · " a href="/machines" { "Machines" } " · " a href="/events" { "Events" } " · " a href="/charts" { "Charts" } }
         p.muted.as-of { "As of " (Time(o.now).to_string()) "; this page refreshes every 5 s while you are not filling in a form." }
         (alarms(o))
-        @if actions { (action_forms(o)) }
+        @match viewer {
+            Viewer::Operator(who) => (action_forms(o, who)),
+            Viewer::Anonymous => {
+                h2 { "Actions" }
+                p.muted { a href="/login" { "Log in to act" } " (pause, resume, a pass, clear a penalty)." }
+            }
+            Viewer::ReadOnly => {}
+        }
         (fleet(o))
         (last_reconcile(o))
         (pools(o))
