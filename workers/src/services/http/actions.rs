@@ -275,6 +275,16 @@ pub(super) async fn login(
             "a name of letters, digits, . _ - or @, up to 64".into(),
         ));
     }
+    // Sessions and failures past any use go with the next log-in, so the
+    // tables stay the size of a few shifts.
+    sqlx::query(
+        "with s as (delete from shepherd.console_sessions
+                    where coalesce(ended_at, expires_at) < now() - interval '7 days')
+         delete from shepherd.console_login_failures where at < now() - interval '7 days'",
+    )
+    .execute(pool)
+    .await
+    .map_err(|e| database_failure("pruning old console sessions", e))?;
     // 244 random bits, from the OS's generator through uuid's v4.
     let id = format!("{}{}", Uuid::new_v4().simple(), Uuid::new_v4().simple());
     sqlx::query(
