@@ -67,9 +67,9 @@ async fn an_unknown_outcome_holds_its_slot_until_a_look_settles_it(pool: PgPool)
     // Each attempt ends at its deadline while the reads keep failing.
     c.create_retry.timeout = std::time::Duration::from_secs(1);
     let w = World::with(pool, 4, c).await;
-    // The read before the create succeeds, the create is accepted and its
-    // answer garbled, and every read after it fails: the outcome cannot be
-    // known.
+    // The first create goes out on the pass's listing (no read before it),
+    // is accepted and its answer garbled, and every read after it fails:
+    // the outcome cannot be known.
     w.fake.set_faults(Faults {
         rules: vec![
             FaultRule::on(
@@ -80,8 +80,7 @@ async fn an_unknown_outcome_holds_its_slot_until_a_look_settles_it(pool: PgPool)
             FaultRule::on(
                 Operation::FindHardwareReservationById,
                 FaultKind::Status { status: 503 },
-            )
-            .after(1),
+            ),
         ],
         ..Faults::default()
     });

@@ -794,3 +794,64 @@ async fn a_pass_reads_only_the_clusters_servers_and_survives_a_filter_it_cannot_
     assert_eq!(ours(&w.fake.servers()), 2);
     w.assert_invariants().await;
 }
+
+/// A creation whose worker died after its POST is handed back by apalis
+/// with one attempt counted (apalis counts a run when it ends or is handed
+/// back, never when it is claimed). Its next run must know it is a rerun:
+/// it looks its hostname up and finds the server the dead run made, and
+/// never sends a second POST for the place.
+#[sqlx::test(migrations = false)]
+async fn a_creation_handed_back_after_its_worker_died_looks_before_it_posts(db: PgPool) {
+    use shepherd::jobs::CreateDeviceArgs;
+    use shepherd::jobs::create_device::{CreateOutcome, create_device};
+    use shepherd::latitude::CreateServer;
+    let w = World::new(db, 5, vec![pool("web", "DAL", 1)]).await;
+    let pass = w.pass().await;
+    assert_eq!(pass.enqueued.len(), 1);
+    let (id, args): (String, serde_json::Value) = sqlx::query_as(
+        "select id, convert_from(job, 'UTF8')::jsonb from apalis.jobs
+         where job_type = 'create_device'",
+    )
+    .fetch_one(&w.pool)
+    .await
+    .unwrap();
+    let args: CreateDeviceArgs = serde_json::from_value(args).unwrap();
+    // What the dead run's POST made, and how apalis hands its row back.
+    let hostname = w.ctx.provider.hostname(args.reservation, args.request);
+    w.client()
+        .create_server(&CreateServer {
+            plan: "c2-small-x86".into(),
+            site: "DAL".into(),
+            operating_system: "ubuntu_24_04_x64_lts".into(),
+            hostname: hostname.clone(),
+            ssh_keys: vec![],
+        })
+        .await
+        .unwrap();
+    sqlx::query(
+        "update apalis.jobs set status = 'Pending', attempts = attempts + 1,
+             last_result = '{\"Err\": \"Re-enqueued due to worker heartbeat timeout.\"}'
+         where id = $1",
+    )
+    .bind(&id)
+    .execute(&w.pool)
+    .await
+    .unwrap();
+    let outcome = create_device(&w.ctx, &args, &id).await.unwrap();
+    assert!(
+        matches!(
+            &outcome,
+            CreateOutcome::Created {
+                recovered: true,
+                ..
+            }
+        ),
+        "{outcome:?}"
+    );
+    assert_eq!(
+        w.fake.duplicate_hostnames(),
+        0,
+        "a second POST for {hostname}"
+    );
+    assert_eq!(w.fake.servers().len(), 1);
+}

@@ -123,9 +123,13 @@ pub async fn create_device(
         Option<String>,
         Option<serde_json::Value>,
     );
+    // apalis counts a run in `attempts` when it ends (or when it hands a
+    // dead worker's job back), never when it claims one: a row that ran
+    // before, however that run ended, has attempts above 0 when it runs
+    // again.
     let (stored, rerun, owner, pools): First = sqlx::query_as(
         "select (select jsonb_object_agg(key, value) from shepherd.cluster_settings),
-                (select attempts > 1 from apalis.jobs where id = $1),
+                (select attempts > 0 from apalis.jobs where id = $1),
                 (select request from shepherd.pending_creations where reservation_id = $2),
                 (select jsonb_agg(to_jsonb(p)) from shepherd.pools p)",
     )

@@ -133,8 +133,10 @@ pub async fn delete_machine(
     job_id: &str,
 ) -> Result<DeleteOutcome, JobError> {
     let settings = ctx.settings().await?;
+    // As for a creation: apalis counts a run when it ends or is handed
+    // back, so attempts above 0 means this row ran before.
     let rerun: Option<bool> =
-        sqlx::query_scalar("select attempts > 1 from apalis.jobs where id = $1")
+        sqlx::query_scalar("select attempts > 0 from apalis.jobs where id = $1")
             .bind(job_id)
             .fetch_optional(&ctx.pool)
             .await?;

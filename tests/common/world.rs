@@ -206,10 +206,11 @@ impl World {
 
 /// Claims the next runnable CreateDevice, Assimilate or DeleteMachine job, as a worker
 /// would, and runs it with `ctx`, whichever provider it speaks to. `None`
-/// when nothing is runnable.
+/// when nothing is runnable. As apalis does, the claim leaves `attempts`
+/// alone and the end of the run counts it.
 pub async fn run_next(pool: &PgPool, ctx: &JobContext) -> Option<Ran> {
     let row: Option<(String, String, serde_json::Value)> = sqlx::query_as(
-        "update apalis.jobs j set status = 'Running', attempts = attempts + 1
+        "update apalis.jobs j set status = 'Running'
          from (select id from apalis.jobs
                where job_type in ('create_device', 'assimilate', 'delete_machine')
                  and status = 'Pending'
@@ -236,11 +237,14 @@ pub async fn run_next(pool: &PgPool, ctx: &JobContext) -> Option<Ran> {
             Ran::Assimilate(assimilate(ctx, &args, &id).await.unwrap())
         }
     };
-    sqlx::query("update apalis.jobs set status = 'Done', done_at = now() where id = $1")
-        .bind(&id)
-        .execute(pool)
-        .await
-        .unwrap();
+    sqlx::query(
+        "update apalis.jobs set status = 'Done', done_at = now(), attempts = attempts + 1
+         where id = $1",
+    )
+    .bind(&id)
+    .execute(pool)
+    .await
+    .unwrap();
     Some(ran)
 }
 

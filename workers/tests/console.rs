@@ -958,3 +958,39 @@ async fn a_burst_of_wrong_log_ins_is_throttled_and_recorded(pool: PgPool) {
     a.stop().await;
     b.stop().await;
 }
+
+/// Every page has the navigation; an address nothing serves and a method
+/// a page does not take answer with a page that says so, not an empty
+/// body; inputs carry labels.
+#[sqlx::test(migrations = false)]
+async fn every_answer_is_a_page_with_a_way_back(pool: PgPool) {
+    shepherd::db::migrate(&pool).await.unwrap();
+    let server = Server::start_with(pool.clone(), Some("credential")).await;
+    for path in ["/", "/jobs", "/machines", "/events", "/charts", "/login"] {
+        let (status, _, page) = server.get(path).await;
+        assert_eq!(status, StatusCode::OK, "{path}");
+        assert!(
+            page.contains(r#"<nav class="top">"#) && page.contains(r#"href="/machines""#),
+            "{path} has no navigation"
+        );
+        assert!(page.contains("prefers-color-scheme: dark"), "{path}");
+    }
+    let (status, _, page) = server.get("/no/such/page").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert!(
+        page.contains("nothing is served at /no/such/page"),
+        "{page}"
+    );
+    assert!(page.contains(r#"<nav class="top">"#), "{page}");
+    let r = reqwest::Client::new()
+        .delete(format!("{}/jobs", server.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::METHOD_NOT_ALLOWED);
+    let page = r.text().await.unwrap();
+    assert!(page.contains("/jobs does not take DELETE"), "{page}");
+    let (_, _, page) = server.get("/machines").await;
+    assert!(page.contains(r#"aria-label="Search machines""#), "{page}");
+    server.stop().await;
+}

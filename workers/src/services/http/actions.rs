@@ -554,12 +554,12 @@ pub(super) fn action_forms(o: &Overview, who: &str) -> maud::Markup {
         p.muted { "Logged in as " strong { (who) } ". " (logout_form()) }
         @if o.paused.is_some() {
             form.inline method="post" action="/actions/resume" {
-                input name="reason" placeholder="why resume" maxlength="1000" required;
+                input name="reason" aria-label="Reason (recorded with the action)" placeholder="why resume" maxlength="1000" required;
                 " " button type="submit" { "Resume creations" }
             }
         } @else {
             form.inline method="post" action="/actions/pause" {
-                input name="reason" placeholder="why pause" maxlength="1000" required;
+                input name="reason" aria-label="Reason (recorded with the action)" placeholder="why pause" maxlength="1000" required;
                 " " button type="submit" { "Pause creations" }
             }
         }
@@ -569,7 +569,7 @@ pub(super) fn action_forms(o: &Overview, who: &str) -> maud::Markup {
         @for p in &o.penalised {
             form.inline method="post" action="/actions/clear-penalty" {
                 input type="hidden" name="reservation" value=(p.reservation_id);
-                input name="reason" placeholder="why clear" maxlength="1000" required;
+                input name="reason" aria-label="Reason (recorded with the action)" placeholder="why clear" maxlength="1000" required;
                 " " button type="submit" { "Clear the penalty of " (p.reservation_id) }
             }
         }

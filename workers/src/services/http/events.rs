@@ -83,7 +83,7 @@ pub(super) async fn events_page(
         h1 { a href="/" { "shepherd" } " · events" }
         form method="get" action="/events" {
             "Stream "
-            input name="stream" list="stream-kinds" value=[stream] placeholder="any, or e.g. reservation/ or device/<id>";
+            input name="stream" aria-label="Stream" list="stream-kinds" value=[stream] placeholder="any, or e.g. reservation/ or device/<id>";
             datalist id="stream-kinds" { @for k in STREAM_KINDS { option value=(k) {} } }
             " type "
             select name="type" {

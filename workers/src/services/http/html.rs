@@ -15,18 +15,35 @@ a:hover { text-decoration: underline; }
 table { border-collapse: collapse; width: 100%; }
 th, td { text-align: left; vertical-align: top; padding: .25em .7em .25em 0; border-bottom: 1px solid #eee; overflow-wrap: anywhere; }
 thead th { font-weight: 600; color: #555; border-bottom: 1px solid #ccc; }
+nav.top { margin: 0 0 .8em; padding-bottom: .4em; border-bottom: 1px solid #ddd; }
+nav.top a { margin-right: 1em; }
 table.facts { width: auto; }
 table.facts th { font-weight: normal; color: #555; padding-right: 2em; }
 td.n { text-align: right; font-variant-numeric: tabular-nums; }
 .id, .body, td.n { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: 12.5px; }
-.body .k { color: #777; }
-.muted { color: #777; }
+.body .k { color: #666; }
+.muted { color: #666; }
 .alarm { background: #c00; color: #fff; padding: .8em 1em; margin: 1em 0; font-size: 1.15em; }
 .alarm a { color: #fff; text-decoration: underline; }
 .alarm ul { margin: .3em 0 0; }
 .warn { background: #fff4d6; border: 1px solid #e5c56b; padding: .6em 1em; margin: 1em 0; }
 .ok { color: #161; }
 form.inline { display: inline-block; margin: 0 1em .5em 0; }
+@media (max-width: 700px) {
+  table { display: block; overflow-x: auto; }
+  body { padding: 0 .5em; }
+}
+@media (prefers-color-scheme: dark) {
+  body { background: #121212; color: #e4e4e4; }
+  a { color: #8ab4f8; }
+  h2, nav.top { border-color: #444; }
+  th, td { border-color: #333; }
+  thead th, table.facts th { color: #bbb; border-color: #555; }
+  .muted, .body .k { color: #aaa; }
+  .warn { background: #3a3000; border-color: #8a7a2a; }
+  .ok { color: #7c7; }
+  input, button { background: #222; color: #e4e4e4; border: 1px solid #555; }
+}
 ";
 
 /// Reloads the page every 5 s, except while the operator is in the
@@ -56,7 +73,16 @@ pub(super) fn layout(title: &str, refresh: bool, body: Markup) -> Html<String> {
                 title { (title) }
                 style { (PreEscaped(STYLE)) }
             }
-            body { (body) }
+            body {
+                nav.top {
+                    a href="/" { "Overview" }
+                    a href="/jobs" { "Jobs" }
+                    a href="/machines" { "Machines" }
+                    a href="/events" { "Events" }
+                    a href="/charts" { "Charts" }
+                }
+                (body)
+            }
         }
     };
     Html(page.into_string())

@@ -92,14 +92,14 @@ pub(super) async fn jobs_page(
         h1 { a href="/" { "shepherd" } " · jobs" }
         form method="get" action="/jobs" {
             "Kind "
-            select name="kind" {
+            select name="kind" aria-label="Kind" {
                 option value="" { "any" }
                 @for k in KINDS {
                     option value=(k) selected[kind.as_deref() == Some(k)] { (k) }
                 }
             }
             " state "
-            select name="state" {
+            select name="state" aria-label="State" {
                 option value="" { "any" }
                 @for s in STATES {
                     option value=(s) selected[status.as_deref() == Some(s)] { (s) }
@@ -264,14 +264,14 @@ fn job_actions(job: &JobDetail) -> Markup {
         @if ended {
             form.inline method="post" action="/actions/retry-job" {
                 input type="hidden" name="job" value=(job.id);
-                input name="reason" placeholder="why run it again" maxlength="1000" required;
+                input name="reason" aria-label="Reason (recorded with the action)" placeholder="why run it again" maxlength="1000" required;
                 " " button type="submit" { "Retry this job" }
             }
         }
         @if waiting {
             form.inline method="post" action="/actions/cancel-job" {
                 input type="hidden" name="job" value=(job.id);
-                input name="reason" placeholder="why cancel" maxlength="1000" required;
+                input name="reason" aria-label="Reason (recorded with the action)" placeholder="why cancel" maxlength="1000" required;
                 " " button type="submit" { "Cancel this job" }
             }
         }

@@ -84,7 +84,7 @@ pub(super) async fn machines_page(
     let body = html! {
         h1 { a href="/" { "shepherd" } " · machines" }
         form method="get" action="/machines" {
-            input type="search" name="q" value=[q.as_deref()] placeholder="hostname, device or reservation";
+            input type="search" name="q" aria-label="Search machines" value=[q.as_deref()] placeholder="hostname, device or reservation";
             " "
             button type="submit" { "Search" }
         }
@@ -112,7 +112,7 @@ pub(super) async fn machines_page(
                                     // managing it and passes stop reporting it missing.
                                     form.inline method="post" action="/actions/release" {
                                         input type="hidden" name="machine" value=(m.machine_id);
-                                        input name="reason" placeholder="why release" maxlength="1000" required;
+                                        input name="reason" aria-label="Reason (recorded with the action)" placeholder="why release" maxlength="1000" required;
                                         " " button type="submit" { "Release" }
                                     }
                                 }

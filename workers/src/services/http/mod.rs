@@ -91,7 +91,28 @@ pub(super) fn router(state: HttpState) -> Router {
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
+        .fallback(no_page)
+        .method_not_allowed_fallback(wrong_method)
         .with_state(state)
+}
+
+/// A page, not an empty body, for an address nothing serves.
+async fn no_page(uri: axum::http::Uri) -> Failure {
+    Failure::NotFound(format!(
+        "nothing is served at {}; the pages are /, /jobs, /machines, /events and /charts",
+        uri.path()
+    ))
+}
+
+async fn wrong_method(method: axum::http::Method, uri: axum::http::Uri) -> Response {
+    (
+        StatusCode::METHOD_NOT_ALLOWED,
+        message(
+            "method not allowed",
+            &format!("{} does not take {method}", uri.path()),
+        ),
+    )
+        .into_response()
 }
 
 // ---- failures ----

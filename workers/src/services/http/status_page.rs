@@ -27,7 +27,6 @@ pub(super) fn status_page(
 ) -> Markup {
     html! {
         h1 { "shepherd" }
-        p.nav { a href="/jobs" { "Jobs" } " · " a href="/machines" { "Machines" } " · " a href="/events" { "Events" } " · " a href="/charts" { "Charts" } }
         p.muted.as-of { "As of " (Time(o.now).to_string()) "; this page refreshes every 5 s while you are not filling in a form." }
         (alarms(o))
         @match viewer {
