@@ -111,8 +111,52 @@ async fn the_jobs_pages_list_filter_and_show_a_job(pool: PgPool) {
     .unwrap();
     let (_, _, page) = server.get(&format!("/jobs/{marked}")).await;
     assert!(
-        page.contains("Running (claimed)") && page.contains("assimilate@host:1#0"),
+        page.contains("running")
+            && page.contains("(queue: Queued)")
+            && page.contains("assimilate@host:1#0"),
         "{page}"
+    );
+    let (_, _, running) = server.get("/jobs?state=running").await;
+    assert!(running.contains(&marked), "{running}");
+    // A creation that gave up ended Done in the queue, and is a failure.
+    let args = serde_json::json!({
+        "reservation": uuid::Uuid::new_v4(),
+        "request": uuid::Uuid::new_v4(),
+    });
+    let gave_up: String = sqlx::query_scalar("select shepherd.push_job('create_device', $1)")
+        .bind(&args)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    sqlx::query(
+        "update apalis.jobs set status = 'Done', attempts = 1, done_at = now(),
+             last_result = '{\"Ok\": \"GivenUp { class: Permanent, cause: \\\"422: no\\\" }\"}'
+         where id = $1",
+    )
+    .bind(&gave_up)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let (_, _, failed) = server.get("/jobs?state=failed").await;
+    assert!(
+        failed.contains(&gave_up) && failed.contains("given up"),
+        "{failed}"
+    );
+    let (_, _, done) = server.get("/jobs?state=done").await;
+    assert!(
+        !done.contains(&gave_up),
+        "a creation that gave up reads as done: {done}"
+    );
+    let (_, _, cancelled) = server.get("/jobs?state=cancelled").await;
+    assert!(
+        cancelled.contains(&reconcile) && !cancelled.contains(&marked),
+        "{cancelled}"
+    );
+    let (status, _, text) = server.get("/jobs?page=abc").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(
+        text.contains("is not a page") && text.contains("<nav"),
+        "{text}"
     );
     server.stop().await;
 }
@@ -255,15 +299,15 @@ async fn an_operator_clicks_through_the_console_in_a_browser(pool: PgPool) {
     assert!(!list.contains("reconcile"), "{list}");
     browser.screenshot("jobs").await;
 
-    // The filter form: any kind, Pending only.
+    // The filter form, in the console's words: any kind, waiting only.
     browser.click("select[name=kind] option[value='']").await;
     browser
-        .click("select[name=state] option[value=Pending]")
+        .click("select[name=state] option[value=waiting]")
         .await;
     browser.click_to_leave("form button").await;
     let url = browser.url().await;
     assert!(
-        url.contains("state=Pending") && url.contains("kind="),
+        url.contains("state=waiting") && url.contains("kind="),
         "{url}"
     );
     let list = browser.text("table").await;
@@ -341,7 +385,7 @@ async fn an_operator_clicks_through_the_console_in_a_browser(pool: PgPool) {
         .await;
     assert!(browser.url().await.ends_with(&format!("/jobs/{marked}")));
     let facts = browser.text("table.facts").await;
-    assert!(facts.contains("State Killed"), "{facts}");
+    assert!(facts.contains("State cancelled"), "{facts}");
     let recorded = browser.text("table.events").await;
     assert!(
         recorded.contains("job_cancelled") && recorded.contains("console:alice"),
@@ -357,7 +401,7 @@ async fn an_operator_clicks_through_the_console_in_a_browser(pool: PgPool) {
         .click_to_leave("form[action='/actions/retry-job'] button")
         .await;
     let facts = browser.text("table.facts").await;
-    assert!(facts.contains("State Pending"), "{facts}");
+    assert!(facts.contains("State waiting"), "{facts}");
     assert!(browser.text("table.events").await.contains("job_retried"));
     browser.screenshot("job-actions").await;
 

@@ -54,7 +54,9 @@ const RELOAD: &str = "setInterval(function () {
   var busy = document.activeElement && document.activeElement.form;
   document.querySelectorAll('input[type=text], input[type=password], input:not([type])')
     .forEach(function (field) { if (field.value) { busy = true; } });
-  if (!busy) { location.reload(); }
+  // Text being selected (an id to copy) is not wiped away either.
+  var selection = window.getSelection && window.getSelection().toString();
+  if (!busy && !selection) { location.reload(); }
 }, 5000);";
 
 /// A whole page: `body` inside the shared head and style. `refresh`

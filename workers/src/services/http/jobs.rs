@@ -6,10 +6,131 @@ use maud::{Markup, html};
 use serde::Deserialize;
 
 use super::*;
-use shepherd::jobs::{ASSIMILATE_QUEUE, CREATE_DEVICE_QUEUE, RECONCILE_QUEUE};
+use shepherd::jobs::{
+    ASSIMILATE_QUEUE, CREATE_DEVICE_QUEUE, DELETE_MACHINE_QUEUE, RECONCILE_QUEUE,
+};
 
-const KINDS: [&str; 3] = [RECONCILE_QUEUE, CREATE_DEVICE_QUEUE, ASSIMILATE_QUEUE];
-const STATES: [&str; 6] = ["Pending", "Queued", "Running", "Done", "Failed", "Killed"];
+const KINDS: [&str; 4] = [
+    RECONCILE_QUEUE,
+    CREATE_DEVICE_QUEUE,
+    ASSIMILATE_QUEUE,
+    DELETE_MACHINE_QUEUE,
+];
+
+/// The console's one vocabulary for where a job stands, the same in the
+/// filter, the list and a job's page. The queue's own statuses do not say
+/// it: a claimed job stays `Queued`, a cancelled one is `Killed`, and a
+/// creation that gave up ends `Done` (its handler decided, and recorded
+/// why), where an operator reads a failure.
+const STATES: [&str; 6] = [
+    "waiting",
+    "running",
+    "retrying",
+    "done",
+    "failed",
+    "cancelled",
+];
+
+/// Outcomes that end a job's work without what it was for: failures,
+/// however the queue filed them.
+const FAILED_OUTCOMES: &str = "^(GivenUp|RaceLost|Refused|Rejected|Failed)\\y";
+
+/// The queue's own statuses, as `shepherd.queue_depth` names them.
+const QUEUE_STATUSES: [&str; 6] = ["Pending", "Queued", "Running", "Done", "Failed", "Killed"];
+
+/// Each state of [`STATES`] (or of [`QUEUE_STATUSES`]) as a condition on
+/// an `apalis.jobs` row; only these fixed texts reach the query.
+fn state_condition(state: &str) -> String {
+    if let Some(raw) = QUEUE_STATUSES.iter().find(|s| **s == state) {
+        return format!("status = '{raw}'");
+    }
+    let failed_outcome = format!("coalesce(last_result->>'Ok', '') ~ '{FAILED_OUTCOMES}'");
+    match state {
+        "waiting" => "(status = 'Pending' or (status = 'Queued' and lock_by is null))".into(),
+        "running" => "(status in ('Queued', 'Running') and lock_by is not null)".into(),
+        "retrying" => "(status = 'Failed' and attempts < max_attempts)".into(),
+        "done" => format!("(status = 'Done' and not {failed_outcome})"),
+        "failed" => format!(
+            "((status = 'Failed' and attempts >= max_attempts) or (status = 'Done' and {failed_outcome}))"
+        ),
+        _ => "status = 'Killed'".into(),
+    }
+}
+
+/// A row's state in [`STATES`]' words.
+fn job_state(
+    status: &str,
+    claimed: bool,
+    attempts: i32,
+    max: i32,
+    result: Option<&Value>,
+) -> &'static str {
+    match status {
+        "Pending" => "waiting",
+        "Queued" | "Running" if claimed => "running",
+        "Queued" | "Running" => "waiting",
+        "Failed" if attempts < max => "retrying",
+        "Failed" => "failed",
+        "Killed" => "cancelled",
+        _ if outcome_failed(result) => "failed",
+        _ => "done",
+    }
+}
+
+fn outcome_text(result: Option<&Value>) -> Option<&str> {
+    result?.get("Ok")?.as_str()
+}
+
+fn outcome_failed(result: Option<&Value>) -> bool {
+    outcome_text(result).is_some_and(|t| {
+        ["GivenUp", "RaceLost", "Refused", "Rejected", "Failed"]
+            .iter()
+            .any(|w| t.starts_with(w) && !t[w.len()..].starts_with(char::is_alphanumeric))
+    })
+}
+
+/// What a job's last result says, in words: the outcome's name (the
+/// handlers' outcomes are recorded as their Rust names), the failure for
+/// an error.
+fn outcome_words(result: Option<&Value>) -> String {
+    let Some(result) = result else {
+        return String::new();
+    };
+    if let Some(text) = outcome_text(Some(result)) {
+        let name: String = text.chars().take_while(|c| c.is_alphanumeric()).collect();
+        let words = match name.as_str() {
+            "Created" if text.contains("recovered: true") => {
+                "created (found after an unseen answer)"
+            }
+            "Created" => "created",
+            "GivenUp" => "given up",
+            "RaceLost" => "race lost to another party",
+            "Retrying" => "to be tried again by a new job",
+            "Unresolved" => "outcome unknown: looking again later",
+            "Refused" => "refused",
+            "Skipped" => "nothing to do",
+            "Assimilated" => "assimilated",
+            "AlreadyManaged" => "already managed",
+            "Rejected" => "rejected",
+            "Deleted" => "deleted",
+            "Waiting" => "waiting for the leave hook",
+            "Failed" => "failed",
+            "Cancelled" => "cancelled",
+            "ReconcileOutcome" => "pass finished",
+            _ => return short(result),
+        };
+        let detail = text[name.len()..].trim();
+        return if detail.is_empty() || detail == "{ }" {
+            words.to_string()
+        } else {
+            format!("{words}: {}", short(&Value::String(detail.to_string())))
+        };
+    }
+    match result.get("Err") {
+        Some(e) => format!("error: {}", short(e)),
+        None => short(result),
+    }
+}
 const PAGE_SIZE: i64 = 50;
 
 fn page(title: &str, body: Markup) -> Html<String> {
@@ -20,7 +141,8 @@ fn page(title: &str, body: Markup) -> Html<String> {
 pub(super) struct JobFilter {
     kind: Option<String>,
     state: Option<String>,
-    page: Option<i64>,
+    /// As typed: a page that is not a number is a page that says so.
+    page: Option<String>,
 }
 
 #[derive(sqlx::FromRow)]
@@ -53,24 +175,41 @@ pub(super) async fn jobs_page(
     Query(filter): Query<JobFilter>,
 ) -> Result<Html<String>, Failure> {
     let kind = one_of("kind", filter.kind.as_deref(), &KINDS)?;
-    let status = one_of("state", filter.state.as_deref(), &STATES)?;
-    let number = filter.page.unwrap_or(1);
+    // The queue's own statuses still filter (the overview's queue table and
+    // shepherd.queue_depth speak them), as they are.
+    let all: Vec<&str> = STATES
+        .iter()
+        .chain(QUEUE_STATUSES.iter())
+        .copied()
+        .collect();
+    let status = one_of("state", filter.state.as_deref(), &all)?;
+    let condition = status
+        .as_deref()
+        .map_or_else(|| "true".to_string(), state_condition);
+    let number = match filter.page.as_deref().filter(|p| !p.is_empty()) {
+        None => 1,
+        Some(p) => p.parse::<i64>().map_err(|_| {
+            Failure::BadRequest(format!(
+                "page {p:?} is not a page: pages are numbers from 1"
+            ))
+        })?,
+    };
     if number < 1 {
         return Err(Failure::BadRequest(format!(
             "page {number} is not a page: pages start at 1"
         )));
     }
-    let rows: Vec<JobRow> = sqlx::query_as(
+    // The condition is one of ours, never the request's text.
+    let rows: Vec<JobRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "select id, job_type, status, attempts, max_attempts, run_at, done_at, lock_by, last_result
          from apalis.jobs
          where job_type = any($1) and ($2::text is null or job_type = $2)
-           and ($3::text is null or status = $3)
+           and {condition}
          order by run_at desc, id desc
-         limit $4 offset $5",
-    )
+         limit $3 offset $4"
+    )))
     .bind(KINDS.map(str::to_string).to_vec())
     .bind(&kind)
-    .bind(&status)
     .bind(PAGE_SIZE + 1)
     .bind((number - 1) * PAGE_SIZE)
     .fetch_all(&state.pool)
@@ -114,19 +253,19 @@ pub(super) async fn jobs_page(
             table {
                 thead { tr {
                     th { "Job" } th { "Kind" } th { "State" } th { "Attempts" }
-                    th { "Run at" } th { "Done" } th { "Worker" } th { "Last result" }
+                    th { "Run at" } th { "Done" } th { "Worker" } th { "Outcome" }
                 } }
                 tbody {
                     @for j in rows {
                         tr {
                             td.id { a href={ "/jobs/" (j.id) } { (j.id) } }
                             td { (j.job_type) }
-                            td { (shown_state(&j.status, j.lock_by.is_some())) }
+                            td { (job_state(&j.status, j.lock_by.is_some(), j.attempts, j.max_attempts, j.last_result.as_ref())) }
                             td.n { (j.attempts) "/" (j.max_attempts) }
                             td { (Time(j.run_at).to_string()) }
                             td { @if let Some(d) = j.done_at { (Time(d).to_string()) } }
                             td.id { @if let Some(w) = &j.lock_by { (w) } }
-                            td.body { @if let Some(r) = &j.last_result { (short(r)) } }
+                            td { (outcome_words(j.last_result.as_ref())) }
                         }
                     }
                 }
@@ -138,17 +277,6 @@ pub(super) async fn jobs_page(
         }
     };
     Ok(page("shepherd · jobs", body))
-}
-
-/// A job's state as a person reads it. Workers claim jobs without apalis's
-/// separate `Running` step (one transaction less per job), so a job a worker
-/// is running stays `Queued` with its claimer set.
-fn shown_state(status: &str, claimed: bool) -> String {
-    if status == "Queued" && claimed {
-        "Running (claimed)".into()
-    } else {
-        status.to_string()
-    }
 }
 
 /// A result cut to a table cell's worth.
@@ -219,7 +347,10 @@ pub(super) async fn job_page(
         h1 { a href="/" { "shepherd" } " · " a href="/jobs" { "jobs" } " · " span.id { (job.id) } }
         table.facts {
             tr { th { "Kind" } td { a href={ "/jobs?kind=" (job.job_type) } { (job.job_type) } } }
-            tr { th { "State" } td { (shown_state(&job.status, job.lock_by.is_some())) } }
+            tr { th { "State" } td { (job_state(&job.status, job.lock_by.is_some(), job.attempts, job.max_attempts, job.last_result.as_ref())) " " span.muted { "(queue: " (job.status) ")" } } }
+            @if job.last_result.is_some() {
+                tr { th { "Outcome" } td { (outcome_words(job.last_result.as_ref())) } }
+            }
             tr { th { "Attempts" } td { (job.attempts) " of " (job.max_attempts) } }
             tr { th { "Run at" } td { (Time(job.run_at).to_string()) } }
             @if let Some(at) = job.lock_at {

@@ -355,6 +355,7 @@ fn penalties(o: &Overview, label: &dyn Fn(Uuid) -> Option<String>) -> Markup {
 fn queue(o: &Overview) -> Markup {
     html! {
         h2 { "Queue " a.muted href="/jobs" { "(all jobs)" } }
+        p.muted { "By the queue's own statuses (a claimed job stays Queued until it ends); " a href="/jobs" { "/jobs" } " says waiting, running, retrying, done, failed or cancelled." }
         @if o.queue.is_empty() {
             p.muted { "No jobs." }
         } @else {
