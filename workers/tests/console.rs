@@ -137,6 +137,27 @@ async fn the_jobs_pages_list_filter_and_show_a_job(pool: PgPool) {
     .execute(&pool)
     .await
     .unwrap();
+    // Its second attempt, a job of its own: each attempt's page shows them
+    // all, with their outcomes.
+    let mut second = args.clone();
+    second["attempt"] = serde_json::json!(2);
+    second["unknown"] = serde_json::json!(true);
+    let retried: String = sqlx::query_scalar("select shepherd.push_job('create_device', $1)")
+        .bind(&second)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let (_, _, page) = server.get(&format!("/jobs/{retried}")).await;
+    assert!(page.contains("Every attempt of this creation"), "{page}");
+    assert!(
+        page.contains(&format!("href=\"/jobs/{gave_up}\"")),
+        "{page}"
+    );
+    assert!(
+        page.contains("given up") && page.contains("(this one)"),
+        "{page}"
+    );
+    assert!(page.contains("2 of this creation"), "{page}");
     let (_, _, failed) = server.get("/jobs?state=failed").await;
     assert!(
         failed.contains(&gave_up) && failed.contains("given up"),

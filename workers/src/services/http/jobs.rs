@@ -293,6 +293,20 @@ fn short(v: &Value) -> String {
     }
 }
 
+/// One attempt of a creation or deletion: a job row of its request.
+#[derive(sqlx::FromRow)]
+struct AttemptRow {
+    id: String,
+    status: String,
+    attempts: i32,
+    max_attempts: i32,
+    run_at: DateTime<Utc>,
+    done_at: Option<DateTime<Utc>>,
+    lock_by: Option<String>,
+    last_result: Option<Value>,
+    attempt: Option<i64>,
+}
+
 #[derive(sqlx::FromRow)]
 struct JobDetail {
     id: String,
@@ -343,6 +357,40 @@ pub(super) async fn job_page(
         .last_result
         .as_ref()
         .map(|r| serde_json::to_string_pretty(r).unwrap_or_default());
+    // A creation or deletion runs as one job per attempt, under one
+    // request: its attempts are those jobs, each with its own outcome,
+    // however many times the queue ran each row.
+    let args: Option<Value> = serde_json::from_slice(&job.job).ok();
+    let request = args
+        .as_ref()
+        .and_then(|a| a.get("request"))
+        .and_then(Value::as_str)
+        .map(str::to_string);
+    let attempt = args
+        .as_ref()
+        .and_then(|a| a.get("attempt"))
+        .and_then(Value::as_u64);
+    let history: Vec<AttemptRow> = match &request {
+        Some(request)
+            if job.job_type == CREATE_DEVICE_QUEUE || job.job_type == DELETE_MACHINE_QUEUE =>
+        {
+            sqlx::query_as(
+                "select id, status, attempts, max_attempts, run_at, done_at, lock_by, last_result,
+                        case when jsonb_typeof(shepherd.job_args(job)->'attempt') = 'number'
+                             then least((shepherd.job_args(job)->>'attempt')::numeric, 1000000)::bigint
+                        end as attempt
+                 from apalis.jobs
+                 where job_type = $1 and shepherd.job_args(job)->>'request' = $2
+                 order by attempt nulls first, run_at, id",
+            )
+            .bind(&job.job_type)
+            .bind(request)
+            .fetch_all(&state.pool)
+            .await
+            .map_err(|e| database_failure("job attempts", e))?
+        }
+        _ => vec![],
+    };
     let body = html! {
         h1 { a href="/" { "shepherd" } " · " a href="/jobs" { "jobs" } " · " span.id { (job.id) } }
         table.facts {
@@ -351,7 +399,10 @@ pub(super) async fn job_page(
             @if job.last_result.is_some() {
                 tr { th { "Outcome" } td { (outcome_words(job.last_result.as_ref())) } }
             }
-            tr { th { "Attempts" } td { (job.attempts) " of " (job.max_attempts) } }
+            @if let Some(n) = attempt {
+                tr { th { "Attempt" } td { (n) " of this " (if job.job_type == DELETE_MACHINE_QUEUE { "deletion" } else { "creation" }) " (each attempt is a job of its own; below)" } }
+            }
+            tr { th { "Runs of this job" } td { (job.attempts) " (the queue would run it up to " (job.max_attempts) " times)" } }
             tr { th { "Run at" } td { (Time(job.run_at).to_string()) } }
             @if let Some(at) = job.lock_at {
                 tr { th { "Claimed" } td { (Time(at).to_string()) " by " span.id { (job.lock_by.as_deref().unwrap_or("?")) } } }
@@ -362,6 +413,27 @@ pub(super) async fn job_page(
         }
         @if may_act {
             (job_actions(&job))
+        }
+        @if history.len() > 1 || (history.len() == 1 && history[0].id != job.id) {
+            h2 { "Every attempt of this " (if job.job_type == DELETE_MACHINE_QUEUE { "deletion" } else { "creation" }) }
+            table.attempts {
+                thead { tr { th { "Attempt" } th { "Job" } th { "State" } th { "Run at" } th { "Done" } th { "Outcome" } } }
+                tbody {
+                    @for a in &history {
+                        tr {
+                            td.n { @if let Some(n) = a.attempt { (n) } }
+                            td.id {
+                                @if a.id == job.id { (a.id) " (this one)" }
+                                @else { a href={ "/jobs/" (a.id) } { (a.id) } }
+                            }
+                            td { (job_state(&a.status, a.lock_by.is_some(), a.attempts, a.max_attempts, a.last_result.as_ref())) }
+                            td { (Time(a.run_at).to_string()) }
+                            td { @if let Some(d) = a.done_at { (Time(d).to_string()) } }
+                            td { (outcome_words(a.last_result.as_ref())) }
+                        }
+                    }
+                }
+            }
         }
         h2 { "Arguments" }
         pre.body { (arguments) }
