@@ -282,6 +282,14 @@ async fn an_operator_clicks_through_the_console_in_a_browser(pool: PgPool) {
     let fleet_box = browser.text("table.facts").await;
     assert!(fleet_box.contains("Managed machines 1"), "{fleet_box}");
     browser.screenshot("status-page").await;
+    // The same page for a system that asks for a dark theme.
+    let light = browser.style("body", "background-color").await;
+    browser.dark(true).await;
+    let dark = browser.style("body", "background-color").await;
+    assert_ne!(light, dark, "the page ignores prefers-color-scheme");
+    assert_eq!(dark, "rgba(18, 18, 18, 1)", "{dark}");
+    browser.screenshot("status-page-dark").await;
+    browser.dark(false).await;
 
     // The charts, one click away.
     browser.click_to_leave("a[href='/charts']").await;

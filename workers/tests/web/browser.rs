@@ -221,6 +221,45 @@ impl Browser {
             .to_string()
     }
 
+    /// Makes the pages think the system asks for a dark theme (Chromium's
+    /// DevTools command through chromedriver), or the light one again.
+    pub async fn dark(&self, on: bool) {
+        self.call(
+            reqwest::Method::POST,
+            "/goog/cdp/execute",
+            serde_json::json!({
+                "cmd": "Emulation.setEmulatedMedia",
+                "params": {"features": [{
+                    "name": "prefers-color-scheme",
+                    "value": if on { "dark" } else { "light" }
+                }]}
+            }),
+        )
+        .await;
+    }
+
+    /// The computed value of a CSS property of the first element `css`
+    /// matches.
+    pub async fn style(&self, css: &str, property: &str) -> String {
+        let found = self
+            .call(
+                reqwest::Method::POST,
+                "/element",
+                serde_json::json!({"using": "css selector", "value": css}),
+            )
+            .await;
+        let id = found[ELEMENT].as_str().unwrap().to_string();
+        self.call(
+            reqwest::Method::GET,
+            &format!("/element/{id}/css/{property}"),
+            serde_json::Value::Null,
+        )
+        .await
+        .as_str()
+        .unwrap()
+        .to_string()
+    }
+
     pub async fn screenshot(&self, name: &str) {
         use base64::Engine;
         let png = self
