@@ -173,6 +173,28 @@ async fn the_jobs_pages_list_filter_and_show_a_job(pool: PgPool) {
         cancelled.contains(&reconcile) && !cancelled.contains(&marked),
         "{cancelled}"
     );
+    // Search: by job id, and by what the arguments hold (a request, a
+    // device); a search's wildcards are taken literally.
+    let (_, _, by_id) = server.get(&format!("/jobs?q={gave_up}")).await;
+    assert!(
+        by_id.contains(&gave_up) && !by_id.contains(&marked),
+        "{by_id}"
+    );
+    let request = args["request"].as_str().unwrap().to_string();
+    let (_, _, by_request) = server.get(&format!("/jobs?q={request}")).await;
+    assert!(
+        by_request.contains(&gave_up)
+            && by_request.contains(&retried)
+            && !by_request.contains(&marked),
+        "{by_request}"
+    );
+    let (_, _, by_device) = server.get(&format!("/jobs?q={device}")).await;
+    assert!(
+        by_device.contains(&marked) && !by_device.contains(&gave_up),
+        "{by_device}"
+    );
+    let (_, _, wildcard) = server.get("/jobs?q=%25").await;
+    assert!(wildcard.contains("No jobs match"), "{wildcard}");
     let (status, _, text) = server.get("/jobs?page=abc").await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert!(

@@ -20,6 +20,10 @@ pub struct StatusArgs {
 }
 
 fn age(seconds: f64) -> String {
+    if seconds < 0.0 {
+        // A queue row whose every job is scheduled ahead.
+        return format!("due in {}", age(-seconds));
+    }
     crate::table::human_duration(chrono::TimeDelta::milliseconds((seconds * 1000.0) as i64))
 }
 

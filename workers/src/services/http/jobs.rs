@@ -143,6 +143,9 @@ pub(super) struct JobFilter {
     state: Option<String>,
     /// As typed: a page that is not a number is a page that says so.
     page: Option<String>,
+    /// A job id, or text its arguments hold: a reservation, a place
+    /// (`web/3`), a machine or a device id, a request.
+    q: Option<String>,
 }
 
 #[derive(sqlx::FromRow)]
@@ -199,12 +202,34 @@ pub(super) async fn jobs_page(
             "page {number} is not a page: pages start at 1"
         )));
     }
+    let q = filter
+        .q
+        .as_deref()
+        .map(str::trim)
+        .filter(|q| !q.is_empty())
+        .map(str::to_string);
+    // A substring of the arguments, the search's own wildcards taken
+    // literally; a place is searched as the unit id it names.
+    let pattern = q.as_ref().map(|q| {
+        let term = state
+            .provider
+            .as_ref()
+            .and_then(|p| p.unit_by_label(q))
+            .map_or_else(|| q.clone(), |unit| unit.to_string());
+        let escaped = term
+            .replace('\\', "\\\\")
+            .replace('%', "\\%")
+            .replace('_', "\\_");
+        format!("%{escaped}%")
+    });
     // The condition is one of ours, never the request's text.
     let rows: Vec<JobRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "select id, job_type, status, attempts, max_attempts, run_at, done_at, lock_by, last_result
          from apalis.jobs
          where job_type = any($1) and ($2::text is null or job_type = $2)
            and {condition}
+           and ($5::text is null or id = $6
+                or shepherd.job_args(job)::text ilike $5)
          order by run_at desc, id desc
          limit $3 offset $4"
     )))
@@ -212,11 +237,14 @@ pub(super) async fn jobs_page(
     .bind(&kind)
     .bind(PAGE_SIZE + 1)
     .bind((number - 1) * PAGE_SIZE)
+    .bind(&pattern)
+    .bind(&q)
     .fetch_all(&state.pool)
     .await
     .map_err(|e| database_failure("jobs", e))?;
     let more = rows.len() as i64 > PAGE_SIZE;
     let rows = &rows[..rows.len().min(PAGE_SIZE as usize)];
+    let search = q.clone();
     let link = |page: i64| {
         let mut q = vec![format!("page={page}")];
         if let Some(k) = &kind {
@@ -224,6 +252,9 @@ pub(super) async fn jobs_page(
         }
         if let Some(s) = &status {
             q.push(format!("state={s}"));
+        }
+        if let Some(text) = &search {
+            q.push(format!("q={}", super::machines::percent(text)));
         }
         format!("/jobs?{}", q.join("&"))
     };
@@ -244,6 +275,8 @@ pub(super) async fn jobs_page(
                     option value=(s) selected[status.as_deref() == Some(s)] { (s) }
                 }
             }
+            " "
+            input type="search" name="q" aria-label="Search jobs" value=[q.as_deref()] placeholder="job, reservation, place, machine";
             " "
             button type="submit" { "Show" }
         }

@@ -368,7 +368,13 @@ fn queue(o: &Overview) -> Markup {
                             td { a href={ "/jobs?kind=" (q.kind) "&state=" (q.state) } { (q.state) } }
                             td.n { (q.jobs) }
                             td { @if let Some(s) = q.oldest_seconds {
-                                (human_duration(chrono::TimeDelta::seconds(s as i64)))
+                                // Every job of the row scheduled ahead (a
+                                // successor's backoff): when the first is due.
+                                @if s < 0.0 {
+                                    "due in " (human_duration(chrono::TimeDelta::seconds(-s as i64)))
+                                } @else {
+                                    (human_duration(chrono::TimeDelta::seconds(s as i64)))
+                                }
                             } }
                         }
                     }
