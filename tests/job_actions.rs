@@ -254,3 +254,43 @@ async fn a_cancel_racing_a_claim_wins_or_loses_whole(pool: PgPool) {
     );
     assert_rebuild_equals_live(&w.pool).await;
 }
+
+/// A retried job keeps the queue's count of its runs: a creation whose
+/// row ran before (it may have sent its create) must know it when it runs
+/// again, and read before it creates; reset to 0, the count would make
+/// it take itself for a first run and send on the pass's listing.
+#[sqlx::test(migrations = false)]
+async fn a_retried_creation_knows_it_ran_before(pool: PgPool) {
+    use shepherd::metal::Operation;
+    let w = World::with(pool, 2, config(1)).await;
+    w.reconcile().await;
+    let job = pending_create_jobs(&w).await.remove(0);
+    // Its runs are spent: the queue filed it Failed for good.
+    sqlx::query(
+        "update apalis.jobs set status = 'Failed', attempts = max_attempts, done_at = now()
+         where id = $1",
+    )
+    .bind(&job)
+    .execute(&w.pool)
+    .await
+    .unwrap();
+    manage::retry(&w.pool, &job, "console:alice", "the outage is over")
+        .await
+        .unwrap();
+    let (state, attempts, max): (String, i32, i32) =
+        sqlx::query_as("select status, attempts, max_attempts from apalis.jobs where id = $1")
+            .bind(&job)
+            .fetch_one(&w.pool)
+            .await
+            .unwrap();
+    assert_eq!((state.as_str(), attempts), ("Pending", max));
+    let reads = w.fake.calls(Operation::FindHardwareReservationById);
+    w.drain().await;
+    assert!(
+        w.fake.calls(Operation::FindHardwareReservationById) > reads,
+        "the rerun sent its create without reading the reservation"
+    );
+    assert_eq!(w.fake.duplicate_creates(), 0);
+    assert_eq!(w.managed().await, 1);
+    w.assert_fleet_consistent().await;
+}

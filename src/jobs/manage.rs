@@ -139,9 +139,12 @@ pub async fn retry(pool: &PgPool, id: &str, by: &str, reason: &str) -> Result<()
             "job {other} already carries this {what}: a second job would run it twice"
         )));
     }
+    // The count of runs stays: a row that ran before must know it when it
+    // runs again (its request may have been sent; see create_device), and
+    // the queue claims a Pending row whatever its count.
     sqlx::query(
         "update apalis.jobs
-         set status = 'Pending', attempts = 0, run_at = now(), lock_by = null, lock_at = null,
+         set status = 'Pending', run_at = now(), lock_by = null, lock_at = null,
              done_at = null
          where id = $1",
     )

@@ -1089,3 +1089,117 @@ async fn every_answer_is_a_page_with_a_way_back(pool: PgPool) {
     assert!(page.contains(r#"aria-label="Search machines""#), "{page}");
     server.stop().await;
 }
+
+/// Ticked jobs are retried or cancelled together with one reason, each
+/// judged on its own: the page says what was done and what was refused,
+/// and the log records each with who and why. The ticks are offered to a
+/// logged-in operator only.
+#[sqlx::test(migrations = false)]
+async fn ticked_jobs_are_acted_on_together_each_judged_alone(pool: PgPool) {
+    shepherd::db::migrate(&pool).await.unwrap();
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let push = |device: uuid::Uuid| {
+        let pool = pool.clone();
+        async move {
+            let id: String = sqlx::query_scalar(
+                "select shepherd.push_job('assimilate',
+                    jsonb_build_object('device', $1::uuid, 'manual', true))",
+            )
+            .bind(device)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            id
+        }
+    };
+    let waiting_a = push(uuid::Uuid::new_v4()).await;
+    let waiting_b = push(uuid::Uuid::new_v4()).await;
+    let finished = push(uuid::Uuid::new_v4()).await;
+    sqlx::query(
+        "update apalis.jobs set status = 'Done', attempts = 1, done_at = now() where id = $1",
+    )
+    .bind(&finished)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let server = Server::start_with(pool.clone(), Some("credential")).await;
+    let (_, _, anonymous) = server.get("/jobs").await;
+    assert!(
+        !anonymous.contains(r#"name="jobs""#),
+        "ticks for nobody: {anonymous}"
+    );
+    let r = post_form(
+        &http,
+        format!("{}/login", server.base),
+        &[],
+        &[("who", "alice"), ("token", "credential")],
+    )
+    .await;
+    let cookie = r
+        .headers()
+        .get_all("set-cookie")
+        .iter()
+        .map(|v| v.to_str().unwrap().split(';').next().unwrap().to_string())
+        .find(|c| c.starts_with("shepherd_session="))
+        .unwrap();
+    let page = http
+        .get(format!("{}/jobs", server.base))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(page.contains(r#"name="jobs""#), "{page}");
+    let r = post_form(
+        &http,
+        format!("{}/actions/cancel-jobs", server.base),
+        &[("cookie", &cookie)],
+        &[
+            ("jobs", waiting_a.as_str()),
+            ("jobs", waiting_b.as_str()),
+            ("jobs", finished.as_str()),
+            ("reason", "asked twice"),
+        ],
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let said = r.text().await.unwrap();
+    assert!(said.contains("2 of 3 cancelled"), "{said}");
+    assert!(
+        said.contains("Refused") && said.contains(&finished),
+        "{said}"
+    );
+    let cancelled: Vec<String> = sqlx::query_scalar(
+        "select body->>'job' from shepherd.events where event_type = 'job_cancelled'
+         and body->>'by' = 'console:alice' and body->>'reason' = 'asked twice' order by 1",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let mut expected = vec![waiting_a.clone(), waiting_b.clone()];
+    expected.sort();
+    assert_eq!(cancelled, expected);
+    // Nothing ticked, or no reason: refused, nothing recorded.
+    for pairs in [vec![("reason", "x")], vec![("jobs", waiting_a.as_str())]] {
+        let r = post_form(
+            &http,
+            format!("{}/actions/retry-jobs", server.base),
+            &[("cookie", &cookie)],
+            &pairs,
+        )
+        .await;
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    }
+    let retried: i64 =
+        sqlx::query_scalar("select count(*) from shepherd.events where event_type = 'job_retried'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(retried, 0);
+    server.stop().await;
+}

@@ -484,6 +484,75 @@ pub(super) async fn act(
                 .await
                 .map(drop)
         }
+        "retry-jobs" | "cancel-jobs" => {
+            // Several jobs, one reason: each judged on its own, as one
+            // would be; the answer says what was done and what was refused.
+            let pairs: Vec<(String, String)> = serde_urlencoded::from_bytes(&body)
+                .map_err(|e| Failure::BadRequest(format!("the form does not read: {e}")))?;
+            let jobs: Vec<String> = pairs
+                .into_iter()
+                .filter(|(k, v)| k == "jobs" && !v.is_empty())
+                .map(|(_, v)| v)
+                .collect();
+            if jobs.is_empty() {
+                return Err(Failure::BadRequest("which jobs? tick at least one".into()));
+            }
+            if jobs.len() > 100 {
+                return Err(Failure::BadRequest(format!(
+                    "{} jobs at once: at most 100",
+                    jobs.len()
+                )));
+            }
+            if reason.trim().is_empty() {
+                return Err(Failure::BadRequest(
+                    "say why: the log records the reason with who acted".into(),
+                ));
+            }
+            let retry = action == "retry-jobs";
+            let mut done = vec![];
+            let mut refused = vec![];
+            for job in &jobs {
+                let acted = if retry {
+                    manage::retry(pool, job, &by, &reason).await
+                } else {
+                    manage::cancel(pool, job, &by, &reason).await
+                };
+                match acted {
+                    Ok(()) => done.push(job.clone()),
+                    Err(JobActionError::Store(e)) => return Err(store_failure("job action", e)),
+                    Err(e) => refused.push((job.clone(), e.to_string())),
+                }
+            }
+            tracing::info!(
+                action,
+                by,
+                done = done.len(),
+                refused = refused.len(),
+                "console action"
+            );
+            let verb = if retry { "retried" } else { "cancelled" };
+            let page = layout(
+                "shepherd · jobs",
+                false,
+                html! {
+                    h1 { a href="/" { "shepherd" } " · " a href="/jobs" { "jobs" } }
+                    p { (done.len()) " of " (jobs.len()) " " (verb) ", by " (by) ": " (reason) }
+                    @if !done.is_empty() {
+                        ul.done { @for j in &done { li { a href={ "/jobs/" (j) } { (j) } } } }
+                    }
+                    @if !refused.is_empty() {
+                        h2 { "Refused" }
+                        ul.refused { @for (j, why) in &refused { li { a href={ "/jobs/" (j) } { (j) } ": " (why) } } }
+                    }
+                },
+            );
+            let status = if done.is_empty() {
+                StatusCode::CONFLICT
+            } else {
+                StatusCode::OK
+            };
+            return Ok((status, page).into_response());
+        }
         "retry-job" | "cancel-job" => {
             let job = form
                 .job
@@ -528,7 +597,7 @@ pub(super) async fn act(
         other => {
             return Err(Failure::NotFound(format!(
                 "no action {other:?}: the actions are pause, resume, reconcile, clear-penalty, \
-                 release, retry-job and cancel-job"
+                 release, retry-job, cancel-job, retry-jobs and cancel-jobs"
             )));
         }
     };

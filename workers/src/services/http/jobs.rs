@@ -175,8 +175,10 @@ fn one_of(what: &str, value: Option<&str>, allowed: &[&str]) -> Result<Option<St
 
 pub(super) async fn jobs_page(
     State(state): State<HttpState>,
+    headers: axum::http::HeaderMap,
     Query(filter): Query<JobFilter>,
 ) -> Result<Html<String>, Failure> {
+    let may_act = viewer(&state, &headers).await.may_act();
     let kind = one_of("kind", filter.kind.as_deref(), &KINDS)?;
     // The queue's own statuses still filter (the overview's queue table and
     // shepherd.queue_depth speak them), as they are.
@@ -283,18 +285,32 @@ pub(super) async fn jobs_page(
         @if rows.is_empty() {
             p.muted { "No jobs match." }
         } @else {
+            // Ticked jobs are retried or cancelled together, with one
+            // reason; each is judged on its own.
+            @if may_act {
+                form #bulk method="post" action="/actions/retry-jobs" {}
+                p {
+                    input name="reason" form="bulk" aria-label="Reason (recorded with the action)" placeholder="why, for every ticked job" maxlength="1000" required;
+                    " " button type="submit" form="bulk" { "Retry the ticked" }
+                    " " button type="submit" form="bulk" formaction="/actions/cancel-jobs" { "Cancel the ticked" }
+                }
+            }
             table {
                 thead { tr {
-                    th { "Job" } th { "Kind" } th { "State" } th { "Attempts" }
+                    @if may_act { th { span.muted { "✓" } } }
+                    th { "Job" } th { "Kind" } th { "State" } th { "Runs" }
                     th { "Run at" } th { "Done" } th { "Worker" } th { "Outcome" }
                 } }
                 tbody {
                     @for j in rows {
                         tr {
+                            @if may_act {
+                                td { input type="checkbox" name="jobs" value=(j.id) form="bulk" aria-label={ "Tick job " (j.id) }; }
+                            }
                             td.id { a href={ "/jobs/" (j.id) } { (j.id) } }
                             td { (j.job_type) }
                             td { (job_state(&j.status, j.lock_by.is_some(), j.attempts, j.max_attempts, j.last_result.as_ref())) }
-                            td.n { (j.attempts) "/" (j.max_attempts) }
+                            td.n { (j.attempts) }
                             td { (Time(j.run_at).to_string()) }
                             td { @if let Some(d) = j.done_at { (Time(d).to_string()) } }
                             td.id { @if let Some(w) = &j.lock_by { (w) } }
