@@ -260,6 +260,16 @@ impl Browser {
         .to_string()
     }
 
+    /// Runs `script` in the page and returns what it returns.
+    pub async fn script(&self, script: &str) -> serde_json::Value {
+        self.call(
+            reqwest::Method::POST,
+            "/execute/sync",
+            serde_json::json!({"script": script, "args": []}),
+        )
+        .await
+    }
+
     pub async fn screenshot(&self, name: &str) {
         use base64::Engine;
         let png = self

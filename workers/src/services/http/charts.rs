@@ -137,7 +137,7 @@ pub(super) async fn charts_page(
             Series { name: "slowest", colour: "#c33", values: max },
         ], " ms"))
     };
-    Ok(layout("shepherd · charts", false, body))
+    Ok(layout("shepherd · charts", true, body))
 }
 
 const WIDTH: f64 = 900.0;

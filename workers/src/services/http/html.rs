@@ -46,17 +46,30 @@ form.inline { display: inline-block; margin: 0 1em .5em 0; }
 }
 ";
 
-/// Reloads the page every 5 s, except while the operator is in the
-/// middle of a form: a field with focus or with something typed in it.
-/// A plain `<meta http-equiv=refresh>` would throw a half-typed reason
-/// away; it is kept for browsers without scripts.
+/// Brings the page up to date every 5 s in place: the page is fetched
+/// again and its content swapped in, so the scroll position stays; not
+/// while the operator is in the middle of a form (a field with focus, text
+/// typed, a box ticked) or has text selected (an id to copy). A failed
+/// fetch leaves the page as it was. Without scripts a
+/// `<meta http-equiv=refresh>` reloads it instead.
 const RELOAD: &str = "setInterval(function () {
   var busy = document.activeElement && document.activeElement.form;
-  document.querySelectorAll('input[type=text], input[type=password], input:not([type])')
+  document.querySelectorAll('input[type=text], input[type=password], input[type=search], input:not([type])')
     .forEach(function (field) { if (field.value) { busy = true; } });
-  // Text being selected (an id to copy) is not wiped away either.
+  document.querySelectorAll('input[type=checkbox]')
+    .forEach(function (box) { if (box.checked) { busy = true; } });
   var selection = window.getSelection && window.getSelection().toString();
-  if (!busy && !selection) { location.reload(); }
+  if (busy || selection || document.hidden) { return; }
+  fetch(location.href, { headers: { 'Accept': 'text/html' } })
+    .then(function (r) { return r.ok ? r.text() : null; })
+    .then(function (html) {
+      if (!html) { return; }
+      var fresh = new DOMParser().parseFromString(html, 'text/html');
+      var x = window.scrollX, y = window.scrollY;
+      document.body.innerHTML = fresh.body.innerHTML;
+      window.scrollTo(x, y);
+    })
+    .catch(function () {});
 }, 5000);";
 
 /// A whole page: `body` inside the shared head and style. `refresh`

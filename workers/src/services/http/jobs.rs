@@ -325,7 +325,8 @@ pub(super) async fn jobs_page(
             @if more { a href=(link(number + 1)) { "older →" } }
         }
     };
-    Ok(page("shepherd · jobs", body))
+    // The list is live, as the overview is (in place, every 5 s).
+    Ok(layout("shepherd · jobs", true, body))
 }
 
 /// A result cut to a table cell's worth.

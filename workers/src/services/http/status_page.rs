@@ -27,7 +27,7 @@ pub(super) fn status_page(
 ) -> Markup {
     html! {
         h1 { "shepherd" }
-        p.muted.as-of { "As of " (Time(o.now).to_string()) "; this page refreshes every 5 s while you are not filling in a form." }
+        p.muted.as-of { "As of " (Time(o.now).to_string()) "; this page updates itself every 5 s while you are not filling in a form or selecting text." }
         (alarms(o))
         @match viewer {
             Viewer::Operator(who) => (action_forms(o, who)),
