@@ -489,6 +489,7 @@ mod tests {
             failed: false,
             ready: true,
             created_at: None,
+            status: None,
         }
     }
 

@@ -90,6 +90,40 @@ pub async fn reconcile_requested(
     outcome
 }
 
+/// What the listing said of each machine of ours, for the pages to show
+/// beside it (`shepherd.machine_status`): a cache of the latest sighting,
+/// not a record, so it is written in place, one statement a pass.
+async fn note_statuses(
+    pool: &sqlx::PgPool,
+    devices: &[crate::provider::Machine],
+    prefix: &str,
+) -> Result<(), JobError> {
+    let ours: Vec<&crate::provider::Machine> = devices
+        .iter()
+        .filter(|d| d.hostname.as_deref().is_some_and(|h| h.starts_with(prefix)))
+        .collect();
+    let ids: Vec<String> = ours.iter().map(|d| d.id.clone()).collect();
+    let statuses: Vec<Option<String>> = ours.iter().map(|d| d.status.clone()).collect();
+    sqlx::query(
+        "with seen as (
+             insert into shepherd.machine_status (provider_id, status, seen_at)
+             select s.provider_id, s.status, now()
+             from unnest($1::text[], $2::text[]) as s(provider_id, status)
+             on conflict (provider_id) do update
+                 set status = excluded.status, seen_at = excluded.seen_at
+             returning provider_id)
+         delete from shepherd.machine_status m
+         where m.seen_at < now() - interval '1 day'
+           and m.provider_id <> all($1)
+           and not exists (select 1 from shepherd.managed_machines x where x.provider_id = m.provider_id)",
+    )
+    .bind(&ids)
+    .bind(&statuses)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
 /// The pass proper, run while the caller holds the reconcile lock.
 async fn run_pass(
     ctx: &JobContext,
@@ -174,6 +208,7 @@ async fn run_pass(
             .await;
         }
     };
+    note_statuses(&ctx.pool, &devices, &ctx.config.device_prefix).await?;
     // How the pools stand, recorded on every path from here: by the units'
     // listing when there is one (with the stock), else by the machines
     // alone, so a full pool's failed machines still show.

@@ -174,6 +174,7 @@ impl LatitudeProvider {
             failed: s.phase() == Phase::Failed,
             ready: s.phase() == Phase::Ready,
             created_at: s.created_at(),
+            status: s.attributes.status.clone(),
         }
     }
 }

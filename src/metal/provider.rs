@@ -50,6 +50,10 @@ pub fn machine(d: &Device) -> Machine {
         failed: d.state == Some(crate::metal::model::DeviceState::Failed),
         ready: d.state == Some(crate::metal::model::DeviceState::Active),
         created_at: d.created_at,
+        status: d
+            .state
+            .and_then(|s| serde_json::to_value(s).ok())
+            .and_then(|v| v.as_str().map(str::to_string)),
     }
 }
 

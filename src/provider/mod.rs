@@ -42,6 +42,9 @@ pub struct Machine {
     pub ready: bool,
     /// When the provider made it, where it says.
     pub created_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// The provider's own word for its state (Metal `active`, Latitude
+    /// `on`, `deploying`, `failed_deployment`, ...), shown beside it.
+    pub status: Option<String>,
 }
 
 /// A unit of capacity as a listing shows it.

@@ -188,6 +188,25 @@ async fn the_readmes_latitude_path_works_as_written(pool: PgPool) {
     );
     let ids = w.wait_for(4, "web filled").await;
     assert!(ids.iter().all(|id| id.starts_with("sv_")), "{ids:?}");
+    // The page shows each server's status as the last pass listed it, and
+    // links Latitude's ids to their history.
+    let page_url = format!("http://{metrics}/machines");
+    let started = std::time::Instant::now();
+    loop {
+        let page = reqwest::get(&page_url).await.unwrap().text().await.unwrap();
+        assert!(
+            page.contains(&format!("href=\"/device/{}\"", ids[0])),
+            "{page}"
+        );
+        if page.matches("<td>on <span").count() == 4 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "no status beside the servers: {page}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
     let status = w.ok(&["status"]);
     assert!(status.contains("web"), "{status}");
     // The pass read the cluster's servers only, and says so.

@@ -22,6 +22,9 @@ struct Row {
     reservation_id: Option<Uuid>,
     hostname: Option<String>,
     assimilated_at: DateTime<Utc>,
+    /// The provider's word for it at the last pass that listed it.
+    status: Option<String>,
+    seen_at: Option<DateTime<Utc>>,
 }
 
 pub(super) async fn machines_page(
@@ -60,11 +63,13 @@ pub(super) async fn machines_page(
         .await
         .map_err(|e| database_failure("machines", e))?;
         let rows = sqlx::query_as(
-            "select machine_id, provider_id, reservation_id, hostname, assimilated_at
-             from shepherd.managed_machines
-             where $1::text is null or hostname ilike $1 or provider_id ilike $1
-                   or reservation_id::text ilike $1
-             order by assimilated_at desc, machine_id
+            "select m.machine_id, m.provider_id, m.reservation_id, m.hostname, m.assimilated_at,
+                    s.status, s.seen_at
+             from shepherd.managed_machines m
+             left join shepherd.machine_status s on s.provider_id = m.provider_id
+             where $1::text is null or m.hostname ilike $1 or m.provider_id ilike $1
+                   or m.reservation_id::text ilike $1
+             order by m.assimilated_at desc, m.machine_id
              limit $2 offset $3",
         )
         .bind(&pattern)
@@ -92,19 +97,27 @@ pub(super) async fn machines_page(
         @if !rows.is_empty() {
             table {
                 thead { tr {
-                    th { "Machine" } th { "Device" } th { "Reservation" } th { "Hostname" } th { "Assimilated" }
+                    th { "Machine" } th { "Device" } th { "Reservation" } th { "Hostname" } th { "Status (last pass)" } th { "Assimilated" }
                     @if actions { th { "Release" } }
                 } }
                 tbody {
                     @for m in &rows {
                         tr {
                             td.id { (m.machine_id) }
-                            td { @match m.provider_id.parse::<Uuid>() {
-                                Ok(d) => a.id href={ "/device/" (d) } { (d) },
-                                Err(_) => span.id { (m.provider_id) },
+                            td { @if super::html::machine_id_ok(&m.provider_id) {
+                                a.id href={ "/device/" (m.provider_id) } { (m.provider_id) }
+                            } @else {
+                                span.id { (m.provider_id) }
                             } }
                             td { @if let Some(r) = m.reservation_id { a.id href={ "/reservation/" (r) } { (r) } } }
                             td { (m.hostname.as_deref().unwrap_or("")) }
+                            td {
+                                @match (&m.status, m.seen_at) {
+                                    (Some(status), Some(at)) => { (status) " " span.muted { (ago(at, Utc::now())) } }
+                                    (None, Some(at)) => { span.muted { "listed " (ago(at, Utc::now())) } }
+                                    _ => { span.muted { "not listed yet" } }
+                                }
+                            }
                             td { (Time(m.assimilated_at).to_string()) }
                             @if actions {
                                 td {
