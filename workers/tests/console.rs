@@ -470,6 +470,27 @@ async fn an_operator_clicks_through_the_console_in_a_browser(pool: PgPool) {
     assert!(browser.url().await.ends_with("/machines"));
     let count = browser.text("p.muted").await;
     assert!(count.starts_with("0 machine(s)"), "{count}");
+
+    // Logged out: the session ends, the forms go, and the page says how to
+    // log in again.
+    browser.goto(&format!("{}/", server.base)).await;
+    assert!(browser.text("body").await.contains("Logged in as alice"));
+    browser
+        .click_to_leave("form[action='/logout'] button")
+        .await;
+    let page = browser.text("body").await;
+    assert!(page.contains("Log in to act"), "{page}");
+    let forms = browser
+        .script("return document.querySelectorAll(\"form[action^='/actions/']\").length;")
+        .await;
+    assert_eq!(forms, serde_json::json!(0), "forms without a session");
+    let ended: i64 = sqlx::query_scalar(
+        "select count(*) from shepherd.console_sessions where who = 'alice' and ended_at is not null",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(ended, 1);
     browser.quit().await;
     server.stop().await;
 }
