@@ -852,6 +852,16 @@ async fn a_release_from_the_console_asks_the_provider(pool: PgPool) {
     .await
     .unwrap();
     assert_eq!(by, "console:bot");
+    // A pass is queued to look again, so the discrepancy clears now; the
+    // refusals queued none.
+    let passes: Vec<String> = sqlx::query_scalar(
+        "select convert_from(job, 'UTF8')::jsonb->>'requested_by' from apalis.jobs
+         where job_type = 'reconcile'",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(passes, vec!["console:bot (after a release)".to_string()]);
     server.stop().await;
 }
 

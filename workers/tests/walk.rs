@@ -282,6 +282,10 @@ async fn the_readmes_latitude_path_works_as_written(pool: PgPool) {
         "deleted in the console",
     ]);
     assert!(released.contains(kept.as_str()), "{released}");
+    assert!(
+        released.contains("a pass is queued to look again"),
+        "{released}"
+    );
     let events = w.ok(&["events", "--last", "200"]);
     for kind in [
         "pool_changed",

@@ -895,14 +895,28 @@ pub async fn release(args: ReleaseArgs) -> anyhow::Result<()> {
         ),
         Err(e) => return Err(e).context("cannot check the machine at the provider"),
     }
+    // The release and a pass to look again, together: the discrepancy the
+    // missing machine raised clears at once rather than at the next tick.
+    let mut tx = pool.begin().await?;
     sqlx::query("select shepherd.release_machine($1, $2, $3)")
         .bind(machine_id.to_string())
         .bind(&args.reason)
         .bind(operator())
-        .execute(&pool)
+        .execute(&mut *tx)
         .await
         .map_err(database_message)?;
-    println!("machine {machine_id} (device {device}) is no longer managed");
+    shepherd::jobs::queue::push_reconcile(
+        &mut tx,
+        &shepherd::jobs::ReconcileArgs {
+            requested_by: format!("{} (after a release)", operator()),
+        },
+        None,
+    )
+    .await?;
+    tx.commit().await?;
+    println!(
+        "machine {machine_id} (device {device}) is no longer managed; a pass is queued to look again"
+    );
     Ok(())
 }
 

@@ -476,13 +476,27 @@ pub(super) async fn act(
                     )));
                 }
             }
-            sqlx::query("select shepherd.release_machine($1, $2, $3)")
-                .bind(machine.trim())
-                .bind(&reason)
-                .bind(&by)
-                .execute(pool)
-                .await
-                .map(drop)
+            // With a pass to look again, so that the discrepancy the missing
+            // machine raised clears now rather than at the next tick.
+            async {
+                let mut tx = pool.begin().await?;
+                sqlx::query("select shepherd.release_machine($1, $2, $3)")
+                    .bind(machine.trim())
+                    .bind(&reason)
+                    .bind(&by)
+                    .execute(&mut *tx)
+                    .await?;
+                queue::push_reconcile(
+                    &mut tx,
+                    &ReconcileArgs {
+                        requested_by: format!("{by} (after a release)"),
+                    },
+                    None,
+                )
+                .await?;
+                tx.commit().await
+            }
+            .await
         }
         "retry-jobs" | "cancel-jobs" => {
             // Several jobs, one reason: each judged on its own, as one
