@@ -256,9 +256,57 @@ async fn charts_draw_what_the_log_and_the_queue_hold(pool: PgPool) {
             .await
             .unwrap();
     }
+    // Jobs that ended: two creations, one of which gave up (Done to the
+    // queue, a failure to an operator), and a cancelled pass.
+    let ended = |kind: &'static str, status: &'static str, result: &'static str| {
+        let pool = pool.clone();
+        async move {
+            let args = if kind == "reconcile" {
+                serde_json::json!({})
+            } else {
+                serde_json::json!({"reservation": Uuid::new_v4(), "request": Uuid::new_v4()})
+            };
+            let id: String = sqlx::query_scalar("select shepherd.push_job($1, $2)")
+                .bind(kind)
+                .bind(args)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+            sqlx::query(
+                "update apalis.jobs set status = $2, attempts = 1, done_at = now(),
+                     last_result = $3::jsonb where id = $1",
+            )
+            .bind(&id)
+            .bind(status)
+            .bind(result)
+            .execute(&pool)
+            .await
+            .unwrap();
+        }
+    };
+    ended(
+        "create_device",
+        "Done",
+        r#"{"Ok": "Created { device: \"d\", recovered: false }"}"#,
+    )
+    .await;
+    ended(
+        "create_device",
+        "Done",
+        r#"{"Ok": "GivenUp { class: Permanent, cause: \"no\" }"}"#,
+    )
+    .await;
+    ended("reconcile", "Killed", r#"{"Err": "cancelled"}"#).await;
     let server = Server::start(pool.clone()).await;
     let (status, _, page) = server.get("/charts").await;
     assert_eq!(status, StatusCode::OK, "{page}");
+    assert!(page.contains("<title>1 done from"), "{page}");
+    assert!(page.contains("<title>1 failed from"), "{page}");
+    assert!(page.contains("<title>1 cancelled from"), "{page}");
+    assert!(
+        page.contains(r#"href="/jobs?kind=create_device&amp;state=failed">1</a>"#),
+        "{page}"
+    );
     // seed() created one device too: four in all, all in the last bar.
     assert!(page.contains("<title>4 devices created from"), "{page}");
     assert!(page.contains("<title>1 creations given up from"), "{page}");

@@ -8,7 +8,9 @@ use maud::{Markup, html};
 use serde::Deserialize;
 
 use super::*;
-use shepherd::jobs::{ASSIMILATE_QUEUE, CREATE_DEVICE_QUEUE, RECONCILE_QUEUE};
+use shepherd::jobs::{
+    ASSIMILATE_QUEUE, CREATE_DEVICE_QUEUE, DELETE_MACHINE_QUEUE, RECONCILE_QUEUE,
+};
 
 /// The windows a chart can show: name, bucket width in seconds, buckets.
 const WINDOWS: [(&str, i64, i64); 3] = [("1h", 120, 30), ("24h", 1800, 48), ("7d", 3 * 3600, 56)];
@@ -94,6 +96,44 @@ pub(super) async fn charts_page(
         }
     }
 
+    // Jobs that ended, by outcome in the jobs pages' words (a creation that
+    // gave up is a failure though the queue filed it Done), per bar, and
+    // by kind over the window.
+    let finished: Vec<(i32, String, String, i64)> = sqlx::query_as(
+        "select ((extract(epoch from done_at - $1) / $2)::int) as i, job_type,
+                case when status = 'Killed' then 'cancelled'
+                     when status = 'Failed' then 'failed'
+                     when coalesce(last_result->>'Ok', '') ~ '^(GivenUp|RaceLost|Refused|Rejected|Failed)\\y'
+                          then 'failed'
+                     else 'done' end as outcome,
+                count(*)
+         from apalis.jobs
+         where done_at >= $1 and job_type = any($3)
+           and (status in ('Done', 'Killed') or (status = 'Failed' and attempts >= max_attempts))
+         group by 1, 2, 3",
+    )
+    .bind(start)
+    .bind(step as f64)
+    .bind(
+        [RECONCILE_QUEUE, CREATE_DEVICE_QUEUE, ASSIMILATE_QUEUE, DELETE_MACHINE_QUEUE]
+            .map(str::to_string),
+    )
+    .fetch_all(&state.pool)
+    .await
+    .map_err(|e| database_failure("charts", e))?;
+    let (mut done, mut broke, mut cancelled) = (vec![0.0; n], vec![0.0; n], vec![0.0; n]);
+    let mut by_kind: std::collections::BTreeMap<String, [i64; 3]> = Default::default();
+    for (i, kind, outcome, count) in finished {
+        let i = (i.max(0) as usize).min(n - 1);
+        let k = match outcome.as_str() {
+            "done" => 0,
+            "failed" => 1,
+            _ => 2,
+        };
+        [&mut done, &mut broke, &mut cancelled][k][i] += count as f64;
+        by_kind.entry(kind).or_default()[k] += count;
+    }
+
     // This process's API latency, its last hour only.
     let minutes = state.client_metrics.latency.minutes();
     let latest = now.timestamp() / 60;
@@ -125,6 +165,28 @@ pub(super) async fn charts_page(
             Series { name: "attempts failed or unknown", colour: "#e90", values: failed },
             Series { name: "creations given up", colour: "#c33", values: ended },
         ], ""))
+        h2 { "Jobs finished " span.muted { "(by outcome, as /jobs words it)" } }
+        (bar_chart("finished", start, step, &[
+            Series { name: "done", colour: "#2a7", values: done },
+            Series { name: "failed", colour: "#c33", values: broke },
+            Series { name: "cancelled", colour: "#999", values: cancelled },
+        ], ""))
+        @if !by_kind.is_empty() {
+            table.facts.by-kind {
+                thead { tr { th { "Kind" } th { "done" } th { "failed" } th { "cancelled" } th { "a minute, on average" } } }
+                tbody {
+                    @for (kind, [d, f, c]) in &by_kind {
+                        tr {
+                            td { a href={ "/jobs?kind=" (kind) } { (kind) } }
+                            td.n { (d) }
+                            td.n { a href={ "/jobs?kind=" (kind) "&state=failed" } { (f) } }
+                            td.n { (c) }
+                            td.n { (format!("{:.2}", (d + f + c) as f64 / (step * buckets) as f64 * 60.0)) }
+                        }
+                    }
+                }
+            }
+        }
         h2 { "Queue depth " span.muted { "(jobs due and not finished, at the end of each bar)" } }
         (bar_chart("queue", start, step, &[
             Series { name: RECONCILE_QUEUE, colour: "#68c", values: reconcile },
