@@ -412,6 +412,13 @@ async fn an_operator_clicks_through_the_console_in_a_browser(pool: PgPool) {
     browser
         .click_to_leave("form[action='/actions/pause'] button")
         .await;
+    // What was done, said as done; the pause's own notice below it.
+    assert!(
+        browser
+            .text("p.done")
+            .await
+            .contains("Creations are paused.")
+    );
     let notice = browser.text("div.warn").await;
     assert!(
         notice.contains("Creations are paused")
@@ -434,7 +441,18 @@ async fn an_operator_clicks_through_the_console_in_a_browser(pool: PgPool) {
     browser
         .click_to_leave("form[action='/actions/cancel-job'] button")
         .await;
-    assert!(browser.url().await.ends_with(&format!("/jobs/{marked}")));
+    assert!(
+        browser
+            .url()
+            .await
+            .ends_with(&format!("/jobs/{marked}?done=cancel-job"))
+    );
+    assert!(
+        browser
+            .text("p.done")
+            .await
+            .contains("The job is cancelled.")
+    );
     let facts = browser.text("table.facts").await;
     assert!(facts.contains("State cancelled"), "{facts}");
     let recorded = browser.text("table.events").await;
@@ -467,7 +485,13 @@ async fn an_operator_clicks_through_the_console_in_a_browser(pool: PgPool) {
     browser
         .click_to_leave("form[action='/actions/release'] button")
         .await;
-    assert!(browser.url().await.ends_with("/machines"));
+    assert!(browser.url().await.ends_with("/machines?done=release"));
+    assert!(
+        browser
+            .text("p.done")
+            .await
+            .contains("The machine is released; a pass is queued to look again.")
+    );
     let count = browser.text("p.muted").await;
     assert!(count.starts_with("0 machine(s)"), "{count}");
 
@@ -610,6 +634,20 @@ async fn actions_need_the_credential_and_record_who(pool: PgPool) {
     )
     .await;
     assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    assert_eq!(
+        r.headers().get("location").and_then(|v| v.to_str().ok()),
+        Some("/?done=pause")
+    );
+    // Paused already: a refusal that says so, not a silent success.
+    let r = post_form(
+        &http,
+        format!("{}/actions/pause", server.base),
+        &[("cookie", &cookie)],
+        &[("reason", "again")],
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::CONFLICT);
+    assert!(r.text().await.unwrap().contains("already paused"));
     let by: String = sqlx::query_scalar(
         "select body->>'by' from shepherd.events where event_type = 'creations_paused'",
     )

@@ -390,18 +390,32 @@ pub(super) async fn act(
     let pool = &state.pool;
     let mut back = "/".to_string();
     let done = match action.as_str() {
-        "pause" => sqlx::query("select shepherd.pause_creations($1, $2)")
-            .bind(&reason)
-            .bind(&by)
-            .execute(pool)
-            .await
-            .map(drop),
-        "resume" => sqlx::query("select shepherd.resume_creations($1, $2)")
-            .bind(&reason)
-            .bind(&by)
-            .execute(pool)
-            .await
-            .map(drop),
+        "pause" | "resume" => {
+            let sql = if action == "pause" {
+                "select shepherd.pause_creations($1, $2)"
+            } else {
+                "select shepherd.resume_creations($1, $2)"
+            };
+            let changed: Result<bool, sqlx::Error> = sqlx::query_scalar(sql)
+                .bind(&reason)
+                .bind(&by)
+                .fetch_one(pool)
+                .await;
+            match changed {
+                // As the CLI says it: nothing was recorded.
+                Ok(false) => {
+                    return Err(Failure::Conflict(format!(
+                        "creations are already {}; nothing was recorded",
+                        if action == "pause" {
+                            "paused"
+                        } else {
+                            "running"
+                        }
+                    )));
+                }
+                other => other.map(drop),
+            }
+        }
         "clear-penalty" => {
             let reservation: Uuid = form
                 .reservation
@@ -618,6 +632,9 @@ pub(super) async fn act(
     match done {
         Ok(()) => {
             tracing::info!(action, by, "console action");
+            // The page says what was done (a fixed text per action, never
+            // text from the address).
+            let back = format!("{back}?done={action}");
             let back = axum::http::HeaderValue::from_str(&back)
                 .map_err(|_| Failure::BadRequest("that job id is not a job id".into()))?;
             Ok((StatusCode::SEE_OTHER, [(LOCATION, back)]).into_response())
@@ -627,6 +644,29 @@ pub(super) async fn act(
             Err(Failure::BadRequest(e.message().to_string()))
         }
         Err(e) => Err(database_failure("action", e)),
+    }
+}
+
+/// What a page says after an action succeeded: `?done=<action>`, mapped
+/// to fixed words, so a crafted address can only show one of these.
+#[derive(Debug, Default, Deserialize)]
+pub(super) struct Done {
+    pub(super) done: Option<String>,
+}
+
+impl Done {
+    pub(super) fn banner(&self) -> maud::Markup {
+        let words = match self.done.as_deref() {
+            Some("pause") => "Creations are paused.",
+            Some("resume") => "Creations are running again.",
+            Some("reconcile") => "A reconcile pass is queued.",
+            Some("clear-penalty") => "The penalty is cleared.",
+            Some("release") => "The machine is released; a pass is queued to look again.",
+            Some("retry-job") => "The job is queued to run again.",
+            Some("cancel-job") => "The job is cancelled.",
+            _ => return html! {},
+        };
+        html! { p.done role="status" { "Done: " (words) } }
     }
 }
 

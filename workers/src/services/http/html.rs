@@ -28,6 +28,7 @@ td.n { text-align: right; font-variant-numeric: tabular-nums; }
 .alarm ul { margin: .3em 0 0; }
 .warn { background: #fff4d6; border: 1px solid #e5c56b; padding: .6em 1em; margin: 1em 0; }
 .ok { color: #161; }
+.done { background: #e6f4ea; border: 1px solid #7bb98a; padding: .5em 1em; margin: .8em 0; }
 form.inline { display: inline-block; margin: 0 1em .5em 0; }
 @media (max-width: 700px) {
   table { display: block; overflow-x: auto; }
@@ -41,6 +42,7 @@ form.inline { display: inline-block; margin: 0 1em .5em 0; }
   thead th, table.facts th { color: #bbb; border-color: #555; }
   .muted, .body .k { color: #aaa; }
   .warn { background: #3a3000; border-color: #8a7a2a; }
+  .done { background: #12351d; border-color: #3d7a4d; }
   .ok { color: #7c7; }
   input, button { background: #222; color: #e4e4e4; border: 1px solid #555; }
 }

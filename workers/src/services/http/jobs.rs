@@ -376,6 +376,7 @@ pub(super) async fn job_page(
     State(state): State<HttpState>,
     headers: axum::http::HeaderMap,
     Path(id): Path<String>,
+    Query(done): Query<Done>,
 ) -> Result<Html<String>, Failure> {
     let may_act = viewer(&state, &headers).await.may_act();
     let job: Option<JobDetail> = sqlx::query_as(
@@ -443,6 +444,7 @@ pub(super) async fn job_page(
     };
     let body = html! {
         h1 { a href="/" { "shepherd" } " · " a href="/jobs" { "jobs" } " · " span.id { (job.id) } }
+        (done.banner())
         table.facts {
             tr { th { "Kind" } td { a href={ "/jobs?kind=" (job.job_type) } { (job.job_type) } } }
             tr { th { "State" } td { (job_state(&job.status, job.lock_by.is_some(), job.attempts, job.max_attempts, job.last_result.as_ref())) " " span.muted { "(queue: " (job.status) ")" } } }

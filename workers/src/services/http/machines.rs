@@ -13,6 +13,8 @@ pub(super) struct MachineQuery {
     /// A piece of a hostname, device id or reservation id.
     q: Option<String>,
     page: Option<i64>,
+    /// What an action just did (`Done`).
+    done: Option<String>,
 }
 
 #[derive(sqlx::FromRow)]
@@ -88,6 +90,7 @@ pub(super) async fn machines_page(
     };
     let body = html! {
         h1 { a href="/" { "shepherd" } " · machines" }
+        (Done { done: query.done.clone() }.banner())
         form method="get" action="/machines" {
             input type="search" name="q" aria-label="Search machines" value=[q.as_deref()] placeholder="hostname, device or reservation";
             " "

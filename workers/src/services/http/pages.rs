@@ -6,6 +6,7 @@ use super::*;
 pub(super) async fn front_page(
     State(state): State<HttpState>,
     headers: axum::http::HeaderMap,
+    Query(done): Query<Done>,
 ) -> Result<Html<String>, Failure> {
     const WHAT: &str = "status page";
     let viewer = viewer(&state, &headers).await;
@@ -79,7 +80,7 @@ pub(super) async fn front_page(
     Ok(layout(
         "shepherd",
         true,
-        status_page(&overview, &machines, &rows, &viewer, &|unit| {
+        status_page(&overview, &machines, &rows, &viewer, &done, &|unit| {
             state.unit_label(unit)
         }),
     ))

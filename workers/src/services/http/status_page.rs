@@ -23,10 +23,12 @@ pub(super) fn status_page(
     machines: &[ManagedMachine],
     events: &[EventRow],
     viewer: &Viewer,
+    done: &Done,
     label: &dyn Fn(Uuid) -> Option<String>,
 ) -> Markup {
     html! {
         h1 { "shepherd" }
+        (done.banner())
         p.muted.as-of { "As of " (Time(o.now).to_string()) "; this page updates itself every 5 s while you are not filling in a form or selecting text." }
         (alarms(o))
         @match viewer {
