@@ -375,6 +375,61 @@ async fn an_operator_clicks_through_the_console_in_a_browser(pool: PgPool) {
     assert!(arguments.contains("<i>not markup</i>"), "{arguments}");
     browser.screenshot("job").await;
 
+    // A creation tried three times: each attempt a job, each with its
+    // outcome, on every attempt's page.
+    let creation = serde_json::json!({
+        "reservation": uuid::Uuid::new_v4(),
+        "request": uuid::Uuid::new_v4(),
+    });
+    let mut attempts = vec![];
+    for (n, status, result) in [
+        (
+            1,
+            "Done",
+            r#"{"Ok": "Retrying { next_attempt: 2, after: 30s }"}"#,
+        ),
+        (
+            2,
+            "Done",
+            r#"{"Ok": "Unresolved { next_attempt: 3, after: 60s }"}"#,
+        ),
+        (
+            3,
+            "Done",
+            r#"{"Ok": "Created { device: \"d1\", recovered: true }"}"#,
+        ),
+    ] {
+        let mut args = creation.clone();
+        args["attempt"] = serde_json::json!(n);
+        let id: String = sqlx::query_scalar("select shepherd.push_job('create_device', $1)")
+            .bind(&args)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        sqlx::query(
+            "update apalis.jobs set status = $2, attempts = 1, done_at = now(),
+                 last_result = $3::jsonb where id = $1",
+        )
+        .bind(&id)
+        .bind(status)
+        .bind(result)
+        .execute(&pool)
+        .await
+        .unwrap();
+        attempts.push(id);
+    }
+    browser
+        .goto(&format!("{}/jobs/{}", server.base, attempts[2]))
+        .await;
+    let table = browser.text("table.attempts").await;
+    assert!(
+        table.contains("to be tried again by a new job")
+            && table.contains("outcome unknown: looking again later")
+            && table.contains("created (found after an unseen answer)"),
+        "{table}"
+    );
+    browser.screenshot("job-attempts").await;
+
     // Back to the front page, then a penalised reservation's history.
     browser.goto(&format!("{}/", server.base)).await;
     browser

@@ -170,6 +170,15 @@ impl Browser {
                 .await;
             match probe {
                 Err(error) if error["error"] == "stale element reference" => return,
+                // Chromium's word for the same, caught mid-navigation: the
+                // old page's root is no longer in the document.
+                Err(error)
+                    if error["message"]
+                        .as_str()
+                        .is_some_and(|m| m.contains("does not belong to the document")) =>
+                {
+                    return;
+                }
                 Err(error) => panic!("waiting for {css} to leave the page: {error}"),
                 Ok(_) => {}
             }
