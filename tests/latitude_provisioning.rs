@@ -855,3 +855,56 @@ async fn a_creation_handed_back_after_its_worker_died_looks_before_it_posts(db: 
     );
     assert_eq!(w.fake.servers().len(), 1);
 }
+
+/// The wait before a creation sends again grows with the creates it sent,
+/// not with the looks an unknown creation made in between: after five
+/// looks, a second failed create waits as a second failed create does (a
+/// chaos run once waited 32 s, 64 s, then 128 s after three 503s).
+#[sqlx::test(migrations = false)]
+async fn the_wait_between_creates_grows_with_creates_not_looks(db: PgPool) {
+    use shepherd::jobs::create_device::CreateOutcome;
+    let w = World::with_config(
+        db,
+        5,
+        vec![pool("web", "DAL", 1)],
+        Duration::from_millis(400),
+        |c| {
+            c.create_retry.initial_backoff = Duration::from_secs(1);
+            c.create_retry.factor = 2.0;
+            c.create_retry.max_backoff = Duration::from_secs(600);
+        },
+    )
+    .await;
+    w.fake.set_faults(
+        Faults::none().with_rule(
+            FaultRule::on(Call::CreateServer, FaultKind::Status { status: 503 }).times(2),
+        ),
+    );
+    w.pass().await;
+    let mut waits = vec![];
+    let mut looks = 0;
+    let started = std::time::Instant::now();
+    while w.fake.servers().is_empty() && started.elapsed() < Duration::from_secs(15) {
+        for ran in drain_with(&w.pool, &w.ctx).await {
+            match ran {
+                common::world::Ran::Create(CreateOutcome::Retrying { after, .. }) => {
+                    waits.push(after)
+                }
+                common::world::Ran::Create(CreateOutcome::Unresolved { .. }) => looks += 1,
+                _ => {}
+            }
+        }
+        w.make_due().await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(w.fake.servers().len(), 1);
+    assert!(
+        looks >= 2,
+        "only {looks} looks: the test did not look between creates"
+    );
+    assert_eq!(
+        waits,
+        vec![Duration::from_secs(1), Duration::from_secs(2)],
+        "the waits after the first and second creates ({looks} looks between)"
+    );
+}

@@ -48,6 +48,17 @@ impl World {
         pools: Vec<Pool>,
         settle: Duration,
     ) -> World {
+        World::with_config(db, max_machines, pools, settle, |_| {}).await
+    }
+
+    /// [`World::with_settle`], with the provisioner's settings adjusted.
+    pub async fn with_config(
+        db: PgPool,
+        max_machines: u64,
+        pools: Vec<Pool>,
+        settle: Duration,
+        adjust: impl FnOnce(&mut ProvisionerConfig),
+    ) -> World {
         super::migrated(&db).await;
         let fake = FakeLatitude::start(
             FakeConfig {
@@ -72,12 +83,13 @@ impl World {
         let free = || Arc::new(LocalPacer::new(Rate::UNLIMITED));
         let client = LatitudeClient::with_pacers(config, free(), free()).unwrap();
         let provider = LatitudeProvider::new(client, pools.clone(), PREFIX.into()).unwrap();
-        let config = ProvisionerConfig {
+        let mut config = ProvisionerConfig {
             max_machines,
             chunk_size: max_machines.max(1),
             settle_window: settle,
             ..fast_config()
         };
+        adjust(&mut config);
         shepherd::cluster::establish(
             &db,
             &shepherd::cluster::ClusterSettings::proposed_by(&config),
