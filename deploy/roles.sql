@@ -32,6 +32,12 @@ grant select, insert, update, delete on
     shepherd.pending_deletions
     to shepherd_worker;
 
+-- What is not folded from the log: each machine's status as the last pass
+-- saw it, and the console's sessions (kept by hash) and failed log-ins.
+grant select, insert, update, delete on
+    shepherd.machine_status, shepherd.console_sessions, shepherd.console_login_failures
+    to shepherd_worker;
+
 -- The operator views, read by the status page and `shepherd status`.
 grant select on
     shepherd.queue_depth, shepherd.failed_jobs, shepherd.recent_events,
