@@ -401,22 +401,7 @@ async fn an_operator_clicks_through_the_console_in_a_browser(pool: PgPool) {
     ] {
         let mut args = creation.clone();
         args["attempt"] = serde_json::json!(n);
-        let id: String = sqlx::query_scalar("select shepherd.push_job('create_device', $1)")
-            .bind(&args)
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-        sqlx::query(
-            "update apalis.jobs set status = $2, attempts = 1, done_at = now(),
-                 last_result = $3::jsonb where id = $1",
-        )
-        .bind(&id)
-        .bind(status)
-        .bind(result)
-        .execute(&pool)
-        .await
-        .unwrap();
-        attempts.push(id);
+        attempts.push(ended_job(&pool, "create_device", &args, status, result).await);
     }
     browser
         .goto(&format!("{}/jobs/{}", server.base, attempts[2]))

@@ -266,22 +266,7 @@ async fn charts_draw_what_the_log_and_the_queue_hold(pool: PgPool) {
             } else {
                 serde_json::json!({"reservation": Uuid::new_v4(), "request": Uuid::new_v4()})
             };
-            let id: String = sqlx::query_scalar("select shepherd.push_job($1, $2)")
-                .bind(kind)
-                .bind(args)
-                .fetch_one(&pool)
-                .await
-                .unwrap();
-            sqlx::query(
-                "update apalis.jobs set status = $2, attempts = 1, done_at = now(),
-                     last_result = $3::jsonb where id = $1",
-            )
-            .bind(&id)
-            .bind(status)
-            .bind(result)
-            .execute(&pool)
-            .await
-            .unwrap();
+            ended_job(&pool, kind, &args, status, result).await;
         }
     };
     ended(

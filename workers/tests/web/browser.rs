@@ -250,14 +250,7 @@ impl Browser {
     /// The computed value of a CSS property of the first element `css`
     /// matches.
     pub async fn style(&self, css: &str, property: &str) -> String {
-        let found = self
-            .call(
-                reqwest::Method::POST,
-                "/element",
-                serde_json::json!({"using": "css selector", "value": css}),
-            )
-            .await;
-        let id = found[ELEMENT].as_str().unwrap().to_string();
+        let id = self.find(css).await;
         self.call(
             reqwest::Method::GET,
             &format!("/element/{id}/css/{property}"),

@@ -316,3 +316,31 @@ pub async fn post_form(
     }
     request.send().await.unwrap()
 }
+
+/// A job pushed through `shepherd.push_job` and left as a worker would
+/// leave it after one run: in `status`, with `result` as its last result.
+pub async fn ended_job(
+    pool: &PgPool,
+    kind: &str,
+    args: &serde_json::Value,
+    status: &str,
+    result: &str,
+) -> String {
+    let id: String = sqlx::query_scalar("select shepherd.push_job($1, $2)")
+        .bind(kind)
+        .bind(args)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    sqlx::query(
+        "update apalis.jobs set status = $2, attempts = 1, done_at = now(),
+             last_result = $3::jsonb where id = $1",
+    )
+    .bind(&id)
+    .bind(status)
+    .bind(result)
+    .execute(pool)
+    .await
+    .unwrap();
+    id
+}

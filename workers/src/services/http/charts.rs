@@ -99,24 +99,30 @@ pub(super) async fn charts_page(
     // Jobs that ended, by outcome in the jobs pages' words (a creation that
     // gave up is a failure though the queue filed it Done), per bar, and
     // by kind over the window.
-    let finished: Vec<(i32, String, String, i64)> = sqlx::query_as(
+    // The failure test is the jobs pages' own, a fixed text.
+    let finished: Vec<(i32, String, String, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "select ((extract(epoch from done_at - $1) / $2)::int) as i, job_type,
                 case when status = 'Killed' then 'cancelled'
                      when status = 'Failed' then 'failed'
-                     when coalesce(last_result->>'Ok', '') ~ '^(GivenUp|RaceLost|Refused|Rejected|Failed)\\y'
-                          then 'failed'
+                     when {} then 'failed'
                      else 'done' end as outcome,
                 count(*)
          from apalis.jobs
          where done_at >= $1 and job_type = any($3)
            and (status in ('Done', 'Killed') or (status = 'Failed' and attempts >= max_attempts))
          group by 1, 2, 3",
-    )
+        super::jobs::failed_outcome_sql()
+    )))
     .bind(start)
     .bind(step as f64)
     .bind(
-        [RECONCILE_QUEUE, CREATE_DEVICE_QUEUE, ASSIMILATE_QUEUE, DELETE_MACHINE_QUEUE]
-            .map(str::to_string),
+        [
+            RECONCILE_QUEUE,
+            CREATE_DEVICE_QUEUE,
+            ASSIMILATE_QUEUE,
+            DELETE_MACHINE_QUEUE,
+        ]
+        .map(str::to_string),
     )
     .fetch_all(&state.pool)
     .await

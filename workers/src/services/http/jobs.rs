@@ -33,7 +33,16 @@ const STATES: [&str; 6] = [
 
 /// Outcomes that end a job's work without what it was for: failures,
 /// however the queue filed them.
-const FAILED_OUTCOMES: &str = "^(GivenUp|RaceLost|Refused|Rejected|Failed)\\y";
+const FAILED_OUTCOMES: [&str; 5] = ["GivenUp", "RaceLost", "Refused", "Rejected", "Failed"];
+
+/// The SQL condition that a row's outcome is one of [`FAILED_OUTCOMES`]:
+/// the one test `/jobs`, a job's page and `/charts` share.
+pub(super) fn failed_outcome_sql() -> String {
+    format!(
+        "coalesce(last_result->>'Ok', '') ~ '^({})\\y'",
+        FAILED_OUTCOMES.join("|")
+    )
+}
 
 /// The queue's own statuses, as `shepherd.queue_depth` names them.
 const QUEUE_STATUSES: [&str; 6] = ["Pending", "Queued", "Running", "Done", "Failed", "Killed"];
@@ -44,7 +53,7 @@ fn state_condition(state: &str) -> String {
     if let Some(raw) = QUEUE_STATUSES.iter().find(|s| **s == state) {
         return format!("status = '{raw}'");
     }
-    let failed_outcome = format!("coalesce(last_result->>'Ok', '') ~ '{FAILED_OUTCOMES}'");
+    let failed_outcome = failed_outcome_sql();
     match state {
         "waiting" => "(status = 'Pending' or (status = 'Queued' and lock_by is null))".into(),
         "running" => "(status in ('Queued', 'Running') and lock_by is not null)".into(),
@@ -83,7 +92,7 @@ fn outcome_text(result: Option<&Value>) -> Option<&str> {
 
 fn outcome_failed(result: Option<&Value>) -> bool {
     outcome_text(result).is_some_and(|t| {
-        ["GivenUp", "RaceLost", "Refused", "Rejected", "Failed"]
+        FAILED_OUTCOMES
             .iter()
             .any(|w| t.starts_with(w) && !t[w.len()..].starts_with(char::is_alphanumeric))
     })
@@ -159,6 +168,19 @@ struct JobRow {
     done_at: Option<DateTime<Utc>>,
     lock_by: Option<String>,
     last_result: Option<Value>,
+}
+
+impl JobRow {
+    /// Where the job stands, in [`STATES`]' words.
+    fn state(&self) -> &'static str {
+        job_state(
+            &self.status,
+            self.lock_by.is_some(),
+            self.attempts,
+            self.max_attempts,
+            self.last_result.as_ref(),
+        )
+    }
 }
 
 /// One of `allowed`, or a 400 naming them.
@@ -309,7 +331,7 @@ pub(super) async fn jobs_page(
                             }
                             td.id { a href={ "/jobs/" (j.id) } { (j.id) } }
                             td { (j.job_type) }
-                            td { (job_state(&j.status, j.lock_by.is_some(), j.attempts, j.max_attempts, j.last_result.as_ref())) }
+                            td { (j.state()) }
                             td.n { (j.attempts) }
                             td { (Time(j.run_at).to_string()) }
                             td { @if let Some(d) = j.done_at { (Time(d).to_string()) } }
@@ -346,14 +368,8 @@ fn short(v: &Value) -> String {
 /// One attempt of a creation or deletion: a job row of its request.
 #[derive(sqlx::FromRow)]
 struct AttemptRow {
-    id: String,
-    status: String,
-    attempts: i32,
-    max_attempts: i32,
-    run_at: DateTime<Utc>,
-    done_at: Option<DateTime<Utc>>,
-    lock_by: Option<String>,
-    last_result: Option<Value>,
+    #[sqlx(flatten)]
+    job: JobRow,
     attempt: Option<i64>,
 }
 
@@ -400,9 +416,10 @@ pub(super) async fn job_page(
     let rows: Vec<EventRow> = events.into_iter().map(EventRow::from).collect();
     // The arguments as stored: JSON, shown pretty; bytes that are not JSON
     // (a row written by hand) are shown as text.
-    let arguments = match serde_json::from_slice::<Value>(&job.job) {
-        Ok(v) => serde_json::to_string_pretty(&v).unwrap_or_default(),
-        Err(_) => String::from_utf8_lossy(&job.job).into_owned(),
+    let args: Option<Value> = serde_json::from_slice(&job.job).ok();
+    let arguments = match &args {
+        Some(v) => serde_json::to_string_pretty(v).unwrap_or_default(),
+        None => String::from_utf8_lossy(&job.job).into_owned(),
     };
     let result = job
         .last_result
@@ -411,7 +428,6 @@ pub(super) async fn job_page(
     // A creation or deletion runs as one job per attempt, under one
     // request: its attempts are those jobs, each with its own outcome,
     // however many times the queue ran each row.
-    let args: Option<Value> = serde_json::from_slice(&job.job).ok();
     let request = args
         .as_ref()
         .and_then(|a| a.get("request"))
@@ -426,7 +442,8 @@ pub(super) async fn job_page(
             if job.job_type == CREATE_DEVICE_QUEUE || job.job_type == DELETE_MACHINE_QUEUE =>
         {
             sqlx::query_as(
-                "select id, status, attempts, max_attempts, run_at, done_at, lock_by, last_result,
+                "select id, job_type, status, attempts, max_attempts, run_at, done_at, lock_by,
+                        last_result,
                         case when jsonb_typeof(shepherd.job_args(job)->'attempt') = 'number'
                              then least((shepherd.job_args(job)->>'attempt')::numeric, 1000000)::bigint
                         end as attempt
@@ -466,7 +483,7 @@ pub(super) async fn job_page(
         @if may_act {
             (job_actions(&job))
         }
-        @if history.len() > 1 || (history.len() == 1 && history[0].id != job.id) {
+        @if history.len() > 1 || (history.len() == 1 && history[0].job.id != job.id) {
             h2 { "Every attempt of this " (if job.job_type == DELETE_MACHINE_QUEUE { "deletion" } else { "creation" }) }
             table.attempts {
                 thead { tr { th { "Attempt" } th { "Job" } th { "State" } th { "Run at" } th { "Done" } th { "Outcome" } } }
@@ -475,13 +492,13 @@ pub(super) async fn job_page(
                         tr {
                             td.n { @if let Some(n) = a.attempt { (n) } }
                             td.id {
-                                @if a.id == job.id { (a.id) " (this one)" }
-                                @else { a href={ "/jobs/" (a.id) } { (a.id) } }
+                                @if a.job.id == job.id { (a.job.id) " (this one)" }
+                                @else { a href={ "/jobs/" (a.job.id) } { (a.job.id) } }
                             }
-                            td { (job_state(&a.status, a.lock_by.is_some(), a.attempts, a.max_attempts, a.last_result.as_ref())) }
-                            td { (Time(a.run_at).to_string()) }
-                            td { @if let Some(d) = a.done_at { (Time(d).to_string()) } }
-                            td { (outcome_words(a.last_result.as_ref())) }
+                            td { (a.job.state()) }
+                            td { (Time(a.job.run_at).to_string()) }
+                            td { @if let Some(d) = a.job.done_at { (Time(d).to_string()) } }
+                            td { (outcome_words(a.job.last_result.as_ref())) }
                         }
                     }
                 }
