@@ -516,6 +516,12 @@ async fn an_operator_clicks_through_the_console_in_a_browser(pool: PgPool) {
 
     // A machine whose device is gone: release it from the machines page.
     browser.goto(&format!("{}/machines", server.base)).await;
+    let head = browser.text("table thead").await;
+    assert!(
+        head.contains("Device") && head.contains("Reservation"),
+        "{head}"
+    );
+    browser.screenshot("machines").await;
     browser
         .type_text(
             "form[action='/actions/release'] input[name=reason]",
@@ -837,14 +843,12 @@ async fn metal_provider() -> (
     (fake, std::sync::Arc::new(provider))
 }
 
-/// Release from the console is judged as `shepherd machines release` is:
-/// a machine the provider still has is refused (409, and why), since the
-/// next pass would adopt it again under a new id; once it is gone at the
-/// provider, the release is recorded with who.
-#[sqlx::test(migrations = false)]
-async fn a_release_from_the_console_asks_the_provider(pool: PgPool) {
-    shepherd::db::migrate(&pool).await.unwrap();
-    let (fake, provider) = metal_provider().await;
+/// A device made at the fake Metal through the client and recorded as a
+/// managed machine: one the provider still has.
+async fn live_machine(
+    pool: &PgPool,
+    fake: &shepherd_fakes::metal::FakeMetal,
+) -> (shepherd::metal::MetalClient, uuid::Uuid) {
     let client = shepherd::metal::MetalClient::new(
         shepherd::metal::ClientConfig::new(
             fake.base_url(),
@@ -870,23 +874,24 @@ async fn a_release_from_the_console_asks_the_provider(pool: PgPool) {
         })
         .await
         .unwrap();
-    let device = made.device.id.to_string();
-    let mut tx = pool.begin().await.unwrap();
-    shepherd::events::record(
-        &mut tx,
-        vec![shepherd::events::NewEvent::new(
-            shepherd::events::event::MachineAssimilated {
-                machine_id: uuid::Uuid::new_v4(),
-                provider: "metal".into(),
-                provider_id: device.clone(),
-                reservation: Some(reservation),
-                hostname: Some("shepherd-console".into()),
-            },
-        )],
+    append(
+        pool,
+        vec![assimilated(made.device.id, reservation, "shepherd-console")],
     )
-    .await
-    .unwrap();
-    tx.commit().await.unwrap();
+    .await;
+    (client, made.device.id)
+}
+
+/// Release from the console is judged as `shepherd machines release` is:
+/// a machine the provider still has is refused (409, and why), since the
+/// next pass would adopt it again under a new id; once it is gone at the
+/// provider, the release is recorded with who.
+#[sqlx::test(migrations = false)]
+async fn a_release_from_the_console_asks_the_provider(pool: PgPool) {
+    shepherd::db::migrate(&pool).await.unwrap();
+    let (fake, provider) = metal_provider().await;
+    let (client, made) = live_machine(&pool, &fake).await;
+    let device = made.to_string();
     let server = Server::start_full(pool.clone(), Some("s3cret-operator"), Some(provider)).await;
     let http = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
@@ -920,7 +925,7 @@ async fn a_release_from_the_console_asks_the_provider(pool: PgPool) {
     .await
     .unwrap();
     assert_eq!(released, 0);
-    client.delete_device(made.device.id).await.unwrap();
+    client.delete_device(made).await.unwrap();
     let r = release(device.clone()).await;
     assert_eq!(r.status(), StatusCode::SEE_OTHER);
     let by: String = sqlx::query_scalar(
@@ -1196,6 +1201,21 @@ async fn every_answer_is_a_page_with_a_way_back(pool: PgPool) {
     assert!(page.contains("/jobs does not take DELETE"), "{page}");
     let (_, _, page) = server.get("/machines").await;
     assert!(page.contains(r#"aria-label="Search machines""#), "{page}");
+    // An address longer than any page takes: a page that says so.
+    let (status, _, page) = server.get(&format!("/jobs?q={}", "x".repeat(9_000))).await;
+    assert_eq!(status, StatusCode::URI_TOO_LONG);
+    assert!(
+        page.contains("the pages take at most 8192") && page.contains(r#"<nav class="top">"#),
+        "{page}"
+    );
+    // A database gone away: a page too, and it says which part failed.
+    pool.close().await;
+    let (status, _, page) = server.get("/jobs").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(
+        page.contains("the database is unavailable") && page.contains(r#"<nav class="top">"#),
+        "{page}"
+    );
     server.stop().await;
 }
 
@@ -1393,6 +1413,260 @@ async fn the_overview_updates_in_place_and_spares_a_selection(pool: PgPool) {
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+    browser.quit().await;
+    server.stop().await;
+}
+
+/// Counts the log's events of one type; a query that fails fails the test.
+async fn count_events(pool: &PgPool, event_type: &str) -> i64 {
+    sqlx::query_scalar("select count(*) from shepherd.events where event_type = $1")
+        .bind(event_type)
+        .fetch_one(pool)
+        .await
+        .expect("counting events")
+}
+
+/// Logs the browser in as `who`.
+async fn log_in(browser: &Browser, base: &str, who: &str, credential: &str) {
+    browser.goto(&format!("{base}/login")).await;
+    browser.type_text("input[name=who]", who).await;
+    browser.type_text("input[name=token]", credential).await;
+    browser.click_to_leave("form button").await;
+    assert!(
+        browser
+            .text("body")
+            .await
+            .contains(&format!("Logged in as {who}")),
+        "the log-in did not take"
+    );
+}
+
+/// What a refused action's page says, after checking it is one: a title,
+/// the reason in words, and a link back to the form's page.
+async fn refusal(browser: &Browser, title: &str, back: &str) -> String {
+    let shown = browser.script("return document.title;").await;
+    assert_eq!(shown, serde_json::json!(title), "not a {title} page");
+    let href = browser
+        .script(
+            "var a = document.querySelector('a.back'); return a ? a.getAttribute('href') : null;",
+        )
+        .await;
+    assert_eq!(href, serde_json::json!(back), "the way back");
+    browser.text("p.said").await
+}
+
+/// Every refusal an operator can meet in the console, walked in a browser
+/// as it happens to one: a form sent after the session ended elsewhere, a
+/// release of a machine the provider still has, a form naming a machine
+/// that is not managed, a reason over the limit, and forms left open while
+/// another operator acted first (a pause, a penalty cleared, a job that
+/// ran). Each answers a page that says why, with the way back, and records
+/// nothing; then the same forms succeed once their moment has come.
+#[sqlx::test(migrations = false)]
+async fn each_refusal_is_a_page_that_says_why_and_records_nothing(pool: PgPool) {
+    const CREDENTIAL: &str = "refusals-credential";
+    let fleet = seed(&pool).await;
+    let (fake, provider) = metal_provider().await;
+    let (client, live) = live_machine(&pool, &fake).await;
+    let server = Server::start_full(pool.clone(), Some(CREDENTIAL), Some(provider)).await;
+    let base = server.base.clone();
+    let browser = Browser::start().await;
+    let machine: uuid::Uuid = sqlx::query_scalar(
+        "select machine_id from shepherd.managed_machines where provider_id = $1",
+    )
+    .bind(live.to_string())
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let release_form = format!("form[action='/actions/release']:has(input[value='{machine}'])");
+
+    // Without a session there are no forms at all.
+    browser.goto(&format!("{base}/machines")).await;
+    let forms = browser
+        .script("return document.querySelectorAll(\"form[action^='/actions/']\").length;")
+        .await;
+    assert_eq!(forms, serde_json::json!(0), "forms without a session");
+
+    // A form filled in while the session was ended on another worker.
+    log_in(&browser, &base, "carol", CREDENTIAL).await;
+    browser.goto(&format!("{base}/machines")).await;
+    browser
+        .type_text(
+            &format!("{release_form} input[name=reason]"),
+            "stale session",
+        )
+        .await;
+    let ended =
+        sqlx::query("update shepherd.console_sessions set ended_at = now() where who = 'carol'")
+            .execute(&pool)
+            .await
+            .unwrap();
+    assert_eq!(ended.rows_affected(), 1);
+    browser
+        .click_to_leave(&format!("{release_form} button"))
+        .await;
+    let said = refusal(&browser, "not logged in", "/machines").await;
+    assert!(said.contains("your session has ended or expired"), "{said}");
+
+    // A release of a machine whose device the provider still has.
+    log_in(&browser, &base, "carol", CREDENTIAL).await;
+    browser.goto(&format!("{base}/machines")).await;
+    browser
+        .type_text(&format!("{release_form} input[name=reason]"), "looks gone")
+        .await;
+    browser
+        .click_to_leave(&format!("{release_form} button"))
+        .await;
+    let said = refusal(&browser, "refused", "/machines").await;
+    assert!(
+        said.contains(&format!("machine {live} still exists at the provider"))
+            && said.contains("shepherd machines deprovision"),
+        "{said}"
+    );
+    browser.screenshot("refused").await;
+    browser.click_to_leave("a.back").await;
+    assert!(browser.url().await.ends_with("/machines"));
+
+    // A form that names a machine nobody manages (a page from before a
+    // release, or an edited form).
+    // (A hidden field's value is its attribute: the form is found by id.)
+    browser
+        .script(&format!(
+            "var f = document.querySelector(\"{release_form}\"); f.id = 'edited';
+             f.querySelector('input[name=machine]').value = 'no-such-machine';"
+        ))
+        .await;
+    browser
+        .type_text("form#edited input[name=reason]", "tidy up")
+        .await;
+    browser.click_to_leave("form#edited button").await;
+    let said = refusal(&browser, "not found", "/machines").await;
+    assert!(
+        said.contains("no managed machine has id or device no-such-machine"),
+        "{said}"
+    );
+
+    // A reason over the limit, which the field's maxlength would stop: the
+    // server's own check answers, not the browser's.
+    browser.goto(&format!("{base}/")).await;
+    browser
+        .script(
+            "var f = document.querySelector(\"form[action='/actions/pause'] input[name=reason]\");
+             f.removeAttribute('maxlength'); f.value = 'x'.repeat(1001);",
+        )
+        .await;
+    browser
+        .click_to_leave("form[action='/actions/pause'] button")
+        .await;
+    let said = refusal(&browser, "bad request", "/").await;
+    assert!(
+        said.contains("a reason is at most 1000 characters (this one has 1001)"),
+        "{said}"
+    );
+
+    // A pause already done by another operator while this form was open.
+    browser.goto(&format!("{base}/")).await;
+    browser
+        .type_text("form[action='/actions/pause'] input[name=reason]", "deploy")
+        .await;
+    sqlx::query("select shepherd.pause_creations('first', 'cli:dave')")
+        .execute(&pool)
+        .await
+        .unwrap();
+    browser
+        .click_to_leave("form[action='/actions/pause'] button")
+        .await;
+    let said = refusal(&browser, "refused", "/").await;
+    assert!(
+        said.contains("creations are already paused; nothing was recorded"),
+        "{said}"
+    );
+
+    // A penalty cleared by someone else first.
+    let clear = format!(
+        "form[action='/actions/clear-penalty']:has(input[value='{}'])",
+        fleet.penalised
+    );
+    browser.goto(&format!("{base}/")).await;
+    browser
+        .type_text(&format!("{clear} input[name=reason]"), "capacity is back")
+        .await;
+    sqlx::query("select shepherd.clear_penalty($1, 'fixed', 'cli:dave')")
+        .bind(fleet.penalised)
+        .execute(&pool)
+        .await
+        .unwrap();
+    browser.click_to_leave(&format!("{clear} button")).await;
+    let said = refusal(&browser, "not found", "/").await;
+    assert!(
+        said.contains("has no penalty in force; nothing was cleared"),
+        "{said}"
+    );
+
+    // A job cancelled from its page after a worker had run it.
+    let job: String = sqlx::query_scalar(
+        "select shepherd.push_job('assimilate', jsonb_build_object('device', gen_random_uuid(), 'manual', true))",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    browser.goto(&format!("{base}/jobs/{job}")).await;
+    browser
+        .type_text(
+            "form[action='/actions/cancel-job'] input[name=reason]",
+            "not needed",
+        )
+        .await;
+    sqlx::query(
+        "update apalis.jobs set status = 'Done', attempts = 1, done_at = now() where id = $1",
+    )
+    .bind(&job)
+    .execute(&pool)
+    .await
+    .unwrap();
+    browser
+        .click_to_leave("form[action='/actions/cancel-job'] button")
+        .await;
+    let said = refusal(&browser, "refused", &format!("/jobs/{job}")).await;
+    assert!(
+        said.contains("only a job waiting for a worker is cancelled"),
+        "{said}"
+    );
+
+    // None of that was recorded; what the other operator did was.
+    for (event_type, expected) in [
+        ("machine_released", 0),
+        ("creations_paused", 1),
+        ("penalty_cleared", 1),
+        ("job_cancelled", 0),
+    ] {
+        assert_eq!(
+            count_events(&pool, event_type).await,
+            expected,
+            "{event_type}"
+        );
+    }
+
+    // Once the provider has let the machine go, the same release is done.
+    client.delete_device(live).await.unwrap();
+    browser.goto(&format!("{base}/machines")).await;
+    browser
+        .type_text(
+            &format!("{release_form} input[name=reason]"),
+            "gone at the provider",
+        )
+        .await;
+    browser
+        .click_to_leave(&format!("{release_form} button"))
+        .await;
+    assert!(browser.url().await.ends_with("/machines?done=release"));
+    let by: String = sqlx::query_scalar(
+        "select body->>'by' from shepherd.events where event_type = 'machine_released'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(by, "console:carol");
     browser.quit().await;
     server.stop().await;
 }

@@ -14,6 +14,9 @@ use sqlx::PgPool;
 
 mod common;
 use common::{database_url, free_port};
+#[allow(dead_code)]
+#[path = "web/browser.rs"]
+mod browser;
 
 const KEY: &str = "try-key";
 const PROJECT: &str = "proj_fake0000000001";
@@ -207,6 +210,30 @@ async fn the_readmes_latitude_path_works_as_written(pool: PgPool) {
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+    // The same page in a browser, in Latitude.sh's words: servers in
+    // places, each place by its name.
+    let browser = browser::Browser::start().await;
+    browser.goto(&page_url).await;
+    let head = browser.text("table thead").await;
+    assert!(
+        head.contains("Server") && head.contains("Place") && !head.contains("Reservation"),
+        "{head}"
+    );
+    let places = browser
+        .script("return Array.from(document.querySelectorAll(\"a[href^='/reservation/']\")).map(a => a.textContent).sort();")
+        .await;
+    assert_eq!(
+        places,
+        serde_json::json!(["web/0", "web/1", "web/2", "web/3"]),
+        "places by name"
+    );
+    browser.screenshot("machines-latitude").await;
+    browser
+        .click_to_leave(&format!("a[href='/device/{}']", ids[0]))
+        .await;
+    let history = browser.text("body").await;
+    assert!(history.contains("device_created"), "{history}");
+    browser.quit().await;
     let status = w.ok(&["status"]);
     assert!(status.contains("web"), "{status}");
     // The pass read the cluster's servers only, and says so.

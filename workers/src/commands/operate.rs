@@ -387,6 +387,16 @@ impl Words {
         }
     }
 
+    /// The words of the provider a [`shepherd::provider::Provider`] names
+    /// itself (Metal's where it is not Latitude.sh).
+    pub fn named(name: &str) -> Words {
+        Words::of(if name == shepherd::latitude::provider::NAME {
+            crate::settings::ProviderKind::Latitude
+        } else {
+            crate::settings::ProviderKind::Metal
+        })
+    }
+
     /// Why a unit is skipped, in these words.
     pub fn skip(&self, why: shepherd::jobs::pass::Skip) -> String {
         use shepherd::jobs::pass::Skip;

@@ -17,7 +17,7 @@
 
 use axum::Form;
 use axum::http::HeaderMap;
-use axum::http::header::{AUTHORIZATION, COOKIE, HOST, LOCATION, ORIGIN, SET_COOKIE};
+use axum::http::header::{AUTHORIZATION, COOKIE, HOST, LOCATION, ORIGIN, REFERER, SET_COOKIE};
 use maud::html;
 use serde::Deserialize;
 
@@ -377,19 +377,55 @@ pub(super) async fn act(
     Path(action): Path<String>,
     headers: HeaderMap,
     body: axum::body::Bytes,
+) -> Response {
+    let back = came_from(&headers);
+    match act_on(&state, &action, &headers, &body).await {
+        Ok(done) => done,
+        // A refusal is a page that says why, with the way back to the form.
+        Err(failure) => failure.page(back.as_deref()),
+    }
+}
+
+/// The page of this site the request's form was on (its `Referer`),
+/// without a `done=` banner of an earlier action.
+fn came_from(headers: &HeaderMap) -> Option<String> {
+    let referer = headers.get(REFERER)?.to_str().ok()?;
+    let host = headers.get(HOST)?.to_str().ok()?;
+    let rest = referer.split_once("://")?.1;
+    let path = rest.strip_prefix(host)?;
+    if !path.starts_with('/') || path.starts_with("//") {
+        return None;
+    }
+    let (path, query) = path.split_once('?').unwrap_or((path, ""));
+    let kept: Vec<&str> = query
+        .split('&')
+        .filter(|p| !p.is_empty() && !p.starts_with("done="))
+        .collect();
+    Some(if kept.is_empty() {
+        path.to_string()
+    } else {
+        format!("{path}?{}", kept.join("&"))
+    })
+}
+
+async fn act_on(
+    state: &HttpState,
+    action: &str,
+    headers: &HeaderMap,
+    body: &[u8],
 ) -> Result<Response, Failure> {
-    let by = operator(&state, &headers).await?;
+    let by = operator(state, headers).await?;
     // A form, or nothing at all (`curl -X POST` for a pass).
     let form: ActionForm = if body.is_empty() {
         ActionForm::default()
     } else {
-        serde_urlencoded::from_bytes(&body)
+        serde_urlencoded::from_bytes(body)
             .map_err(|e| Failure::BadRequest(format!("the form does not read: {e}")))?
     };
     let reason = form.reason.unwrap_or_default();
     let pool = &state.pool;
     let mut back = "/".to_string();
-    let done = match action.as_str() {
+    let done = match action {
         "pause" | "resume" => {
             let sql = if action == "pause" {
                 "select shepherd.pause_creations($1, $2)"
@@ -515,7 +551,7 @@ pub(super) async fn act(
         "retry-jobs" | "cancel-jobs" => {
             // Several jobs, one reason: each judged on its own, as one
             // would be; the answer says what was done and what was refused.
-            let pairs: Vec<(String, String)> = serde_urlencoded::from_bytes(&body)
+            let pairs: Vec<(String, String)> = serde_urlencoded::from_bytes(body)
                 .map_err(|e| Failure::BadRequest(format!("the form does not read: {e}")))?;
             let jobs: Vec<String> = pairs
                 .into_iter()
@@ -639,10 +675,6 @@ pub(super) async fn act(
                 .map_err(|_| Failure::BadRequest("that job id is not a job id".into()))?;
             Ok((StatusCode::SEE_OTHER, [(LOCATION, back)]).into_response())
         }
-        // The SQL functions refuse bad input with a message for the operator.
-        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("22023") => {
-            Err(Failure::BadRequest(e.message().to_string()))
-        }
         Err(e) => Err(database_failure("action", e)),
     }
 }
@@ -671,7 +703,7 @@ impl Done {
 }
 
 /// The actions' forms on the status page, for the operator logged in.
-pub(super) fn action_forms(o: &Overview, who: &str) -> maud::Markup {
+pub(super) fn action_forms(o: &Overview, who: &str, voice: &Voice) -> maud::Markup {
     html! {
         h2 { "Actions" }
         p.muted { "Logged in as " strong { (who) } ". " (logout_form()) }
@@ -693,7 +725,7 @@ pub(super) fn action_forms(o: &Overview, who: &str) -> maud::Markup {
             form.inline method="post" action="/actions/clear-penalty" {
                 input type="hidden" name="reservation" value=(p.reservation_id);
                 input name="reason" aria-label="Reason (recorded with the action)" placeholder="why clear" maxlength="1000" required;
-                " " button type="submit" { "Clear the penalty of " (p.reservation_id) }
+                " " button type="submit" { "Clear the penalty of " (voice.label(p.reservation_id).unwrap_or_else(|| p.reservation_id.to_string())) }
             }
         }
     }

@@ -28,6 +28,7 @@ td.n { text-align: right; font-variant-numeric: tabular-nums; }
 .alarm ul { margin: .3em 0 0; }
 .warn { background: #fff4d6; border: 1px solid #e5c56b; padding: .6em 1em; margin: 1em 0; }
 .ok { color: #161; }
+.said { font-size: 1.1em; }
 .done { background: #e6f4ea; border: 1px solid #7bb98a; padding: .5em 1em; margin: .8em 0; }
 form.inline { display: inline-block; margin: 0 1em .5em 0; }
 @media (max-width: 700px) {
@@ -107,10 +108,21 @@ pub(super) fn layout(title: &str, refresh: bool, body: Markup) -> Html<String> {
 
 /// A page that only says something (an error's explanation).
 pub(super) fn message(title: &str, text: &str) -> Html<String> {
+    message_back(title, text, None)
+}
+
+/// The same, with a link back to the page an action's form was on.
+pub(super) fn message_back(title: &str, text: &str, back: Option<&str>) -> Html<String> {
     layout(
         title,
         false,
-        html! { h1 { a href="/" { "shepherd" } } p { (text) } },
+        html! {
+            h1 { a href="/" { "shepherd" } " · " (title) }
+            p.said role="alert" { (text) }
+            @if let Some(back) = back {
+                p { a.back href=(back) { "Back to the page you came from" } }
+            }
+        },
     )
 }
 
@@ -132,6 +144,15 @@ impl Display for Kind {
 /// An id linking to its history page.
 pub(super) fn link(kind: Kind, id: impl Display) -> Markup {
     html! { a.id href={ "/" (kind) "/" (id) } { (id) } }
+}
+
+/// A unit linking to its history page: by its readable name where the
+/// provider has one (a Latitude place, `web/3`), else by its id.
+pub(super) fn unit_link(unit: Uuid, voice: &Voice) -> Markup {
+    match voice.label(unit) {
+        Some(label) => html! { a.id href={ "/reservation/" (unit) } title=(unit) { (label) } },
+        None => link(Kind::Reservation, unit),
+    }
 }
 
 /// Whether `raw` is a machine id a page may name in a path: any provider's

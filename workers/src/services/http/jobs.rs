@@ -5,6 +5,7 @@
 use maud::{Markup, html};
 use serde::Deserialize;
 
+use super::outcome::outcome_words;
 use super::*;
 use shepherd::jobs::{
     ASSIMILATE_QUEUE, CREATE_DEVICE_QUEUE, DELETE_MACHINE_QUEUE, RECONCILE_QUEUE,
@@ -98,48 +99,6 @@ fn outcome_failed(result: Option<&Value>) -> bool {
     })
 }
 
-/// What a job's last result says, in words: the outcome's name (the
-/// handlers' outcomes are recorded as their Rust names), the failure for
-/// an error.
-fn outcome_words(result: Option<&Value>) -> String {
-    let Some(result) = result else {
-        return String::new();
-    };
-    if let Some(text) = outcome_text(Some(result)) {
-        let name: String = text.chars().take_while(|c| c.is_alphanumeric()).collect();
-        let words = match name.as_str() {
-            "Created" if text.contains("recovered: true") => {
-                "created (found after an unseen answer)"
-            }
-            "Created" => "created",
-            "GivenUp" => "given up",
-            "RaceLost" => "race lost to another party",
-            "Retrying" => "to be tried again by a new job",
-            "Unresolved" => "outcome unknown: looking again later",
-            "Refused" => "refused",
-            "Skipped" => "nothing to do",
-            "Assimilated" => "assimilated",
-            "AlreadyManaged" => "already managed",
-            "Rejected" => "rejected",
-            "Deleted" => "deleted",
-            "Waiting" => "waiting for the leave hook",
-            "Failed" => "failed",
-            "Cancelled" => "cancelled",
-            "ReconcileOutcome" => "pass finished",
-            _ => return short(result),
-        };
-        let detail = text[name.len()..].trim();
-        return if detail.is_empty() || detail == "{ }" {
-            words.to_string()
-        } else {
-            format!("{words}: {}", short(&Value::String(detail.to_string())))
-        };
-    }
-    match result.get("Err") {
-        Some(e) => format!("error: {}", short(e)),
-        None => short(result),
-    }
-}
 const PAGE_SIZE: i64 = 50;
 
 fn page(title: &str, body: Markup) -> Html<String> {
@@ -352,19 +311,6 @@ pub(super) async fn jobs_page(
 }
 
 /// A result cut to a table cell's worth.
-fn short(v: &Value) -> String {
-    let text = match v {
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
-    };
-    if text.chars().count() > 120 {
-        let cut: String = text.chars().take(119).collect();
-        format!("{cut}…")
-    } else {
-        text
-    }
-}
-
 /// One attempt of a creation or deletion: a job row of its request.
 #[derive(sqlx::FromRow)]
 struct AttemptRow {

@@ -84,6 +84,8 @@ pub(super) async fn machines_page(
     };
     let pages = ((total + PAGE_SIZE - 1) / PAGE_SIZE).max(1);
     let actions = viewer(&state, &headers).await.may_act();
+    let voice = state.voice();
+    let words = &voice.words;
     let link = |page: i64| match &q {
         Some(q) => format!("/machines?page={page}&q={}", percent(q)),
         None => format!("/machines?page={page}"),
@@ -92,7 +94,7 @@ pub(super) async fn machines_page(
         h1 { a href="/" { "shepherd" } " · machines" }
         (Done { done: query.done.clone() }.banner())
         form method="get" action="/machines" {
-            input type="search" name="q" aria-label="Search machines" value=[q.as_deref()] placeholder="hostname, device or reservation";
+            input type="search" name="q" aria-label="Search machines" value=[q.as_deref()] placeholder={ "hostname, " (words.machine) " or " (words.unit) };
             " "
             button type="submit" { "Search" }
         }
@@ -100,7 +102,7 @@ pub(super) async fn machines_page(
         @if !rows.is_empty() {
             table {
                 thead { tr {
-                    th { "Machine" } th { "Device" } th { "Reservation" } th { "Hostname" } th { "Status (last pass)" } th { "Assimilated" }
+                    th { "Machine" } th { (capital(words.machine)) } th { (capital(words.unit)) } th { "Hostname" } th { "Status (last pass)" } th { "Assimilated" }
                     @if actions { th { "Release" } }
                 } }
                 tbody {
@@ -112,7 +114,7 @@ pub(super) async fn machines_page(
                             } @else {
                                 span.id { (m.provider_id) }
                             } }
-                            td { @if let Some(r) = m.reservation_id { a.id href={ "/reservation/" (r) } { (r) } } }
+                            td { @if let Some(r) = m.reservation_id { (unit_link(r, &voice)) } }
                             td { (m.hostname.as_deref().unwrap_or("")) }
                             td {
                                 @match (&m.status, m.seen_at) {

@@ -34,6 +34,7 @@ use sqlx::PgPool;
 use tokio::net::TcpListener;
 use uuid::Uuid;
 
+use crate::commands::operate::Words;
 use crate::services::runtime::Stop;
 use crate::table::human_duration;
 
@@ -62,6 +63,36 @@ impl HttpState {
     pub(super) fn unit_label(&self, unit: Uuid) -> Option<String> {
         self.provider.as_ref()?.unit_label(unit)
     }
+
+    /// How the pages speak of units and machines: in the words of the
+    /// provider this process speaks to (reservations and devices on Metal,
+    /// places and servers on Latitude.sh), with a unit's readable name.
+    pub(super) fn voice(&self) -> Voice<'_> {
+        Voice {
+            words: Words::named(self.provider.as_ref().map_or("", |p| p.name())),
+            state: self,
+        }
+    }
+}
+
+pub(super) struct Voice<'a> {
+    pub(super) words: Words,
+    state: &'a HttpState,
+}
+
+impl Voice<'_> {
+    pub(super) fn label(&self, unit: Uuid) -> Option<String> {
+        self.state.unit_label(unit)
+    }
+}
+
+/// `word` with a capital first letter, for a heading.
+pub(super) fn capital(word: &str) -> String {
+    let mut chars = word.chars();
+    chars
+        .next()
+        .map(|c| c.to_uppercase().chain(chars).collect())
+        .unwrap_or_default()
 }
 
 /// Serves until `stop` resolves. Binds nothing itself: the caller passes the
@@ -93,7 +124,33 @@ pub(super) fn router(state: HttpState) -> Router {
         .route("/readyz", get(readyz))
         .fallback(no_page)
         .method_not_allowed_fallback(wrong_method)
+        .layer(axum::middleware::from_fn(address_limit))
         .with_state(state)
+}
+
+/// The longest address a page answers: a search, a filter and a page
+/// number fit many times over. (hyper itself refuses one over 64 KiB before
+/// any of this runs, with an empty 414.)
+const LONGEST_ADDRESS: usize = 8 * 1024;
+
+async fn address_limit(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let length = request
+        .uri()
+        .path_and_query()
+        .map_or(0, |p| p.as_str().len());
+    if length > LONGEST_ADDRESS {
+        return (
+            StatusCode::URI_TOO_LONG,
+            message(
+                "address too long",
+                &format!(
+                    "this address has {length} characters; the pages take at most {LONGEST_ADDRESS}"
+                ),
+            ),
+        )
+            .into_response();
+    }
+    next.run(request).await
 }
 
 /// A page, not an empty body, for an address nothing serves.
@@ -133,43 +190,58 @@ pub(super) enum Failure {
     TooManyRequests(String),
 }
 
-impl IntoResponse for Failure {
-    fn into_response(self) -> Response {
+impl Failure {
+    /// The status, the page's title and what it says.
+    fn parts(self) -> (StatusCode, &'static str, String) {
         match self {
             Failure::Unavailable => (
                 StatusCode::SERVICE_UNAVAILABLE,
-                "the database is unavailable; see this worker's log\n",
-            )
-                .into_response(),
-            Failure::Internal(message) => {
-                (StatusCode::INTERNAL_SERVER_ERROR, format!("{message}\n")).into_response()
+                "the database is unavailable",
+                "the database is unavailable; see this worker's log".into(),
+            ),
+            Failure::Internal(text) => (StatusCode::INTERNAL_SERVER_ERROR, "internal error", text),
+            Failure::BadRequest(text) => (StatusCode::BAD_REQUEST, "bad request", text),
+            Failure::NotFound(text) => (StatusCode::NOT_FOUND, "not found", text),
+            Failure::Unauthorized(text) => (StatusCode::UNAUTHORIZED, "not logged in", text),
+            Failure::Forbidden(text) => (StatusCode::FORBIDDEN, "forbidden", text),
+            Failure::Conflict(text) => (StatusCode::CONFLICT, "refused", text),
+            Failure::TooManyRequests(text) => {
+                (StatusCode::TOO_MANY_REQUESTS, "too many log-ins", text)
             }
-            Failure::BadRequest(text) => {
-                (StatusCode::BAD_REQUEST, message("bad request", &text)).into_response()
-            }
-            Failure::NotFound(text) => {
-                (StatusCode::NOT_FOUND, message("not found", &text)).into_response()
-            }
-            Failure::Unauthorized(text) => {
-                (StatusCode::UNAUTHORIZED, message("not logged in", &text)).into_response()
-            }
-            Failure::Forbidden(text) => {
-                (StatusCode::FORBIDDEN, message("forbidden", &text)).into_response()
-            }
-            Failure::Conflict(text) => {
-                (StatusCode::CONFLICT, message("refused", &text)).into_response()
-            }
-            Failure::TooManyRequests(text) => (
-                StatusCode::TOO_MANY_REQUESTS,
-                [(axum::http::header::RETRY_AFTER, "60")],
-                message("too many log-ins", &text),
-            )
-                .into_response(),
         }
+    }
+
+    /// The page, with a link back to `back` (a path of this site) where an
+    /// operator came from a form.
+    pub(super) fn page(self, back: Option<&str>) -> Response {
+        let retry_after = matches!(self, Failure::TooManyRequests(_));
+        let (status, title, text) = self.parts();
+        let mut response = (status, message_back(title, &text, back)).into_response();
+        if retry_after {
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from_static("60"),
+            );
+        }
+        response
+    }
+}
+
+impl IntoResponse for Failure {
+    fn into_response(self) -> Response {
+        self.page(None)
     }
 }
 
 pub(super) fn database_failure(what: &str, error: sqlx::Error) -> Failure {
+    // The SQL functions and the event log's checks refuse bad input
+    // (`shepherd.require`) with a message for the operator: a refusal, not
+    // an outage.
+    if let sqlx::Error::Database(e) = &error
+        && e.code().as_deref() == Some("22023")
+    {
+        return Failure::BadRequest(e.message().to_string());
+    }
     tracing::warn!(%error, "{what}: the database did not answer");
     Failure::Unavailable
 }
@@ -212,6 +284,7 @@ mod html;
 mod jobs;
 mod machines;
 mod metrics;
+mod outcome;
 mod pages;
 mod status_page;
 

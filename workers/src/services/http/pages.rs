@@ -80,9 +80,7 @@ pub(super) async fn front_page(
     Ok(layout(
         "shepherd",
         true,
-        status_page(&overview, &machines, &rows, &viewer, &done, &|unit| {
-            state.unit_label(unit)
-        }),
+        status_page(&overview, &machines, &rows, &viewer, &done, &state.voice()),
     ))
 }
 

@@ -24,29 +24,29 @@ pub(super) fn status_page(
     events: &[EventRow],
     viewer: &Viewer,
     done: &Done,
-    label: &dyn Fn(Uuid) -> Option<String>,
+    voice: &Voice,
 ) -> Markup {
     html! {
         h1 { "shepherd" }
         (done.banner())
         p.muted.as-of { "As of " (Time(o.now).to_string()) "; this page updates itself every 5 s while you are not filling in a form or selecting text." }
-        (alarms(o))
+        (alarms(o, &voice.words))
         @match viewer {
-            Viewer::Operator(who) => (action_forms(o, who)),
+            Viewer::Operator(who) => (action_forms(o, who, voice)),
             Viewer::Anonymous => {
                 h2 { "Actions" }
                 p.muted { a href="/login" { "Log in to act" } " (pause, resume, a pass, clear a penalty)." }
             }
             Viewer::ReadOnly => {}
         }
-        (fleet(o))
+        (fleet(o, &voice.words))
         (last_reconcile(o))
         (pools(o))
         (leaving(o))
-        (penalties(o, label))
+        (penalties(o, voice))
         (queue(o))
         (workers(o))
-        (machine_list(o, machines))
+        (machine_list(o, machines, voice))
         h2 { "Recent events " span.muted { "(newest first; passes are summed up above)" } }
         @if events.is_empty() {
             p.muted { "The log is empty." }
@@ -56,7 +56,7 @@ pub(super) fn status_page(
     }
 }
 
-fn alarms(o: &Overview) -> Markup {
+fn alarms(o: &Overview, words: &Words) -> Markup {
     let discrepancy = o
         .last_reconcile
         .as_ref()
@@ -77,11 +77,11 @@ fn alarms(o: &Overview) -> Markup {
                  reconcile refused to do any work, and passes keep refusing while this lasts."
                 ul {
                     @if !d.unknown_devices.is_empty() {
-                        li { "Unknown devices (ours by name, managed by nobody): "
+                        li { "Unknown " (words.machines) " (ours by name, managed by nobody): "
                              (field_value(Some(Kind::Device), &serde_json::json!(d.unknown_devices))) }
                     }
                     @if !d.missing_devices.is_empty() {
-                        li { "Missing devices (managed, gone from the provider): "
+                        li { "Missing " (words.machines) " (managed, gone from the provider): "
                              (field_value(Some(Kind::Device), &serde_json::json!(d.missing_devices))) }
                     }
                 }
@@ -143,7 +143,7 @@ fn alarms(o: &Overview) -> Markup {
     }
 }
 
-fn fleet(o: &Overview) -> Markup {
+fn fleet(o: &Overview, words: &Words) -> Markup {
     html! {
         h2 { "Fleet" }
         table.facts {
@@ -156,7 +156,7 @@ fn fleet(o: &Overview) -> Markup {
             }
             tr { th { "In flight" } td { (o.in_flight()) " " span.muted {
                 "(pending creations: " (o.pending_creations)
-                ", devices awaiting assimilation: " (o.unassimilated_devices) ")" } } }
+                ", " (words.machines) " awaiting assimilation: " (o.unassimilated_devices) ")" } } }
             @if let Some(oldest) = o.unresolved.first() {
                 tr { th { "Unresolved creations" } td {
                     strong { (o.unresolved.len()) } " " span.muted {
@@ -175,7 +175,7 @@ fn fleet(o: &Overview) -> Markup {
             @if o.protected > 0 {
                 tr { th { "Protected" } td { (o.protected) " " span.muted { "(never deleted by shepherd)" } } }
             }
-            tr { th { "Penalised reservations" } td { (o.penalised.len()) } }
+            tr { th { "Penalised " (words.units) } td { (o.penalised.len()) } }
             tr { th { "Last successful reconcile" }
                 @match o.last_successful_reconcile {
                     Some(at) => td { (ago(at, o.now)) },
@@ -322,20 +322,20 @@ fn leaving(o: &Overview) -> Markup {
     }
 }
 
-fn penalties(o: &Overview, label: &dyn Fn(Uuid) -> Option<String>) -> Markup {
+fn penalties(o: &Overview, voice: &Voice) -> Markup {
     html! {
-        h2 { "Penalised reservations" }
+        h2 { "Penalised " (voice.words.units) }
         @if o.penalised.is_empty() {
             p.muted { "None." }
         } @else {
             table {
-                thead { tr { th { "Reservation" } th { "Time left" } th { "Until" } th { "Failures" } th { "Cause" } } }
+                thead { tr { th { (capital(voice.words.unit)) } th { "Time left" } th { "Until" } th { "Failures" } th { "Cause" } } }
                 tbody {
                     @for p in &o.penalised {
                         tr {
                             td {
                                 (link(Kind::Reservation, p.reservation_id))
-                                @if let Some(label) = label(p.reservation_id) { " " span.label { (label) } }
+                                @if let Some(label) = voice.label(p.reservation_id) { " " span.label { (label) } }
                             }
                             td { (human_duration(chrono::TimeDelta::seconds(p.seconds_left))) }
                             td { (Time(p.until).to_string()) }
@@ -438,7 +438,8 @@ fn worker_table(rows: &[&WorkerRow]) -> Markup {
     }
 }
 
-fn machine_list(o: &Overview, machines: &[ManagedMachine]) -> Markup {
+fn machine_list(o: &Overview, machines: &[ManagedMachine], voice: &Voice) -> Markup {
+    let words = &voice.words;
     let total = o.managed.max(0) as usize;
     html! {
         h2 { "Managed machines (" (total) ") " a.muted href="/machines" { "(all, searchable)" } }
@@ -449,13 +450,13 @@ fn machine_list(o: &Overview, machines: &[ManagedMachine]) -> Markup {
                 p.muted { "The " (STATUS_MACHINES) " assimilated last; " a href="/machines" { "all " (total) } "." }
             }
             table {
-                thead { tr { th { "Machine" } th { "Device" } th { "Reservation" } th { "Hostname" } th { "Assimilated" } } }
+                thead { tr { th { "Machine" } th { (capital(words.machine)) } th { (capital(words.unit)) } th { "Hostname" } th { "Assimilated" } } }
                 tbody {
                     @for m in machines {
                         tr {
                             td.id { (m.machine_id) }
                             td { (device_id(&m.provider_id)) }
-                            td { @if let Some(r) = m.reservation_id { (link(Kind::Reservation, r)) } }
+                            td { @if let Some(r) = m.reservation_id { (unit_link(r, voice)) } }
                             td { (m.hostname.as_deref().unwrap_or("")) }
                             td { (Time(m.assimilated_at).to_string()) }
                         }
