@@ -301,6 +301,17 @@ async fn a_machine_whose_device_is_gone_is_released_and_passes_resume(pool: PgPo
         },
     )
     .await;
+    // From SQL, which cannot ask the provider, a machine is released only
+    // when the latest pass found it missing: not one it still lists.
+    let refused = sqlx::query("select shepherd.release_machine($1, 'oops')")
+        .bind(kept.to_string())
+        .execute(&c.pool)
+        .await
+        .expect_err("SQL released a machine the provider still has");
+    assert!(
+        refused.to_string().contains("did not find") && refused.to_string().contains("missing"),
+        "{refused}"
+    );
     // A machine whose device still exists is not released.
     let (ok, _, err) = run(
         &c,
@@ -422,4 +433,97 @@ async fn sql_functions_refuse_null_and_nonsense_and_queue_nothing(pool: PgPool) 
         0,
         "a refused call wrote an event"
     );
+}
+
+/// The SQL door's judgement on its own: a release is taken when the latest
+/// pass that compared the provider with the managed machines found the
+/// machine missing, and refused when no pass did or a later one finished
+/// without finding it so (the device was back, or never gone).
+#[sqlx::test(migrations = false)]
+async fn a_release_from_sql_follows_the_latest_pass(pool: PgPool) {
+    use shepherd::events::event::*;
+    shepherd::db::migrate(&pool).await.unwrap();
+    let record = async |events: Vec<Event>| {
+        let mut tx = pool.begin().await.unwrap();
+        shepherd::events::record(
+            &mut tx,
+            events
+                .into_iter()
+                .map(shepherd::events::NewEvent::new)
+                .collect(),
+        )
+        .await
+        .unwrap();
+        tx.commit().await.unwrap();
+    };
+    let machine = |device: &str| -> Event {
+        MachineAssimilated {
+            machine_id: Uuid::new_v4(),
+            provider: "metal".into(),
+            provider_id: device.into(),
+            reservation: Some(Uuid::new_v4()),
+            hostname: Some(format!("shepherd-{device}")),
+        }
+        .into()
+    };
+    let release = async |device: &str| {
+        sqlx::query_scalar::<_, Uuid>("select shepherd.release_machine($1, 'gone in the portal')")
+            .bind(device)
+            .fetch_one(&pool)
+            .await
+    };
+    let missing = |devices: &[&str]| -> Event {
+        DiscrepancyFound {
+            run: Uuid::new_v4(),
+            unknown_devices: vec![],
+            missing_devices: devices.iter().map(|d| d.to_string()).collect(),
+        }
+        .into()
+    };
+    let finished = || -> Event {
+        ReconcileFinished {
+            run: Uuid::new_v4(),
+            managed: 2,
+            in_flight: 0,
+            enqueued: 0,
+            at_limit: false,
+        }
+        .into()
+    };
+    record(vec![
+        machine("d-gone"),
+        machine("d-here"),
+        machine("d-back"),
+    ])
+    .await;
+    // No pass has looked yet.
+    let e = release("d-gone").await.expect_err("released unseen");
+    assert!(
+        e.to_string()
+            .contains("the latest pass did not find d-gone missing"),
+        "{e}"
+    );
+    record(vec![missing(&["d-gone", "d-back"])]).await;
+    release("d-gone").await.expect("the pass found it missing");
+    let e = release("d-here")
+        .await
+        .expect_err("released a listed machine");
+    assert!(e.to_string().contains("did not find d-here missing"), "{e}");
+    // A later pass that finished found nothing missing: d-back is back.
+    record(vec![finished()]).await;
+    let e = release("d-back")
+        .await
+        .expect_err("released on stale evidence");
+    assert!(e.to_string().contains("did not find d-back missing"), "{e}");
+    // Every refusal left the log as it was: one release, by SQL.
+    let released: Vec<(String, String)> = sqlx::query_as(
+        "select body->>'provider_id', body->>'by' from shepherd.events
+         where event_type = 'machine_released'",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(released.len(), 1, "{released:?}");
+    assert_eq!(released[0].0, "d-gone");
+    assert!(released[0].1.starts_with("sql:"), "{released:?}");
 }

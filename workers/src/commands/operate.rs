@@ -908,7 +908,7 @@ pub async fn release(args: ReleaseArgs) -> anyhow::Result<()> {
     // The release and a pass to look again, together: the discrepancy the
     // missing machine raised clears at once rather than at the next tick.
     let mut tx = pool.begin().await?;
-    sqlx::query("select shepherd.release_machine($1, $2, $3)")
+    sqlx::query("select shepherd.release_machine($1, $2, $3, p_provider_says_gone => true)")
         .bind(machine_id.to_string())
         .bind(&args.reason)
         .bind(operator())

@@ -530,12 +530,14 @@ async fn act_on(
             // machine raised clears now rather than at the next tick.
             async {
                 let mut tx = pool.begin().await?;
-                sqlx::query("select shepherd.release_machine($1, $2, $3)")
-                    .bind(machine.trim())
-                    .bind(&reason)
-                    .bind(&by)
-                    .execute(&mut *tx)
-                    .await?;
+                sqlx::query(
+                    "select shepherd.release_machine($1, $2, $3, p_provider_says_gone => true)",
+                )
+                .bind(machine.trim())
+                .bind(&reason)
+                .bind(&by)
+                .execute(&mut *tx)
+                .await?;
                 queue::push_reconcile(
                     &mut tx,
                     &ReconcileArgs {
