@@ -1455,15 +1455,17 @@ async fn refusal(browser: &Browser, title: &str, back: &str) -> String {
     browser.text("p.said").await
 }
 
-/// Every refusal an operator can meet in the console, walked in a browser
-/// as it happens to one: a form sent after the session ended elsewhere, a
-/// release of a machine the provider still has, a form naming a machine
-/// that is not managed, a reason over the limit, and forms left open while
-/// another operator acted first (a pause, a penalty cleared, a job that
-/// ran). Each answers a page that says why, with the way back, and records
-/// nothing; then the same forms succeed once their moment has come.
+/// Every action and every refusal an operator can meet in the console,
+/// walked in a browser as it happens to one: a form sent after the session
+/// ended elsewhere, a release of a machine the provider still has, a form
+/// naming a machine that is not managed, a reason over the limit, and forms
+/// left open while another operator acted first (a pause, a penalty
+/// cleared, a job that ran). Each answers a page that says why, with the
+/// way back, and records nothing; then each action succeeds once it fits
+/// (resume, a pass, a penalty cleared, ticked jobs cancelled with one
+/// refused among them, the release) and says what it did.
 #[sqlx::test(migrations = false)]
-async fn each_refusal_is_a_page_that_says_why_and_records_nothing(pool: PgPool) {
+async fn every_action_and_refusal_in_a_browser(pool: PgPool) {
     const CREDENTIAL: &str = "refusals-credential";
     let fleet = seed(&pool).await;
     let (fake, provider) = metal_provider().await;
@@ -1646,6 +1648,80 @@ async fn each_refusal_is_a_page_that_says_why_and_records_nothing(pool: PgPool) 
             "{event_type}"
         );
     }
+
+    // The same actions, now that they fit: each says what it did.
+    browser.goto(&format!("{base}/")).await;
+    browser
+        .type_text("form[action='/actions/resume'] input[name=reason]", "deploy is over")
+        .await;
+    browser.click_to_leave("form[action='/actions/resume'] button").await;
+    assert!(browser.text("p.done").await.contains("Creations are running again."));
+    browser.click_to_leave("form[action='/actions/reconcile'] button").await;
+    assert!(browser.text("p.done").await.contains("A reconcile pass is queued."));
+    let penalised = uuid::Uuid::new_v4();
+    append(
+        &pool,
+        vec![
+            shepherd::events::event::ReservationPenalised {
+                reservation: penalised,
+                until: chrono::Utc::now() + chrono::TimeDelta::hours(1),
+                cause: CAUSE.into(),
+                class: None,
+                scope: None,
+            }
+            .into(),
+        ],
+    )
+    .await;
+    browser.goto(&format!("{base}/")).await;
+    let clear = format!("form[action='/actions/clear-penalty']:has(input[value='{penalised}'])");
+    browser
+        .type_text(&format!("{clear} input[name=reason]"), "capacity is back")
+        .await;
+    browser.click_to_leave(&format!("{clear} button")).await;
+    assert!(browser.text("p.done").await.contains("The penalty is cleared."));
+    // Ticked together: two waiting jobs and the one that ran; each judged
+    // alone.
+    let mut waiting = vec![];
+    for _ in 0..2 {
+        waiting.push(
+            sqlx::query_scalar::<_, String>(
+                "select shepherd.push_job('assimilate', jsonb_build_object('device', gen_random_uuid(), 'manual', true))",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap(),
+        );
+    }
+    browser.goto(&format!("{base}/jobs?kind=assimilate")).await;
+    for j in waiting.iter().chain([&job]) {
+        browser.click(&format!("input[name=jobs][value='{j}']")).await;
+    }
+    browser
+        .type_text("input[name=reason][form=bulk]", "asked twice")
+        .await;
+    browser
+        .click_to_leave("button[formaction='/actions/cancel-jobs']")
+        .await;
+    let said = browser.text("body").await;
+    assert!(said.contains("2 of 3 cancelled, by console:carol: asked twice"), "{said}");
+    let refused = browser.text("ul.refused").await;
+    assert!(refused.contains(&job) && refused.contains("only a job waiting"), "{refused}");
+    for (event_type, expected) in [
+        ("creations_resumed", 1),
+        ("penalty_cleared", 2),
+        ("job_cancelled", 2),
+    ] {
+        assert_eq!(count_events(&pool, event_type).await, expected, "{event_type}");
+    }
+    let passes: Vec<String> = sqlx::query_scalar(
+        "select convert_from(job, 'UTF8')::jsonb->>'requested_by' from apalis.jobs
+         where job_type = 'reconcile' and status = 'Pending'",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert!(passes.contains(&"console:carol".to_string()), "{passes:?}");
 
     // Once the provider has let the machine go, the same release is done.
     client.delete_device(live).await.unwrap();
