@@ -33,9 +33,11 @@ grant select, insert, update, delete on
     to shepherd_worker;
 
 -- What is not folded from the log: each machine's status as the last pass
--- saw it, and the console's sessions (kept by hash) and failed log-ins.
+-- saw it, the console's sessions (kept by hash) and failed log-ins, and
+-- each job's runs.
 grant select, insert, update, delete on
-    shepherd.machine_status, shepherd.console_sessions, shepherd.console_login_failures
+    shepherd.machine_status, shepherd.console_sessions, shepherd.console_login_failures,
+    shepherd.job_runs
     to shepherd_worker;
 
 -- The operator views, read by the status page and `shepherd status`.

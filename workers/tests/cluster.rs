@@ -330,7 +330,25 @@ async fn finished_jobs_are_pruned_after_their_retention(pool: PgPool) {
         .execute(&c.pool)
         .await
         .unwrap();
+        // Each ran once; its run goes with it.
+        sqlx::query(
+            "insert into shepherd.job_runs (job_id, run, kind, started_at, ended_at, outcome, result)
+             values ($1, 1, 'reconcile', now() - make_interval(hours => $2), now(), 'ok', 'x')",
+        )
+        .bind(&id)
+        .bind(age_hours)
+        .execute(&c.pool)
+        .await
+        .unwrap();
     }
+    // And a run left of a job someone deleted by hand long ago.
+    sqlx::query(
+        "insert into shepherd.job_runs (job_id, run, kind, started_at)
+         values ('deleted-by-hand', 1, 'reconcile', now() - interval '3 days')",
+    )
+    .execute(&c.pool)
+    .await
+    .unwrap();
     let pruned =
         shepherd_workers::services::scheduler::prune(&c.pool, Duration::from_secs(24 * 3600))
             .await
@@ -340,6 +358,14 @@ async fn finished_jobs_are_pruned_after_their_retention(pool: PgPool) {
     assert_eq!(pruned, 2);
     let left = c.count("select count(*) from apalis.jobs").await;
     assert_eq!(left, 3);
+    let runs = c
+        .count(
+            "select count(*) from shepherd.job_runs r
+             where exists (select 1 from apalis.jobs j where j.id = r.job_id)",
+        )
+        .await;
+    let all_runs = c.count("select count(*) from shepherd.job_runs").await;
+    assert_eq!((runs, all_runs), (3, 3), "runs outlived their jobs");
 }
 
 /// apalis stops heartbeating while fetched jobs wait in its buffer, and a

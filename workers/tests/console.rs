@@ -1652,12 +1652,29 @@ async fn every_action_and_refusal_in_a_browser(pool: PgPool) {
     // The same actions, now that they fit: each says what it did.
     browser.goto(&format!("{base}/")).await;
     browser
-        .type_text("form[action='/actions/resume'] input[name=reason]", "deploy is over")
+        .type_text(
+            "form[action='/actions/resume'] input[name=reason]",
+            "deploy is over",
+        )
         .await;
-    browser.click_to_leave("form[action='/actions/resume'] button").await;
-    assert!(browser.text("p.done").await.contains("Creations are running again."));
-    browser.click_to_leave("form[action='/actions/reconcile'] button").await;
-    assert!(browser.text("p.done").await.contains("A reconcile pass is queued."));
+    browser
+        .click_to_leave("form[action='/actions/resume'] button")
+        .await;
+    assert!(
+        browser
+            .text("p.done")
+            .await
+            .contains("Creations are running again.")
+    );
+    browser
+        .click_to_leave("form[action='/actions/reconcile'] button")
+        .await;
+    assert!(
+        browser
+            .text("p.done")
+            .await
+            .contains("A reconcile pass is queued.")
+    );
     let penalised = uuid::Uuid::new_v4();
     append(
         &pool,
@@ -1679,7 +1696,12 @@ async fn every_action_and_refusal_in_a_browser(pool: PgPool) {
         .type_text(&format!("{clear} input[name=reason]"), "capacity is back")
         .await;
     browser.click_to_leave(&format!("{clear} button")).await;
-    assert!(browser.text("p.done").await.contains("The penalty is cleared."));
+    assert!(
+        browser
+            .text("p.done")
+            .await
+            .contains("The penalty is cleared.")
+    );
     // Ticked together: two waiting jobs and the one that ran; each judged
     // alone.
     let mut waiting = vec![];
@@ -1695,7 +1717,9 @@ async fn every_action_and_refusal_in_a_browser(pool: PgPool) {
     }
     browser.goto(&format!("{base}/jobs?kind=assimilate")).await;
     for j in waiting.iter().chain([&job]) {
-        browser.click(&format!("input[name=jobs][value='{j}']")).await;
+        browser
+            .click(&format!("input[name=jobs][value='{j}']"))
+            .await;
     }
     browser
         .type_text("input[name=reason][form=bulk]", "asked twice")
@@ -1704,15 +1728,25 @@ async fn every_action_and_refusal_in_a_browser(pool: PgPool) {
         .click_to_leave("button[formaction='/actions/cancel-jobs']")
         .await;
     let said = browser.text("body").await;
-    assert!(said.contains("2 of 3 cancelled, by console:carol: asked twice"), "{said}");
+    assert!(
+        said.contains("2 of 3 cancelled, by console:carol: asked twice"),
+        "{said}"
+    );
     let refused = browser.text("ul.refused").await;
-    assert!(refused.contains(&job) && refused.contains("only a job waiting"), "{refused}");
+    assert!(
+        refused.contains(&job) && refused.contains("only a job waiting"),
+        "{refused}"
+    );
     for (event_type, expected) in [
         ("creations_resumed", 1),
         ("penalty_cleared", 2),
         ("job_cancelled", 2),
     ] {
-        assert_eq!(count_events(&pool, event_type).await, expected, "{event_type}");
+        assert_eq!(
+            count_events(&pool, event_type).await,
+            expected,
+            "{event_type}"
+        );
     }
     let passes: Vec<String> = sqlx::query_scalar(
         "select convert_from(job, 'UTF8')::jsonb->>'requested_by' from apalis.jobs
@@ -1744,5 +1778,53 @@ async fn every_action_and_refusal_in_a_browser(pool: PgPool) {
     .unwrap();
     assert_eq!(by, "console:carol");
     browser.quit().await;
+    server.stop().await;
+}
+
+/// A job's page lists every run of it, as its workers recorded them: the
+/// queue keeps the last result only, so two failures on the database
+/// before a success would otherwise leave no trace. A run without an end
+/// is the one running now, or one whose worker died.
+#[sqlx::test(migrations = false)]
+async fn a_jobs_page_shows_every_run_of_it(pool: PgPool) {
+    shepherd::db::migrate(&pool).await.unwrap();
+    let job = ended_job(
+        &pool,
+        "reconcile",
+        &serde_json::json!({ "requested_by": "test" }),
+        "Done",
+        r#"{"Ok": "ReconcileOutcome { run: None, managed: 3, enqueued: [] }"}"#,
+    )
+    .await;
+    sqlx::query(
+        "insert into shepherd.job_runs (job_id, run, kind, worker, started_at, ended_at, outcome, result)
+         values ($1, 1, 'reconcile', 'w-a', now() - interval '3 min', null, null, null),
+                ($1, 2, 'reconcile', 'w-b', now() - interval '2 min', now() - interval '2 min' + interval '1.5 s',
+                 'failed', 'error returned from database: connection refused'),
+                ($1, 3, 'reconcile', 'w-b', now() - interval '1 min', now() - interval '1 min' + interval '0.3 s',
+                 'ok', 'ReconcileOutcome { run: None, managed: 3, enqueued: [] }')",
+    )
+    .bind(&job)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let server = Server::start(pool.clone()).await;
+    let (status, _, page) = server.get(&format!("/jobs/{job}")).await;
+    assert_eq!(status, StatusCode::OK);
+    let table = &page[page.find(r#"<table class="runs">"#).expect("no runs table")..];
+    let table = &table[..table.find("</table>").unwrap()];
+    let said = positions(
+        table,
+        &[
+            "w-a",
+            "no end recorded: its worker stopped mid-run",
+            "w-b",
+            "1.5 s",
+            "error: error returned from database: connection refused",
+            "0.3 s",
+            "pass finished: managed 3",
+        ],
+    );
+    assert!(said.windows(2).all(|w| w[0] < w[1]), "{table}");
     server.stop().await;
 }

@@ -191,6 +191,22 @@ async fn the_readmes_latitude_path_works_as_written(pool: PgPool) {
     );
     let ids = w.wait_for(4, "web filled").await;
     assert!(ids.iter().all(|id| id.starts_with("sv_")), "{ids:?}");
+    // The worker kept each run of its jobs: each creation that made a
+    // server ended one run, on this worker, in its own words.
+    let created: Vec<(Option<String>, Option<String>)> = sqlx::query_as(
+        "select r.worker, r.result from shepherd.job_runs r
+         where r.kind = 'create_device' and r.outcome = 'ok' and r.result like 'Created %'",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("reading the job runs");
+    assert_eq!(created.len(), 4, "{created:?}");
+    assert!(
+        created
+            .iter()
+            .all(|(worker, _)| worker.as_deref().is_some_and(|w| !w.is_empty())),
+        "{created:?}"
+    );
     // The page shows each server's status as the last pass listed it, and
     // links Latitude's ids to their history.
     let page_url = format!("http://{metrics}/machines");

@@ -146,13 +146,16 @@ struct Shared {
 /// Runs the handler; on shutdown, lets it finish within the drain timeout,
 /// then drops it. A dropped handler's transaction rolls back and its job is
 /// left Failed with attempts to spare, so another worker takes it up; every
-/// handler is idempotent, so a half-done run is safe to repeat.
-async fn guarded<T>(
+/// handler is idempotent, so a half-done run is safe to repeat. Each run is
+/// kept in `shepherd.job_runs`, for the console's history of a job.
+async fn guarded<T: std::fmt::Debug>(
     shared: &Shared,
     kind: &'static str,
+    job_id: &str,
     fut: impl std::future::Future<Output = Result<T, JobError>>,
 ) -> Result<T, BoxDynError> {
     let started = std::time::Instant::now();
+    let run = run_started(&shared.ctx.pool, job_id, kind).await;
     let stop = shared.stop.clone();
     let drain = shared.drain_timeout;
     let deadline = async move {
@@ -178,7 +181,61 @@ async fn guarded<T>(
         .run_time
         .get_or_create(&JobRunLabels { kind, outcome })
         .observe(started.elapsed().as_secs_f64());
+    if let Some(run) = run {
+        let said = match &result {
+            Ok(v) => format!("{v:?}"),
+            Err(e) => e.to_string(),
+        };
+        run_ended(&shared.ctx.pool, job_id, run, outcome, &said).await;
+    }
     result
+}
+
+/// How long a run's record may hold up the run: it is history for the
+/// pages, not part of the job's work.
+const RUN_RECORD_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Records that a run of the job began; its number, or `None` where the
+/// database did not take it (the run goes ahead without its record).
+async fn run_started(pool: &PgPool, job_id: &str, kind: &str) -> Option<i32> {
+    let insert = sqlx::query_scalar(
+        "insert into shepherd.job_runs (job_id, run, kind, worker)
+         select $1, coalesce((select max(run) from shepherd.job_runs where job_id = $1), 0) + 1,
+                $2, (select lock_by from apalis.jobs where id = $1)
+         returning run",
+    )
+    .bind(job_id)
+    .bind(kind)
+    .fetch_one(pool);
+    match tokio::time::timeout(RUN_RECORD_TIMEOUT, insert).await {
+        Ok(Ok(run)) => Some(run),
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "could not record the job's run");
+            None
+        }
+        Err(_) => {
+            tracing::warn!("recording the job's run timed out");
+            None
+        }
+    }
+}
+
+async fn run_ended(pool: &PgPool, job_id: &str, run: i32, outcome: &str, said: &str) {
+    let said: String = said.chars().take(2000).collect();
+    let update = sqlx::query(
+        "update shepherd.job_runs set ended_at = now(), outcome = $3, result = $4
+         where job_id = $1 and run = $2",
+    )
+    .bind(job_id)
+    .bind(run)
+    .bind(outcome)
+    .bind(&said)
+    .execute(pool);
+    match tokio::time::timeout(RUN_RECORD_TIMEOUT, update).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => tracing::warn!(error = %e, "could not record the end of the job's run"),
+        Err(_) => tracing::warn!("recording the end of the job's run timed out"),
+    }
 }
 
 fn decode<T>(args: Lenient<T>) -> Result<T, BoxDynError> {
@@ -200,7 +257,9 @@ async fn reconcile_job(
     let args = decode(args)?;
     let span = tracing::info_span!("job", kind = "reconcile", job_id = %job_id, requested_by = %args.requested_by);
     let pass = jobs::reconcile::reconcile_requested(&shared.ctx, &job_id, Some(&args.requested_by));
-    let outcome = guarded(&shared, "reconcile", pass).instrument(span).await?;
+    let outcome = guarded(&shared, "reconcile", &job_id, pass)
+        .instrument(span)
+        .await?;
     Ok(format!("{outcome:?}"))
 }
 
@@ -215,6 +274,7 @@ async fn create_device_job(
     let outcome = guarded(
         &shared,
         "create_device",
+        &job_id,
         jobs::create_device::create_device(&shared.ctx, &args, &job_id),
     )
     .instrument(span.clone())
@@ -235,6 +295,7 @@ async fn assimilate_job(
     let outcome = guarded(
         &shared,
         "assimilate",
+        &job_id,
         jobs::assimilate::assimilate(&shared.ctx, &args, &job_id),
     )
     .instrument(span.clone())
@@ -254,6 +315,7 @@ async fn delete_machine_job(
     let outcome = guarded(
         &shared,
         "delete_machine",
+        &job_id,
         jobs::delete_machine::delete_machine(&shared.ctx, &args, &job_id),
     )
     .instrument(span.clone())

@@ -334,6 +334,31 @@ struct JobDetail {
     last_result: Option<Value>,
 }
 
+/// One run of a job, as its worker recorded it (`shepherd.job_runs`).
+#[derive(sqlx::FromRow)]
+struct RunRow {
+    run: i32,
+    worker: Option<String>,
+    started_at: DateTime<Utc>,
+    ended_at: Option<DateTime<Utc>>,
+    outcome: Option<String>,
+    result: Option<String>,
+}
+
+impl RunRow {
+    /// How the run ended, in words; `current`: the job's claimed run.
+    fn words(&self, current: bool) -> String {
+        let said = self.result.clone().unwrap_or_default();
+        match self.outcome.as_deref() {
+            Some("ok") => outcome_words(Some(&serde_json::json!({ "Ok": said }))),
+            Some("failed") => outcome_words(Some(&serde_json::json!({ "Err": said }))),
+            Some(_) => format!("dropped: {said}"),
+            None if current => "running".into(),
+            None => "no end recorded: its worker stopped mid-run".into(),
+        }
+    }
+}
+
 pub(super) async fn job_page(
     State(state): State<HttpState>,
     headers: axum::http::HeaderMap,
@@ -405,6 +430,15 @@ pub(super) async fn job_page(
         }
         _ => vec![],
     };
+    let runs: Vec<RunRow> = sqlx::query_as(
+        "select run, worker, started_at, ended_at, outcome, result
+         from shepherd.job_runs where job_id = $1 order by run",
+    )
+    .bind(&job.id)
+    .fetch_all(&state.pool)
+    .await
+    .map_err(|e| database_failure("job runs", e))?;
+    let running = job.lock_by.is_some() && matches!(job.status.as_str(), "Queued" | "Running");
     let body = html! {
         h1 { a href="/" { "shepherd" } " · " a href="/jobs" { "jobs" } " · " span.id { (job.id) } }
         (done.banner())
@@ -445,6 +479,25 @@ pub(super) async fn job_page(
                             td { (Time(a.job.run_at).to_string()) }
                             td { @if let Some(d) = a.job.done_at { (Time(d).to_string()) } }
                             td { (outcome_words(a.job.last_result.as_ref())) }
+                        }
+                    }
+                }
+            }
+        }
+        h2 { "Every run of this job" }
+        @if runs.is_empty() {
+            p.muted { "None recorded (not run yet, or run before runs were kept)." }
+        } @else {
+            table.runs {
+                thead { tr { th { "Run" } th { "Worker" } th { "Started" } th { "Took" } th { "Outcome" } } }
+                tbody {
+                    @for (i, r) in runs.iter().enumerate() {
+                        tr {
+                            td.n { (r.run) }
+                            td.id { (r.worker.as_deref().unwrap_or("")) }
+                            td { (Time(r.started_at).to_string()) }
+                            td { @if let Some(end) = r.ended_at { (format!("{:.1} s", (end - r.started_at).num_milliseconds() as f64 / 1000.0)) } }
+                            td { (r.words(running && i + 1 == runs.len())) }
                         }
                     }
                 }
