@@ -438,6 +438,12 @@ pub(super) async fn job_page(
     .fetch_all(&state.pool)
     .await
     .map_err(|e| database_failure("job runs", e))?;
+    let voice = state.voice();
+    let unit = args
+        .as_ref()
+        .and_then(|a| a.get("reservation"))
+        .and_then(Value::as_str)
+        .and_then(|r| r.parse::<Uuid>().ok());
     let running = job.lock_by.is_some() && matches!(job.status.as_str(), "Queued" | "Running");
     let body = html! {
         h1 { a href="/" { "shepherd" } " · " a href="/jobs" { "jobs" } " · " span.id { (job.id) } }
@@ -451,7 +457,10 @@ pub(super) async fn job_page(
             @if let Some(n) = attempt {
                 tr { th { "Attempt" } td { (n) " of this " (if job.job_type == DELETE_MACHINE_QUEUE { "deletion" } else { "creation" }) " (each attempt is a job of its own; below)" } }
             }
-            tr { th { "Runs of this job" } td { (job.attempts) " (the queue would run it up to " (job.max_attempts) " times)" } }
+            @if let Some(unit) = unit {
+                tr { th { (capital(voice.words.unit)) } td { (unit_link(unit, &voice)) } }
+            }
+            tr { th { "Runs of this job" } td { (job.attempts) " " span.muted { "(a run that fails on the database or is cut short by a shutdown is run again, up to " (job.max_attempts) " times; a creation's or deletion's own retries are jobs of their own)" } } }
             tr { th { "Run at" } td { (Time(job.run_at).to_string()) } }
             @if let Some(at) = job.lock_at {
                 tr { th { "Claimed" } td { (Time(at).to_string()) " by " span.id { (job.lock_by.as_deref().unwrap_or("?")) } } }
