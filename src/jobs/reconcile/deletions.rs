@@ -1,0 +1,126 @@
+//! The pass's second direction: what the pools have too many of. The pure
+//! choice of what to delete is `jobs/converge/`; this records it (the
+//! surplus seen, each deletion requested with its `delete_machine` job,
+//! what the guards held back) in the pass's transaction.
+
+use uuid::Uuid;
+
+use crate::events::{NewEvent, record};
+use crate::jobs::pass;
+use crate::jobs::queue;
+use crate::jobs::{JobContext, JobError};
+
+use super::*;
+
+/// Keeps the pools as declared in the other direction: records the surplus
+/// it sees, and requests the deletions the lifecycle decides (each an
+/// event, with a `delete_machine` job that re-checks it before sending
+/// anything), and what the guards held back. Returns the machines whose
+/// deletion it requested.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn converge(
+    ctx: &JobContext,
+    settings: &crate::cluster::ClusterSettings,
+    job_id: &str,
+    run: Uuid,
+    declared: &[crate::provider::pool::Declared],
+    devices: &[crate::provider::Machine],
+    fleet: &pass::Fleet,
+    ours: &std::collections::HashSet<String>,
+) -> Result<Vec<String>, JobError> {
+    use crate::jobs::converge::{Policy, plan};
+    if declared.is_empty() {
+        return Ok(vec![]);
+    }
+    let place = |u: Uuid| ctx.provider.unit_place(u);
+    let scope = |u: Uuid| ctx.provider.unit_scope(u);
+    let surplus = pass::surplus(declared, devices, fleet, ours, &place);
+    let targets = pass::targets(declared, devices, fleet, ours, &place, &scope);
+    let l = &settings.lifecycle;
+    let mut conn = ctx.pool.acquire().await?;
+    let paused = crate::events::views::read_deletions_pause(&mut conn).await?;
+    let period = chrono::TimeDelta::from_std(l.budget_period).unwrap_or(chrono::TimeDelta::MAX);
+    let used: Vec<(Option<String>, i64)> = sqlx::query_as(
+        "select body->>'pool', count(*) from shepherd.events
+         where event_type = 'deletion_requested' and recorded_at > now() - $1
+         group by 1",
+    )
+    .bind(period)
+    .fetch_all(&mut *conn)
+    .await?;
+    drop(conn);
+    let used = used
+        .into_iter()
+        .filter_map(|(pool, n)| Some((pool?, n.max(0) as u32)))
+        .collect();
+    let decided = plan(
+        &targets,
+        &used,
+        &Policy {
+            paused: paused.is_some(),
+            budget_percent: l.budget_percent,
+            budget_min: l.budget_min,
+            max_unhealthy_percent: l.max_unhealthy_percent,
+            ready_deadline: l.ready_deadline,
+            now: chrono::Utc::now(),
+        },
+    );
+    let mut events: Vec<NewEvent> = vec![];
+    if !surplus.is_empty() {
+        for s in &surplus {
+            tracing::warn!(pool = %s.pool, count = s.count, machines = s.machines, doubled = ?s.doubled, "a pool holds more machines of ours than declared");
+        }
+        events.push(NewEvent::new(SurplusFound {
+            run,
+            pools: surplus,
+        }));
+    }
+    for h in &decided.held {
+        tracing::warn!(pool = %h.pool, guard = h.guard.as_str(), held = h.count, "{}", h.message);
+        events.push(NewEvent::new(DeletionsHeld {
+            run,
+            pool: h.pool.clone(),
+            held: h.count,
+            guard: h.guard.as_str().into(),
+            message: h.message.clone(),
+        }));
+    }
+    let mut jobs = vec![];
+    for d in &decided.delete {
+        let request = Uuid::new_v4();
+        tracing::info!(device = %d.member.device, pool = %d.pool, cause = d.cause.as_str(), "deleting a machine: {}", d.message);
+        events.push(NewEvent::new(DeletionRequested {
+            machine_id: d.member.machine_id,
+            provider_id: d.member.device.clone(),
+            reservation: Some(d.member.unit),
+            pool: Some(d.pool.clone()),
+            request,
+            cause: d.cause.as_str().into(),
+            message: d.message.clone(),
+            by: "reconcile".into(),
+        }));
+        jobs.push(crate::jobs::DeleteMachineArgs::first(
+            d.member.machine_id,
+            d.member.device.clone(),
+            request,
+        ));
+    }
+    if events.is_empty() {
+        return Ok(vec![]);
+    }
+    let mut tx = ctx.pool.begin().await?;
+    record(
+        &mut tx,
+        events.into_iter().map(|e| e.caused_by(job_id)).collect(),
+    )
+    .await?;
+    for args in &jobs {
+        queue::push_delete_machine(&mut tx, args, None).await?;
+    }
+    tx.commit().await?;
+    Ok(decided
+        .delete
+        .into_iter()
+        .map(|d| d.member.device)
+        .collect())
+}
