@@ -1,18 +1,19 @@
 -- Every run of a job as the worker saw it. The queue keeps a row's last
 -- result only: a job that failed on the database twice and then ran would
--- show none of its failures. A run is written when it starts and again
--- when it ends; one whose worker died mid-run keeps no end. Not a record
--- of what happened (that is the event log): the runs go with their job
--- when it is pruned.
+-- show none of its failures. A run is written once, when it ends, numbered
+-- as the queue counts runs (`attempts` + 1); a run whose worker died
+-- leaves no row, and the queue's count tells it. Not a record of what
+-- happened (that is the event log): the runs go with their job when it is
+-- pruned.
 create table shepherd.job_runs (
     job_id     text not null,
     run        integer not null check (run > 0),
     kind       text not null,
     worker     text,
-    started_at timestamptz not null default now(),
-    ended_at   timestamptz,
+    started_at timestamptz not null,
+    ended_at   timestamptz not null,
     -- ok | failed | dropped (the worker shut down before the run ended)
-    outcome    text check (outcome in ('ok', 'failed', 'dropped')),
+    outcome    text not null check (outcome in ('ok', 'failed', 'dropped')),
     -- The handler's outcome or the error, cut to 2,000 characters.
     result     text check (length(result) <= 2000),
     primary key (job_id, run)

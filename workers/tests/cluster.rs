@@ -343,8 +343,9 @@ async fn finished_jobs_are_pruned_after_their_retention(pool: PgPool) {
     }
     // And a run left of a job someone deleted by hand long ago.
     sqlx::query(
-        "insert into shepherd.job_runs (job_id, run, kind, started_at)
-         values ('deleted-by-hand', 1, 'reconcile', now() - interval '3 days')",
+        "insert into shepherd.job_runs (job_id, run, kind, started_at, ended_at, outcome)
+         values ('deleted-by-hand', 1, 'reconcile', now() - interval '3 days',
+                 now() - interval '3 days', 'ok')",
     )
     .execute(&c.pool)
     .await

@@ -840,9 +840,9 @@ async fn count_events(pool: &PgPool, event_type: &str) -> i64 {
 }
 
 /// A job's page lists every run of it, as its workers recorded them: the
-/// queue keeps the last result only, so two failures on the database
-/// before a success would otherwise leave no trace. A run without an end
-/// is the one running now, or one whose worker died.
+/// queue keeps the last result only, so a failure on the database before
+/// a success would otherwise leave no trace. A run the queue counted but
+/// nobody recorded is one whose worker died mid-run.
 #[sqlx::test(migrations = false)]
 async fn a_jobs_page_shows_every_run_of_it(pool: PgPool) {
     shepherd::db::migrate(&pool).await.unwrap();
@@ -854,10 +854,16 @@ async fn a_jobs_page_shows_every_run_of_it(pool: PgPool) {
         r#"{"Ok": "ReconcileOutcome { run: None, managed: 3, enqueued: [] }"}"#,
     )
     .await;
+    // Three runs counted: the first failed on the database, the second's
+    // worker died, the third ended well.
+    sqlx::query("update apalis.jobs set attempts = 3 where id = $1")
+        .bind(&job)
+        .execute(&pool)
+        .await
+        .unwrap();
     sqlx::query(
         "insert into shepherd.job_runs (job_id, run, kind, worker, started_at, ended_at, outcome, result)
-         values ($1, 1, 'reconcile', 'w-a', now() - interval '3 min', null, null, null),
-                ($1, 2, 'reconcile', 'w-b', now() - interval '2 min', now() - interval '2 min' + interval '1.5 s',
+         values ($1, 1, 'reconcile', 'w-a', now() - interval '2 min', now() - interval '2 min' + interval '1.5 s',
                  'failed', 'error returned from database: connection refused'),
                 ($1, 3, 'reconcile', 'w-b', now() - interval '1 min', now() - interval '1 min' + interval '0.3 s',
                  'ok', 'ReconcileOutcome { run: None, managed: 3, enqueued: [] }')",
@@ -875,12 +881,12 @@ async fn a_jobs_page_shows_every_run_of_it(pool: PgPool) {
         table,
         &[
             "w-a",
-            "no end recorded: its worker stopped mid-run",
-            "w-b",
             "1.5 s",
             "error: error returned from database: connection refused",
+            "w-b",
             "0.3 s",
             "pass finished: managed 3",
+            "1 run(s) the queue counted left no record: a worker stopped mid-run",
         ],
     );
     assert!(said.windows(2).all(|w| w[0] < w[1]), "{table}");

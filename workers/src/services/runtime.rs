@@ -155,7 +155,6 @@ async fn guarded<T: std::fmt::Debug>(
     fut: impl std::future::Future<Output = Result<T, JobError>>,
 ) -> Result<T, BoxDynError> {
     let started = std::time::Instant::now();
-    let run = run_started(&shared.ctx.pool, job_id, kind).await;
     let stop = shared.stop.clone();
     let drain = shared.drain_timeout;
     let deadline = async move {
@@ -181,13 +180,19 @@ async fn guarded<T: std::fmt::Debug>(
         .run_time
         .get_or_create(&JobRunLabels { kind, outcome })
         .observe(started.elapsed().as_secs_f64());
-    if let Some(run) = run {
-        let said = match &result {
-            Ok(v) => format!("{v:?}"),
-            Err(e) => e.to_string(),
-        };
-        run_ended(&shared.ctx.pool, job_id, run, outcome, &said).await;
-    }
+    let said = match &result {
+        Ok(v) => format!("{v:?}"),
+        Err(e) => e.to_string(),
+    };
+    record_run(
+        &shared.ctx.pool,
+        job_id,
+        kind,
+        started.elapsed(),
+        outcome,
+        &said,
+    )
+    .await;
     result
 }
 
@@ -195,46 +200,39 @@ async fn guarded<T: std::fmt::Debug>(
 /// pages, not part of the job's work.
 const RUN_RECORD_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Records that a run of the job began; its number, or `None` where the
-/// database did not take it (the run goes ahead without its record).
-async fn run_started(pool: &PgPool, job_id: &str, kind: &str) -> Option<i32> {
-    let insert = sqlx::query_scalar(
-        "insert into shepherd.job_runs (job_id, run, kind, worker)
-         select $1, coalesce((select max(run) from shepherd.job_runs where job_id = $1), 0) + 1,
-                $2, (select lock_by from apalis.jobs where id = $1)
-         returning run",
+/// Keeps the run that just ended in `shepherd.job_runs`, numbered as the
+/// queue counts it (`attempts` counts the runs that ended or that a dead
+/// worker left, and is raised after this). One write, at the end: a run
+/// whose worker died leaves no row, and the job's page tells it from the
+/// queue's count.
+async fn record_run(
+    pool: &PgPool,
+    job_id: &str,
+    kind: &str,
+    took: Duration,
+    outcome: &str,
+    said: &str,
+) {
+    let said: String = said.chars().take(2000).collect();
+    let insert = sqlx::query(
+        "insert into shepherd.job_runs
+             (job_id, run, kind, worker, started_at, ended_at, outcome, result)
+         select $1, coalesce(j.attempts, 0) + 1, $2, j.lock_by,
+                now() - make_interval(secs => $3), now(), $4, $5
+         from (select 1) one
+         left join apalis.jobs j on j.id = $1
+         on conflict (job_id, run) do nothing",
     )
     .bind(job_id)
     .bind(kind)
-    .fetch_one(pool);
-    match tokio::time::timeout(RUN_RECORD_TIMEOUT, insert).await {
-        Ok(Ok(run)) => Some(run),
-        Ok(Err(e)) => {
-            tracing::warn!(error = %e, "could not record the job's run");
-            None
-        }
-        Err(_) => {
-            tracing::warn!("recording the job's run timed out");
-            None
-        }
-    }
-}
-
-async fn run_ended(pool: &PgPool, job_id: &str, run: i32, outcome: &str, said: &str) {
-    let said: String = said.chars().take(2000).collect();
-    let update = sqlx::query(
-        "update shepherd.job_runs set ended_at = now(), outcome = $3, result = $4
-         where job_id = $1 and run = $2",
-    )
-    .bind(job_id)
-    .bind(run)
+    .bind(took.as_secs_f64())
     .bind(outcome)
     .bind(&said)
     .execute(pool);
-    match tokio::time::timeout(RUN_RECORD_TIMEOUT, update).await {
+    match tokio::time::timeout(RUN_RECORD_TIMEOUT, insert).await {
         Ok(Ok(_)) => {}
-        Ok(Err(e)) => tracing::warn!(error = %e, "could not record the end of the job's run"),
-        Err(_) => tracing::warn!("recording the end of the job's run timed out"),
+        Ok(Err(e)) => tracing::warn!(error = %e, "could not record the job's run"),
+        Err(_) => tracing::warn!("recording the job's run timed out"),
     }
 }
 

@@ -340,21 +340,19 @@ struct RunRow {
     run: i32,
     worker: Option<String>,
     started_at: DateTime<Utc>,
-    ended_at: Option<DateTime<Utc>>,
-    outcome: Option<String>,
+    ended_at: DateTime<Utc>,
+    outcome: String,
     result: Option<String>,
 }
 
 impl RunRow {
-    /// How the run ended, in words; `current`: the job's claimed run.
-    fn words(&self, current: bool) -> String {
+    /// How the run ended, in words.
+    fn words(&self) -> String {
         let said = self.result.clone().unwrap_or_default();
-        match self.outcome.as_deref() {
-            Some("ok") => outcome_words(Some(&serde_json::json!({ "Ok": said }))),
-            Some("failed") => outcome_words(Some(&serde_json::json!({ "Err": said }))),
-            Some(_) => format!("dropped: {said}"),
-            None if current => "running".into(),
-            None => "no end recorded: its worker stopped mid-run".into(),
+        match self.outcome.as_str() {
+            "ok" => outcome_words(Some(&serde_json::json!({ "Ok": said }))),
+            "failed" => outcome_words(Some(&serde_json::json!({ "Err": said }))),
+            _ => format!("dropped: {said}"),
         }
     }
 }
@@ -445,6 +443,7 @@ pub(super) async fn job_page(
         .and_then(Value::as_str)
         .and_then(|r| r.parse::<Uuid>().ok());
     let running = job.lock_by.is_some() && matches!(job.status.as_str(), "Queued" | "Running");
+    let unrecorded = i64::from(job.attempts) - runs.len() as i64;
     let body = html! {
         h1 { a href="/" { "shepherd" } " · " a href="/jobs" { "jobs" } " · " span.id { (job.id) } }
         (done.banner())
@@ -494,20 +493,26 @@ pub(super) async fn job_page(
             }
         }
         h2 { "Every run of this job" }
-        @if runs.is_empty() {
-            p.muted { "None recorded (not run yet, or run before runs were kept)." }
+        @if runs.is_empty() && job.attempts == 0 && !running {
+            p.muted { "Not run yet." }
         } @else {
             table.runs {
                 thead { tr { th { "Run" } th { "Worker" } th { "Started" } th { "Took" } th { "Outcome" } } }
                 tbody {
-                    @for (i, r) in runs.iter().enumerate() {
+                    @for r in &runs {
                         tr {
                             td.n { (r.run) }
                             td.id { (r.worker.as_deref().unwrap_or("")) }
                             td { (Time(r.started_at).to_string()) }
-                            td { @if let Some(end) = r.ended_at { (format!("{:.1} s", (end - r.started_at).num_milliseconds() as f64 / 1000.0)) } }
-                            td { (r.words(running && i + 1 == runs.len())) }
+                            td { (format!("{:.1} s", (r.ended_at - r.started_at).num_milliseconds() as f64 / 1000.0)) }
+                            td { (r.words()) }
                         }
+                    }
+                    @if unrecorded > 0 {
+                        tr { td.n { "…" } td {} td {} td {} td.muted { (unrecorded) " run(s) the queue counted left no record: a worker stopped mid-run (the queue handed the job on), or could not write it" } }
+                    }
+                    @if running {
+                        tr { td.n { (job.attempts + 1) } td.id { (job.lock_by.as_deref().unwrap_or("")) } td { @if let Some(at) = job.lock_at { (Time(at).to_string()) } } td {} td { "running" } }
                     }
                 }
             }
