@@ -288,10 +288,7 @@ async fn machines_are_paged_and_searchable(pool: PgPool) {
 #[sqlx::test(migrations = false)]
 async fn actions_need_the_credential_and_record_who(pool: PgPool) {
     shepherd::db::migrate(&pool).await.unwrap();
-    let http = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap();
+    let http = no_redirects();
     let read_only = Server::start(pool.clone()).await;
     let r = post_form(
         &http,
@@ -411,12 +408,7 @@ async fn actions_need_the_credential_and_record_who(pool: PgPool) {
     .await;
     assert_eq!(r.status(), StatusCode::CONFLICT);
     assert!(r.text().await.unwrap().contains("already paused"));
-    let by: String = sqlx::query_scalar(
-        "select body->>'by' from shepherd.events where event_type = 'creations_paused'",
-    )
-    .fetch_one(&pool)
-    .await
-    .unwrap();
+    let by: String = recorded_by(&pool, "creations_paused").await;
     assert_eq!(by, "console:alice");
     // Another site's form, even with the cookies: refused.
     let r = post_form(
@@ -439,12 +431,7 @@ async fn actions_need_the_credential_and_record_who(pool: PgPool) {
     )
     .await;
     assert_eq!(r.status(), StatusCode::SEE_OTHER);
-    let by: String = sqlx::query_scalar(
-        "select body->>'by' from shepherd.events where event_type = 'creations_resumed'",
-    )
-    .fetch_one(&pool)
-    .await
-    .unwrap();
+    let by: String = recorded_by(&pool, "creations_resumed").await;
     assert_eq!(by, "console:deploy-bot");
     // The SQL functions' checks hold: a pause needs a reason.
     let r = post_form(
@@ -610,10 +597,7 @@ async fn a_release_from_the_console_asks_the_provider(pool: PgPool) {
     let (client, made) = live_machine(&pool, &fake).await;
     let device = made.to_string();
     let server = Server::start_full(pool.clone(), Some("s3cret-operator"), Some(provider)).await;
-    let http = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap();
+    let http = no_redirects();
     let release = |machine: String| {
         let (http, url) = (http.clone(), format!("{}/actions/release", server.base));
         async move {
@@ -635,22 +619,12 @@ async fn a_release_from_the_console_asks_the_provider(pool: PgPool) {
     assert!(said.contains("still exists at the provider"), "{said}");
     let r = release("no-such-machine".into()).await;
     assert_eq!(r.status(), StatusCode::NOT_FOUND);
-    let released: i64 = sqlx::query_scalar(
-        "select count(*) from shepherd.events where event_type = 'machine_released'",
-    )
-    .fetch_one(&pool)
-    .await
-    .unwrap();
+    let released: i64 = count_events(&pool, "machine_released").await;
     assert_eq!(released, 0);
     client.delete_device(made).await.unwrap();
     let r = release(device.clone()).await;
     assert_eq!(r.status(), StatusCode::SEE_OTHER);
-    let by: String = sqlx::query_scalar(
-        "select body->>'by' from shepherd.events where event_type = 'machine_released'",
-    )
-    .fetch_one(&pool)
-    .await
-    .unwrap();
+    let by: String = recorded_by(&pool, "machine_released").await;
     assert_eq!(by, "console:bot");
     // A pass is queued to look again, so the discrepancy clears now; the
     // refusals queued none.
@@ -723,10 +697,7 @@ async fn every_answer_is_a_page_with_a_way_back(pool: PgPool) {
 #[sqlx::test(migrations = false)]
 async fn ticked_jobs_are_acted_on_together_each_judged_alone(pool: PgPool) {
     shepherd::db::migrate(&pool).await.unwrap();
-    let http = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap();
+    let http = no_redirects();
     let push = |device: uuid::Uuid| {
         let pool = pool.clone();
         async move {
@@ -821,22 +792,9 @@ async fn ticked_jobs_are_acted_on_together_each_judged_alone(pool: PgPool) {
         .await;
         assert_eq!(r.status(), StatusCode::BAD_REQUEST);
     }
-    let retried: i64 =
-        sqlx::query_scalar("select count(*) from shepherd.events where event_type = 'job_retried'")
-            .fetch_one(&pool)
-            .await
-            .unwrap();
+    let retried: i64 = count_events(&pool, "job_retried").await;
     assert_eq!(retried, 0);
     server.stop().await;
-}
-
-/// Counts the log's events of one type; a query that fails fails the test.
-async fn count_events(pool: &PgPool, event_type: &str) -> i64 {
-    sqlx::query_scalar("select count(*) from shepherd.events where event_type = $1")
-        .bind(event_type)
-        .fetch_one(pool)
-        .await
-        .expect("counting events")
 }
 
 /// A job's page lists every run of it, as its workers recorded them: the

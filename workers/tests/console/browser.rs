@@ -721,12 +721,7 @@ async fn every_action_and_refusal_in_a_browser(pool: PgPool) {
         .click_to_leave(&format!("{release_form} button"))
         .await;
     assert!(browser.url().await.ends_with("/machines?done=release"));
-    let by: String = sqlx::query_scalar(
-        "select body->>'by' from shepherd.events where event_type = 'machine_released'",
-    )
-    .fetch_one(&pool)
-    .await
-    .unwrap();
+    let by: String = recorded_by(&pool, "machine_released").await;
     assert_eq!(by, "console:carol");
     browser.quit().await;
     server.stop().await;

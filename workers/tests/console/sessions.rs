@@ -11,10 +11,7 @@ use super::*;
 async fn a_session_is_the_clusters_and_ends_everywhere(pool: PgPool) {
     shepherd::db::migrate(&pool).await.unwrap();
     const CREDENTIAL: &str = "s3cret-operator-credential";
-    let http = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap();
+    let http = no_redirects();
     let a = Server::start_with(pool.clone(), Some(CREDENTIAL)).await;
     let b = Server::start_with(pool.clone(), Some(CREDENTIAL)).await;
     // Anonymous: an invitation to log in, and no form.
@@ -82,12 +79,7 @@ async fn a_session_is_the_clusters_and_ends_everywhere(pool: PgPool) {
     )
     .await;
     assert_eq!(r.status(), StatusCode::SEE_OTHER);
-    let by: String = sqlx::query_scalar(
-        "select body->>'by' from shepherd.events where event_type = 'creations_paused'",
-    )
-    .fetch_one(&pool)
-    .await
-    .unwrap();
+    let by: String = recorded_by(&pool, "creations_paused").await;
     assert_eq!(by, "console:alice");
 
     // Logged out on the first worker: the second refuses the cookie.
@@ -158,12 +150,7 @@ async fn a_session_is_the_clusters_and_ends_everywhere(pool: PgPool) {
         .await;
         assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
     }
-    let resumed: i64 = sqlx::query_scalar(
-        "select count(*) from shepherd.events where event_type = 'creations_resumed'",
-    )
-    .fetch_one(&pool)
-    .await
-    .unwrap();
+    let resumed: i64 = count_events(&pool, "creations_resumed").await;
     assert_eq!(resumed, 0, "an ended session acted");
     a.stop().await;
     b.stop().await;
@@ -175,10 +162,7 @@ async fn a_session_is_the_clusters_and_ends_everywhere(pool: PgPool) {
 #[sqlx::test(migrations = false)]
 async fn a_burst_of_wrong_log_ins_is_throttled_and_recorded(pool: PgPool) {
     shepherd::db::migrate(&pool).await.unwrap();
-    let http = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap();
+    let http = no_redirects();
     let a = Server::start_with(pool.clone(), Some("right")).await;
     let b = Server::start_with(pool.clone(), Some("right")).await;
     let mut statuses = vec![];

@@ -344,3 +344,30 @@ pub async fn ended_job(
     .unwrap();
     id
 }
+
+/// Counts the log's events of one type; a query that fails fails the test.
+pub async fn count_events(pool: &PgPool, event_type: &str) -> i64 {
+    sqlx::query_scalar("select count(*) from shepherd.events where event_type = $1")
+        .bind(event_type)
+        .fetch_one(pool)
+        .await
+        .expect("counting events")
+}
+
+/// Who recorded the one event of `event_type` (its `by`); a query that
+/// fails, or no such event, fails the test.
+pub async fn recorded_by(pool: &PgPool, event_type: &str) -> String {
+    sqlx::query_scalar("select body->>'by' from shepherd.events where event_type = $1")
+        .bind(event_type)
+        .fetch_one(pool)
+        .await
+        .expect("reading who recorded the event")
+}
+
+/// A client that shows each answer as it is, redirects included.
+pub fn no_redirects() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("an HTTP client")
+}
