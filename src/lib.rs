@@ -15,3 +15,4 @@ pub mod metal;
 pub mod pools;
 pub mod provider;
 pub mod secret;
+pub mod text;

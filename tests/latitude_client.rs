@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use shepherd::latitude::{
-    CreateServer, LatitudeClient, LatitudeConfig, LatitudeError, Phase, Servers, Stock,
+    CreateServer, LatitudeClient, LatitudeConfig, LatitudeError, Servers, Stock,
 };
 use shepherd::metal::{ErrorClass, RetrySettings};
 use shepherd::secret::ApiToken;
@@ -105,7 +105,7 @@ async fn every_call_works_against_the_fake() {
     assert_eq!(found.plan_slug(), Some("c2-small-x86"));
     assert!(c.find_by_hostname("shepherd-zz").await.unwrap().is_none());
     let got = c.get_server(&created.server.id).await.unwrap();
-    assert_eq!(got.phase(), Phase::Ready);
+    assert_eq!(got.condition(), shepherd::provider::Condition::Ready);
 
     c.delete_server(&created.server.id).await.unwrap();
     assert_eq!(fake.stock("c2-small-x86", "DAL"), Some(50));

@@ -341,6 +341,10 @@ events! {
     /// holds.
     MachineProtected = "machine_protected", 1 { machine_id: Uuid, provider_id: String, by: String, reason: String }
     MachineUnprotected = "machine_unprotected", 1 { machine_id: Uuid, provider_id: String, by: String, reason: String }
+    /// A pass saw a managed machine ready (running) for the first time:
+    /// from then on it was ready once, and no status it shows later is
+    /// taken for a deployment that never finished.
+    MachineReady = "machine_ready", 1 { machine_id: Uuid, provider_id: String, status: Option<String> }
     /// An operator stopped deletions cluster-wide (creations go on).
     DeletionsPaused = "deletions_paused", 1 { by: String, reason: String }
     DeletionsResumed = "deletions_resumed", 1 { by: String, reason: String }
@@ -441,6 +445,7 @@ impl Event {
             Event::DeletionCancelled(e) => Stream::Device(e.provider_id.clone()),
             Event::MachineProtected(e) => Stream::Device(e.provider_id.clone()),
             Event::MachineUnprotected(e) => Stream::Device(e.provider_id.clone()),
+            Event::MachineReady(e) => Stream::Device(e.provider_id.clone()),
             Event::SurplusFound(e) => Stream::Reconcile(e.run),
             Event::DeletionsHeld(e) => Stream::Reconcile(e.run),
             Event::SettingsChanged(_) => Stream::Settings,

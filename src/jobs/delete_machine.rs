@@ -125,6 +125,8 @@ struct Leaving {
     hostname: Option<String>,
     unit: Option<Uuid>,
     protected: bool,
+    /// A pass has seen the machine ready (`machine_ready`).
+    ready_once: bool,
 }
 
 pub async fn delete_machine(
@@ -150,7 +152,11 @@ pub async fn delete_machine(
             reason: "no deletion of this request is pending for the machine".into(),
         });
     };
-    if leaving.deletion.cleared_at.is_none() && !args.unknown {
+    // The leave hook is a promise kept on every path: whether it was kept
+    // is the deletion's durable state (`cleared_at`: acknowledged, or timed
+    // out with "proceed"), never a guess from this run's history. A rerun,
+    // a swept deletion or another worker asks the hook again until then.
+    if leaving.deletion.cleared_at.is_none() {
         match leave(ctx, &settings, args, &leaving, job_id).await? {
             Leave::Go => {}
             Leave::Done(outcome) => return Ok(outcome),
@@ -172,17 +178,18 @@ pub async fn delete_machine(
 }
 
 async fn read(ctx: &JobContext, args: &DeleteMachineArgs) -> Result<Option<Leaving>, JobError> {
-    let row: Option<(serde_json::Value, Option<String>, Option<Uuid>, bool)> = sqlx::query_as(
-        "select to_jsonb(d), m.hostname, m.reservation_id, m.protected
+    let row: Option<(serde_json::Value, Option<String>, Option<Uuid>, bool, bool)> =
+        sqlx::query_as(
+            "select to_jsonb(d), m.hostname, m.reservation_id, m.protected, m.ready_at is not null
          from shepherd.pending_deletions d
          join shepherd.managed_machines m on m.machine_id = d.machine_id
          where d.machine_id = $1 and d.request = $2",
-    )
-    .bind(args.machine_id)
-    .bind(args.request.to_string())
-    .fetch_optional(&ctx.pool)
-    .await?;
-    let Some((deletion, hostname, unit, protected)) = row else {
+        )
+        .bind(args.machine_id)
+        .bind(args.request.to_string())
+        .fetch_optional(&ctx.pool)
+        .await?;
+    let Some((deletion, hostname, unit, protected, ready_once)) = row else {
         return Ok(None);
     };
     let deletion: PendingDeletion = serde_json::from_value(deletion)
@@ -192,6 +199,7 @@ async fn read(ctx: &JobContext, args: &DeleteMachineArgs) -> Result<Option<Leavi
         hostname,
         unit,
         protected,
+        ready_once,
     }))
 }
 
@@ -214,21 +222,30 @@ async fn leave(
     if *hook == LeaveHook::None || (leaving.deletion.cause == "failed" && l.failed_skip_leave) {
         return Ok(Leave::Go);
     }
-    if let LeaveHook::Http(url) = hook
-        && call_hook(url, args, leaving).await
-    {
-        note(
-            ctx,
-            job_id,
-            LeaveAcknowledged {
-                machine_id: args.machine_id,
-                provider_id: args.device.clone(),
-                request: args.request,
-                by: format!("hook:{url}"),
-            },
-        )
-        .await?;
-        return Ok(Leave::Go);
+    // Pausing deletions pauses the hooks: no machine is asked to drain for
+    // a delete that is not going to be sent.
+    if deletions_paused(ctx).await? {
+        let until = Utc::now() + TimeDelta::from_std(LEAVE_POLL * 6).unwrap_or_default();
+        return Ok(Leave::Done(wait_until(ctx, args, until).await?));
+    }
+    if let LeaveHook::Http(url) = hook {
+        match call_hook(url, HookCall::Leaving, args, leaving).await {
+            HookAnswer::Done => {
+                note(
+                    ctx,
+                    job_id,
+                    LeaveAcknowledged {
+                        machine_id: args.machine_id,
+                        provider_id: args.device.clone(),
+                        request: args.request,
+                        by: format!("hook:{}", hook_host(url)),
+                    },
+                )
+                .await?;
+                return Ok(Leave::Go);
+            }
+            HookAnswer::Draining | HookAnswer::NotYet => {}
+        }
     }
     let deadline = leaving.deletion.requested_at
         + TimeDelta::from_std(l.leave_timeout).unwrap_or(TimeDelta::MAX);
@@ -261,9 +278,61 @@ async fn leave(
     })
 }
 
-/// POSTs the leaving machine to the hook; a 2xx answer lets it go.
-async fn call_hook(url: &str, args: &DeleteMachineArgs, leaving: &Leaving) -> bool {
+/// What the deletion tells an HTTP leave hook.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HookCall {
+    /// The machine is to leave: drain it, and answer when it may go.
+    Leaving,
+    /// The deletion was cancelled: the machine stays.
+    Cancelled,
+}
+
+impl HookCall {
+    fn as_str(self) -> &'static str {
+        match self {
+            HookCall::Leaving => "leaving",
+            HookCall::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// What an HTTP leave hook said. Only an explicit answer counts: 200 or
+/// 204 is "done, the machine may go"; 202 is "still draining, ask again";
+/// anything else (a redirect to a log-in page, an error, no answer) is no
+/// consent, and the deadline decides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HookAnswer {
+    Done,
+    Draining,
+    NotYet,
+}
+
+/// The hook's host, as events and logs name it: the whole address may
+/// carry a token in its path or query.
+fn hook_host(url: &str) -> String {
+    let host = reqwest::Url::parse(url)
+        .ok()
+        .and_then(|u| {
+            let host = u.host_str()?.to_string();
+            Some(match u.port() {
+                Some(port) => format!("{host}:{port}"),
+                None => host,
+            })
+        })
+        .unwrap_or_else(|| "unparsable address".into());
+    crate::text::bounded(&host, 255)
+}
+
+/// POSTs the machine to the hook, redirects not followed (a hook behind a
+/// log-in proxy answers 302 to a page that answers 200: no consent).
+async fn call_hook(
+    url: &str,
+    call: HookCall,
+    args: &DeleteMachineArgs,
+    leaving: &Leaving,
+) -> HookAnswer {
     let body = serde_json::json!({
+        "event": call.as_str(),
         "machine_id": args.machine_id,
         "device": args.device,
         "hostname": leaving.hostname,
@@ -272,24 +341,43 @@ async fn call_hook(url: &str, args: &DeleteMachineArgs, leaving: &Leaving) -> bo
         "message": leaving.deletion.message,
         "request": args.request,
     });
-    let client = match reqwest::Client::builder().timeout(HOOK_TIMEOUT).build() {
+    let host = hook_host(url);
+    let client = match reqwest::Client::builder()
+        .timeout(HOOK_TIMEOUT)
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+    {
         Ok(c) => c,
         Err(e) => {
             tracing::warn!(error = %e, "cannot build the leave hook's HTTP client");
-            return false;
+            return HookAnswer::NotYet;
         }
     };
     match client.post(url).json(&body).send().await {
-        Ok(r) if r.status().is_success() => true,
-        Ok(r) => {
-            tracing::info!(device = %args.device, status = r.status().as_u16(), "the leave hook does not let the machine go yet");
-            false
-        }
+        Ok(r) => match r.status().as_u16() {
+            200 | 204 => HookAnswer::Done,
+            202 => {
+                tracing::info!(device = %args.device, %host, "the leave hook is still draining the machine");
+                HookAnswer::Draining
+            }
+            status => {
+                tracing::warn!(device = %args.device, %host, status, event = call.as_str(), "the leave hook's answer is no consent (only 200 or 204 is; 202 means still draining)");
+                HookAnswer::NotYet
+            }
+        },
         Err(e) => {
-            tracing::warn!(device = %args.device, error = %crate::provider::discipline::describe_transport_error(&e), "the leave hook did not answer");
-            false
+            tracing::warn!(device = %args.device, %host, error = %crate::provider::discipline::describe_transport_error(&e), "the leave hook did not answer");
+            HookAnswer::NotYet
         }
     }
+}
+
+async fn deletions_paused(ctx: &JobContext) -> Result<bool, JobError> {
+    Ok(sqlx::query_scalar(
+        "select exists(select 1 from shepherd.controls where name = 'deletions' and paused)",
+    )
+    .fetch_one(&ctx.pool)
+    .await?)
 }
 
 /// The deletion proper, while `lock` (if the machine has a unit) holds it.
@@ -301,15 +389,20 @@ async fn holding(
     job_id: &str,
     lock: Option<&PlaceLock>,
 ) -> Result<DeleteOutcome, JobError> {
-    if let Some(reason) = still_wanted(ctx, args, leaving).await? {
-        return cancel(ctx, args, job_id, reason).await;
-    }
-    let paused: Option<(String, String)> = sqlx::query_as(
-        "select by, reason from shepherd.controls where name = 'deletions' and paused",
-    )
-    .fetch_optional(&ctx.pool)
-    .await?;
-    if paused.is_some() {
+    let pool_then = match recheck(ctx, args, leaving).await? {
+        Recheck::Holds(pool_then) => pool_then,
+        Recheck::NoLonger(reason) => {
+            return cancel(ctx, settings, args, leaving, job_id, reason).await;
+        }
+        Recheck::CannotTell(reason) => {
+            // No positive evidence either way: the machine stays, and the
+            // deletion asks again later.
+            tracing::warn!(device = %args.device, %reason, "the deletion's cause could not be checked again; the machine stays for now");
+            let e = ProviderError::new(ErrorClass::Transient, reason);
+            return retry_later(ctx, args, &e).await;
+        }
+    };
+    if deletions_paused(ctx).await? {
         let until = Utc::now() + TimeDelta::from_std(LEAVE_POLL * 6).unwrap_or_default();
         return wait_until(ctx, args, until).await;
     }
@@ -328,6 +421,7 @@ async fn holding(
         pool: &ctx.pool,
         machine: args.machine_id,
         request: args.request.to_string(),
+        pool_then,
     };
     let result = tokio::time::timeout(
         ctx.config.create_retry.timeout,
@@ -346,14 +440,14 @@ async fn holding(
             unresolved(ctx, args, job_id, &e.to_string()).await
         }
         Err(e) if matches!(e.class, ErrorClass::Transient | ErrorClass::RateLimited) => {
-            if args.attempt < ctx.config.create_retry.max_attempts {
+            if args.tries() < ctx.config.create_retry.max_attempts {
                 retry_later(ctx, args, &e).await
             } else {
                 failed(
                     ctx,
                     args,
                     job_id,
-                    format!("gave up after {} attempts: {e}", args.attempt),
+                    format!("gave up after {} attempts: {e}", args.tries()),
                 )
                 .await
             }
@@ -362,58 +456,155 @@ async fn holding(
     }
 }
 
-/// Why the deletion no longer holds, if it does not: what the pass decided
-/// is checked again now, under the unit's lock.
-async fn still_wanted(
+/// What the last look before the delete found.
+enum Recheck {
+    /// The cause still holds; for a surplus, the pool as it stood then,
+    /// which the fence holds the delete to.
+    Holds(Option<PoolThen>),
+    /// The cause no longer holds: the deletion is cancelled.
+    NoLonger(String),
+    /// The provider could not be asked: no evidence, so nothing is sent.
+    CannotTell(String),
+}
+
+/// A pool's declared size when a surplus was checked again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct PoolThen {
+    name: String,
+    count: i32,
+    removed: bool,
+}
+
+/// Checks again, under the unit's lock and against a fresh read of the
+/// machine, that what the deletion rests on still holds (Karpenter
+/// validates a disruption the same way just before it acts): the machine
+/// is still ours and not protected, a failed one still failed, one never
+/// ready still deploying and never ready, a surplus still a surplus
+/// against what the provider lists now.
+async fn recheck(
     ctx: &JobContext,
     args: &DeleteMachineArgs,
     leaving: &Leaving,
-) -> Result<Option<String>, JobError> {
+) -> Result<Recheck, JobError> {
     if leaving.protected {
-        return Ok(Some("the machine is protected".into()));
+        return Ok(Recheck::NoLonger("the machine is protected".into()));
     }
-    match leaving.deletion.cause.as_str() {
-        "surplus" | "pool_removed" => {
-            let Some(pool) = &leaving.deletion.pool else {
-                return Ok(None);
-            };
-            let declared = crate::pools::declared(&ctx.pool).await?;
-            let count = declared
-                .iter()
-                .find(|d| d.pool.name == *pool)
-                .map_or(0, |d| if d.removed { 0 } else { d.pool.count });
-            // The pool's managed machines, those leaving for other reasons
-            // not counted: this one still goes only if the rest are more
-            // than the count.
-            let rows: Vec<(Option<Uuid>, bool)> = sqlx::query_as(
-                "select m.reservation_id,
-                        exists(select 1 from shepherd.pending_deletions d
-                               where d.machine_id = m.machine_id and d.machine_id <> $1)
-                 from shepherd.managed_machines m where m.machine_id <> $1",
-            )
-            .bind(args.machine_id)
-            .fetch_all(&ctx.pool)
-            .await?;
-            let others = rows
-                .iter()
-                .filter(|(unit, leaving)| {
-                    !leaving
-                        && unit
-                            .and_then(|u| ctx.provider.unit_place(u))
-                            .is_some_and(|(p, _)| p == *pool)
-                })
-                .count() as u32;
-            Ok((others < count)
-                .then(|| format!("pool {pool} no longer holds more than its count of {count}")))
+    let facts = match ctx.provider.machine(&args.device).await {
+        Ok(facts) => Some(facts),
+        // Gone already: the delete will find it so.
+        Err(e) if e.not_found() => None,
+        Err(e) => {
+            return Ok(Recheck::CannotTell(format!(
+                "the machine could not be read before its delete: {e}"
+            )));
         }
-        "failed" | "not_ready" => match ctx.provider.machine(&args.device).await {
-            Ok(facts) if !facts.failed && leaving.deletion.cause == "failed" => {
-                Ok(Some("its deployment no longer reads as failed".into()))
-            }
-            _ => Ok(None),
-        },
-        _ => Ok(None),
+    };
+    if let Some(facts) = &facts {
+        if let Some(foreign) = &facts.foreign {
+            return Ok(Recheck::NoLonger(format!(
+                "not provably ours any more: {foreign}"
+            )));
+        }
+        if leaving.hostname.is_some() && facts.hostname != leaving.hostname {
+            return Ok(Recheck::NoLonger(format!(
+                "not provably ours any more: its hostname is {} now, not {}",
+                facts
+                    .hostname
+                    .as_deref()
+                    .map(crate::text::bounded_word)
+                    .unwrap_or_else(|| "none".into()),
+                leaving.hostname.as_deref().unwrap_or_default()
+            )));
+        }
     }
+    let word = |f: &crate::provider::MachineFacts| {
+        f.status
+            .as_deref()
+            .map(crate::text::bounded_word)
+            .unwrap_or_else(|| "nothing".into())
+    };
+    match leaving.deletion.cause.as_str() {
+        "failed" => match &facts {
+            Some(f) if !f.failed() => Ok(Recheck::NoLonger(format!(
+                "its deployment no longer reads as failed (the provider says {})",
+                word(f)
+            ))),
+            _ => Ok(Recheck::Holds(None)),
+        },
+        "not_ready" => match &facts {
+            _ if leaving.ready_once => Ok(Recheck::NoLonger(
+                "it was ready once: a machine that ran is not replaced as never ready".into(),
+            )),
+            Some(f) if f.condition != crate::provider::Condition::Deploying => {
+                Ok(Recheck::NoLonger(format!(
+                    "it is no longer deploying (the provider says {})",
+                    word(f)
+                )))
+            }
+            _ => Ok(Recheck::Holds(None)),
+        },
+        "surplus" | "pool_removed" => surplus_holds(ctx, args, leaving).await,
+        _ => Ok(Recheck::Holds(None)),
+    }
+}
+
+/// A surplus still holds when the pool's other machines that the provider
+/// lists now (managed, not leaving for another reason) are at least its
+/// count: a machine the provider took away meanwhile, or a pool raised,
+/// leaves nothing to shed.
+async fn surplus_holds(
+    ctx: &JobContext,
+    args: &DeleteMachineArgs,
+    leaving: &Leaving,
+) -> Result<Recheck, JobError> {
+    let Some(pool) = &leaving.deletion.pool else {
+        return Ok(Recheck::Holds(None));
+    };
+    let then: Option<(i32, bool)> =
+        sqlx::query_as("select count, removed from shepherd.pools where name = $1")
+            .bind(pool)
+            .fetch_optional(&ctx.pool)
+            .await?;
+    let (count, removed) = then.unwrap_or((0, true));
+    let wanted = if removed { 0 } else { count.max(0) as u32 };
+    let listed = match ctx.provider.machines().await {
+        Ok(listed) => listed,
+        Err(e) => {
+            return Ok(Recheck::CannotTell(format!(
+                "the provider's machines could not be listed to count the pool: {e}"
+            )));
+        }
+    };
+    let listed: std::collections::HashSet<String> = listed.into_iter().map(|m| m.id).collect();
+    let rows: Vec<(String, Option<Uuid>, bool)> = sqlx::query_as(
+        "select m.provider_id, m.reservation_id,
+                exists(select 1 from shepherd.pending_deletions d
+                       where d.machine_id = m.machine_id)
+         from shepherd.managed_machines m where m.machine_id <> $1",
+    )
+    .bind(args.machine_id)
+    .fetch_all(&ctx.pool)
+    .await?;
+    let others = rows
+        .iter()
+        .filter(|(device, unit, leaving)| {
+            !leaving
+                && listed.contains(device)
+                && unit
+                    .and_then(|u| ctx.provider.unit_place(u))
+                    .is_some_and(|(p, _)| p == *pool)
+        })
+        .count() as u32;
+    if others < wanted {
+        return Ok(Recheck::NoLonger(format!(
+            "pool {pool} no longer holds more than its count of {wanted}: the provider lists {others} other machines of it"
+        )));
+    }
+    Ok(Recheck::Holds(Some(PoolThen {
+        name: pool.clone(),
+        count,
+        removed,
+    })))
 }
 
 /// The fence of a deletion: the unit's lock still holds (where there is a
@@ -424,6 +615,9 @@ struct DeletionFence<'a> {
     pool: &'a sqlx::PgPool,
     machine: Uuid,
     request: String,
+    /// A surplus's pool as it stood when checked again: raised, lowered
+    /// or declared anew since, the count that made it surplus is gone.
+    pool_then: Option<PoolThen>,
 }
 
 impl Fence for DeletionFence<'_> {
@@ -444,6 +638,20 @@ impl Fence for DeletionFence<'_> {
             .fetch_one(self.pool)
             .await
             .map_err(|e| format!("the deletion could not be checked: {e}"))?;
+            if let Some(then) = &self.pool_then {
+                let now: Option<(i32, bool)> =
+                    sqlx::query_as("select count, removed from shepherd.pools where name = $1")
+                        .bind(&then.name)
+                        .fetch_optional(self.pool)
+                        .await
+                        .map_err(|e| format!("the deletion could not be checked: {e}"))?;
+                if now != Some((then.count, then.removed)) && !(now.is_none() && then.removed) {
+                    return Err(format!(
+                        "pool {} changed since its surplus was counted",
+                        then.name
+                    ));
+                }
+            }
             if !ours {
                 Err("the deletion has ended or another owns it".into())
             } else if protected {
@@ -543,11 +751,14 @@ async fn failures_in_scope(
 
 async fn cancel(
     ctx: &JobContext,
+    settings: &ClusterSettings,
     args: &DeleteMachineArgs,
+    leaving: &Leaving,
     job_id: &str,
     reason: String,
 ) -> Result<DeleteOutcome, JobError> {
-    tracing::info!(device = %args.device, %reason, "deletion cancelled");
+    let reason = crate::text::bounded(&reason, 1000);
+    tracing::warn!(device = %args.device, %reason, "deletion cancelled: the machine stays");
     note(
         ctx,
         job_id,
@@ -560,6 +771,11 @@ async fn cancel(
         },
     )
     .await?;
+    // A hook that may have been asked to drain the machine is told it
+    // stays (best effort: the cancellation is recorded whatever it says).
+    if let LeaveHook::Http(url) = &settings.lifecycle.leave_hook {
+        call_hook(url, HookCall::Cancelled, args, leaving).await;
+    }
     Ok(DeleteOutcome::Cancelled { reason })
 }
 
@@ -634,6 +850,10 @@ async fn wait_until(
     until: DateTime<Utc>,
 ) -> Result<DeleteOutcome, JobError> {
     let after = (until - Utc::now()).to_std().unwrap_or_default();
+    let args = &DeleteMachineArgs {
+        waits: args.waits + 1,
+        ..args.clone()
+    };
     successor(ctx, args, args.attempt + 1, args.unknown, after).await?;
     Ok(DeleteOutcome::Waiting { until })
 }

@@ -150,6 +150,15 @@ pub struct DeleteMachineArgs {
     /// An earlier attempt's answer was not seen: the machine may be gone.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub unknown: bool,
+    /// Of the attempts before this one, those that only waited (for the
+    /// leave hook, a pause): they name a job but are no try at the delete,
+    /// so they use up none of its retries.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub waits: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl DeleteMachineArgs {
@@ -160,7 +169,14 @@ impl DeleteMachineArgs {
             request,
             attempt: 1,
             unknown: false,
+            waits: 0,
         }
+    }
+
+    /// The tries at the delete this attempt makes part of: its number less
+    /// the attempts that only waited.
+    pub fn tries(&self) -> u32 {
+        self.attempt.saturating_sub(self.waits)
     }
 }
 

@@ -33,6 +33,15 @@ pub struct Fleet {
     pub machines: HashMap<String, (Uuid, bool)>,
     /// Machines leaving (a deletion pending), by machine id.
     pub leaving: HashSet<Uuid>,
+    /// Managed machines a pass has seen ready, by the provider's id: ready
+    /// once, never replaced as "not ready".
+    pub ready_once: HashSet<String>,
+    /// When our own creation of each managed machine never seen ready was
+    /// recorded (`device_created`), by the provider's id: the ready
+    /// deadline counts from there, never from the provider's `created_at`.
+    /// A machine we did not create (adopted, assimilated by hand) has none,
+    /// and is never replaced as "not ready".
+    pub made_at: HashMap<String, chrono::DateTime<chrono::Utc>>,
     /// Machines shepherd deleted in the last day, by the provider's id: a
     /// listing that lags behind deletes may still show them, and they are
     /// neither orphans to adopt nor members of a pool.
@@ -51,8 +60,17 @@ pub async fn read_fleet(pool: &PgPool) -> Result<Fleet, sqlx::Error> {
         .execute(&mut *tx)
         .await?;
     let ids = |sql: &'static str| sqlx::query_scalar::<_, Uuid>(sql);
-    let managed_rows: Vec<(String, Uuid, bool, Option<Uuid>)> = sqlx::query_as(
-        "select provider_id, machine_id, protected, reservation_id from shepherd.managed_machines",
+    let managed_rows: Vec<(String, Uuid, bool, Option<Uuid>, bool)> = sqlx::query_as(
+        "select provider_id, machine_id, protected, reservation_id, ready_at is not null
+         from shepherd.managed_machines",
+    )
+    .fetch_all(&mut *tx)
+    .await?;
+    let made_at: Vec<(String, Option<chrono::DateTime<chrono::Utc>>)> = sqlx::query_as(
+        "select m.provider_id,
+                (select min(e.recorded_at) from shepherd.events e
+                 where e.event_type = 'device_created' and e.body->>'device' = m.provider_id)
+         from shepherd.managed_machines m where m.ready_at is null",
     )
     .fetch_all(&mut *tx)
     .await?;
@@ -80,7 +98,16 @@ pub async fn read_fleet(pool: &PgPool) -> Result<Fleet, sqlx::Error> {
             .collect(),
         machines: managed_rows
             .iter()
-            .map(|(device, id, protected, _)| (device.clone(), (*id, *protected)))
+            .map(|(device, id, protected, _, _)| (device.clone(), (*id, *protected)))
+            .collect(),
+        ready_once: managed_rows
+            .iter()
+            .filter(|r| r.4)
+            .map(|r| r.0.clone())
+            .collect(),
+        made_at: made_at
+            .into_iter()
+            .filter_map(|(device, at)| Some((device, at?)))
             .collect(),
         leaving: ids("select machine_id from shepherd.pending_deletions")
             .fetch_all(&mut *tx)
@@ -368,7 +395,7 @@ pub fn targets(
     place: PlaceOf<'_>,
     scope: &dyn Fn(Uuid) -> Option<String>,
 ) -> Vec<super::converge::Target> {
-    use super::converge::{Health, Member, Target};
+    use super::converge::{Member, Target};
     let mut out: Vec<Target> = pools
         .iter()
         .map(|p| Target {
@@ -401,13 +428,9 @@ pub fn targets(
             machine_id,
             unit,
             index,
-            health: if d.failed {
-                Health::Failed
-            } else if d.ready {
-                Health::Ready
-            } else {
-                Health::Underway
-            },
+            health: d.condition,
+            ready_once: fleet.ready_once.contains(&d.id) || d.ready(),
+            made_at: fleet.made_at.get(&d.id).copied(),
             created_at: d.created_at,
             protected,
             leaving: fleet.leaving.contains(&machine_id),
@@ -486,8 +509,7 @@ mod tests {
             hostname: Some("shepherd-0123".into()),
             unit: None,
             witness: witness.map(str::to_string),
-            failed: false,
-            ready: true,
+            condition: crate::provider::Condition::Ready,
             created_at: None,
             status: None,
         }

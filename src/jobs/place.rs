@@ -73,10 +73,26 @@ impl PlaceLock {
     /// error means the lock may be lost.
     pub async fn standing(&self) -> Result<Standing, String> {
         let mut conn = self.conn.lock().await;
-        let (owner, machines, unassimilated): (Option<String>, i64, i64) = sqlx::query_as(
-            "select (select request from shepherd.pending_creations where reservation_id = $1),
+        type Row = (
+            Option<String>,
+            i64,
+            i64,
+            Option<String>,
+            Option<i32>,
+            Option<bool>,
+        );
+        // The place a pending creation names (`web/3`) and its pool as
+        // declared now: a creation admitted before the pool was lowered or
+        // removed is not sent.
+        let (owner, machines, unassimilated, place, count, removed): Row = sqlx::query_as(
+            "select pc.request,
                     (select count(*) from shepherd.managed_machines where reservation_id = $1),
-                    (select count(*) from shepherd.unassimilated_devices where reservation_id = $1)",
+                    (select count(*) from shepherd.unassimilated_devices where reservation_id = $1),
+                    pc.place, po.count, po.removed
+             from (select 1) one
+             left join shepherd.pending_creations pc on pc.reservation_id = $1
+             left join shepherd.pools po
+                    on pc.place is not null and po.name = regexp_replace(pc.place, '/[0-9]+$', '')",
         )
         .bind(self.unit)
         .fetch_one(&mut **conn)
@@ -85,6 +101,7 @@ impl PlaceLock {
         Ok(Standing {
             owner,
             machines: (machines + unassimilated) as u64,
+            unwanted: place.and_then(|p| unwanted(&p, count, removed)),
         })
     }
 
@@ -105,6 +122,24 @@ pub struct Standing {
     /// Machines of ours on the unit: managed, or made and not yet
     /// assimilated.
     pub machines: u64,
+    /// Why the pools no longer want a machine on the unit's place, if they
+    /// do not (the pool was lowered below it, or removed).
+    pub unwanted: Option<String>,
+}
+
+/// Why `place` (`web/3`) is no longer wanted, given its pool's count and
+/// whether it is removed (both `None`: no such pool).
+fn unwanted(place: &str, count: Option<i32>, removed: Option<bool>) -> Option<String> {
+    let (pool, index) = place.rsplit_once('/')?;
+    let index: i64 = index.parse().ok()?;
+    match (count, removed) {
+        (None, _) | (_, None) => Some(format!("pool {pool} is not declared any more")),
+        (_, Some(true)) => Some(format!("pool {pool} was removed")),
+        (Some(count), Some(false)) if index >= i64::from(count) => Some(format!(
+            "pool {pool} was lowered to {count}: place {place} is not wanted"
+        )),
+        _ => None,
+    }
 }
 
 impl Standing {
@@ -116,7 +151,10 @@ impl Standing {
                 None => "the creation has ended; nothing is pending on the unit".into(),
             });
         }
-        (self.machines > 0).then(|| "a machine of ours stands on the unit".into())
+        if self.machines > 0 {
+            return Some("a machine of ours stands on the unit".into());
+        }
+        self.unwanted.clone()
     }
 }
 
@@ -136,5 +174,19 @@ impl Fence for CreationFence<'_> {
                 Some(why) => Err(why),
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unwanted;
+
+    #[test]
+    fn a_place_beyond_its_pools_count_or_of_a_removed_pool_is_unwanted() {
+        assert_eq!(unwanted("web/2", Some(3), Some(false)), None);
+        assert!(unwanted("web/3", Some(3), Some(false)).is_some());
+        assert!(unwanted("web/0", Some(3), Some(true)).is_some());
+        assert!(unwanted("web/0", None, None).is_some());
+        assert_eq!(unwanted("no place", Some(3), Some(false)), None);
     }
 }

@@ -24,5 +24,5 @@ pub use client::{
     Budgets, CreateServer, Created, LatitudeClient, LatitudeConfig, LatitudeError, ListingReport,
     Servers,
 };
-pub use model::{Phase, Server, Stock};
+pub use model::{Server, Stock};
 pub use pools::Pool;

@@ -104,16 +104,25 @@ pub struct ServerAttributes {
 
 pub type Server = Resource<ServerAttributes>;
 
-/// Where a server is on its way, read from the open status string.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Phase {
-    /// `on`: deployed and running.
-    Ready,
-    /// `failed_deployment`, `failed_disk_erasing`, or another `failed_*`.
-    Failed,
-    /// Anything else (`deploying`, `queued`, `starting_deploy`, ...): wait.
-    Underway,
+/// What a server's open status string means for its lifecycle
+/// (`provider::Condition`). The document lists `on`, `off`, `unknown`,
+/// `disk_erasing`, `deploying`, `failed_deployment` and `rescue_mode`; the
+/// Python SDK adds `configuring_bios`, `entering_rescue_mode` and
+/// `exiting_rescue_mode`, and says provisioning slugs (`queued`,
+/// `starting_deploy`, `commissioning`) come through as they are.
+pub fn condition(status: Option<&str>) -> crate::provider::Condition {
+    use crate::provider::Condition;
+    match status {
+        Some("on") => Condition::Ready,
+        Some(s) if s.starts_with("failed") => Condition::Failed,
+        Some(
+            "deploying" | "queued" | "starting_deploy" | "commissioning" | "configuring_bios"
+            | "provisioning",
+        ) => Condition::Deploying,
+        // off, unknown, rescue_mode and its ways in and out, disk_erasing,
+        // and any word not known here: no evidence of a failure.
+        _ => Condition::Dormant,
+    }
 }
 
 impl Server {
@@ -121,12 +130,8 @@ impl Server {
         self.attributes.hostname.as_deref()
     }
 
-    pub fn phase(&self) -> Phase {
-        match self.attributes.status.as_deref() {
-            Some("on") => Phase::Ready,
-            Some(s) if s.starts_with("failed") => Phase::Failed,
-            _ => Phase::Underway,
-        }
+    pub fn condition(&self) -> crate::provider::Condition {
+        condition(self.attributes.status.as_deref())
     }
 
     /// When the API says it was made.
@@ -290,6 +295,7 @@ impl ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::provider::Condition;
 
     #[test]
     fn both_error_shapes_read() {
@@ -330,21 +336,40 @@ mod tests {
         )
         .unwrap();
         assert_eq!(s.site(), Some("SAO"));
-        assert_eq!(s.phase(), Phase::Underway);
+        assert_eq!(s.condition(), Condition::Deploying);
         let bare: Server = serde_json::from_str(r#"{"id":"sv_2","attributes":null}"#).unwrap();
         assert_eq!(bare.hostname(), None);
-        for (status, phase) in [
-            ("on", Phase::Ready),
-            ("failed_deployment", Phase::Failed),
-            ("failed_disk_erasing", Phase::Failed),
-            ("deploying", Phase::Underway),
-            ("commissioning", Phase::Underway),
+        assert_eq!(bare.condition(), Condition::Dormant);
+    }
+
+    #[test]
+    fn every_documented_status_has_a_meaning_and_only_failures_are_failures() {
+        use Condition::*;
+        for (status, condition) in [
+            ("on", Ready),
+            ("failed_deployment", Failed),
+            ("failed_disk_erasing", Failed),
+            ("deploying", Deploying),
+            ("queued", Deploying),
+            ("starting_deploy", Deploying),
+            ("commissioning", Deploying),
+            ("configuring_bios", Deploying),
+            // Healthy machines, or no evidence either way: never a reason
+            // to delete.
+            ("off", Dormant),
+            ("unknown", Dormant),
+            ("rescue_mode", Dormant),
+            ("entering_rescue_mode", Dormant),
+            ("exiting_rescue_mode", Dormant),
+            ("disk_erasing", Dormant),
+            ("a_word_never_documented", Dormant),
+            ("", Dormant),
         ] {
             let s: Server = serde_json::from_value(
                 serde_json::json!({"id": "sv", "attributes": {"status": status}}),
             )
             .unwrap();
-            assert_eq!(s.phase(), phase, "{status}");
+            assert_eq!(s.condition(), condition, "{status}");
         }
     }
 

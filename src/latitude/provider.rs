@@ -23,7 +23,7 @@ use futures::future::BoxFuture;
 use uuid::Uuid;
 
 use super::client::{CreateServer, LatitudeClient, LatitudeError, Servers};
-use super::model::{Phase, Server, Stock};
+use super::model::{Server, Stock};
 use super::pools::{self, Pool};
 use crate::config::Rate;
 use crate::limiter::Limiter;
@@ -171,8 +171,7 @@ impl LatitudeProvider {
                 .as_ref()
                 .map(|n| self.place_unit(&n.pool.name, n.index)),
             witness: named.map(|n| n.witness),
-            failed: s.phase() == Phase::Failed,
-            ready: s.phase() == Phase::Ready,
+            condition: s.condition(),
             created_at: s.created_at(),
             status: s.attributes.status.clone(),
         }
@@ -493,7 +492,7 @@ impl LatitudeProvider {
                 report.machines += 1;
                 if *index < report.count && seen.insert(unit) {
                     report.taken += 1;
-                    report.failed += u32::from(m.failed);
+                    report.failed += u32::from(m.failed());
                 }
             }
         }
@@ -513,7 +512,8 @@ impl LatitudeProvider {
             });
             let machine = self.as_machine(&server);
             Ok(MachineFacts {
-                failed: machine.failed,
+                condition: machine.condition,
+                status: machine.status,
                 unit: machine.unit,
                 hostname: machine.hostname,
                 witness: machine.witness,

@@ -47,13 +47,26 @@ pub fn machine(d: &Device) -> Machine {
             .iter()
             .find_map(|t| t.strip_prefix(WITNESS_TAG_PREFIX))
             .map(str::to_string),
-        failed: d.state == Some(crate::metal::model::DeviceState::Failed),
-        ready: d.state == Some(crate::metal::model::DeviceState::Active),
+        condition: condition(d.state),
         created_at: d.created_at,
         status: d
             .state
             .and_then(|s| serde_json::to_value(s).ok())
             .and_then(|v| v.as_str().map(str::to_string)),
+    }
+}
+
+/// What a device's state means for its lifecycle (`provider::Condition`):
+/// `inactive`, powering on or off, `deprovisioning` and a state this
+/// client does not know are no failure.
+pub fn condition(state: Option<crate::metal::model::DeviceState>) -> crate::provider::Condition {
+    use crate::metal::model::DeviceState as S;
+    use crate::provider::Condition;
+    match state {
+        Some(S::Active) => Condition::Ready,
+        Some(S::Failed) => Condition::Failed,
+        Some(S::Queued | S::Provisioning | S::Reinstalling) => Condition::Deploying,
+        _ => Condition::Dormant,
     }
 }
 
@@ -230,7 +243,8 @@ impl Provider for MetalProvider {
                 hostname: device.hostname.clone(),
                 witness: seen.witness,
                 foreign,
-                failed: seen.failed,
+                condition: seen.condition,
+                status: seen.status,
             })
         })
     }

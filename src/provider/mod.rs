@@ -35,16 +35,61 @@ pub struct Machine {
     pub unit: Option<Uuid>,
     /// The request its witness names, if it carries one of shepherd's.
     pub witness: Option<String>,
-    /// The provider says its deployment failed: a machine to replace.
-    pub failed: bool,
-    /// Deployed and running (Metal `active`, Latitude `on`); neither this
-    /// nor `failed`: on its way.
-    pub ready: bool,
+    /// What the provider's word for its state means for its lifecycle.
+    pub condition: Condition,
     /// When the provider made it, where it says.
     pub created_at: Option<chrono::DateTime<chrono::Utc>>,
     /// The provider's own word for its state (Metal `active`, Latitude
     /// `on`, `deploying`, `failed_deployment`, ...), shown beside it.
     pub status: Option<String>,
+}
+
+/// What a provider's word for a machine's state means for shepherd, over
+/// the provider's whole vocabulary (docs/pools.md has the table). Only
+/// positive evidence moves a machine towards deletion: `Failed` is a
+/// failure the provider names; `Deploying` may become "never ready" past
+/// the deadline, and only for a machine that was never ready since our own
+/// creation; `Dormant` is a machine that may be perfectly healthy (powered
+/// off, in rescue, erasing for a reinstall, a status the provider cannot
+/// tell, a word never seen before): reported, never deleted for it.
+///
+/// Ordered as surplus gives machines up: a failed one first, a dormant one
+/// (someone may be at work on it) last.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Condition {
+    /// The provider says its deployment failed (Latitude `failed_*`,
+    /// Metal `failed`).
+    Failed,
+    /// A deployment or reinstall under way (Latitude `deploying`,
+    /// `queued`, `starting_deploy`, ...; Metal `queued`, `provisioning`,
+    /// `reinstalling`).
+    Deploying,
+    /// Deployed and running (Latitude `on`, Metal `active`).
+    Ready,
+    /// Anything else, or no word at all.
+    Dormant,
+}
+
+impl Condition {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Condition::Failed => "failed",
+            Condition::Deploying => "deploying",
+            Condition::Ready => "ready",
+            Condition::Dormant => "dormant",
+        }
+    }
+}
+
+impl Machine {
+    pub fn failed(&self) -> bool {
+        self.condition == Condition::Failed
+    }
+
+    pub fn ready(&self) -> bool {
+        self.condition == Condition::Ready
+    }
 }
 
 /// A unit of capacity as a listing shows it.
@@ -133,8 +178,17 @@ pub struct MachineFacts {
     pub witness: Option<String>,
     /// Why the machine is not shepherd's to manage (another project), if so.
     pub foreign: Option<String>,
+    /// What its state means (`Condition`), read now.
+    pub condition: Condition,
+    /// The provider's own word for its state.
+    pub status: Option<String>,
+}
+
+impl MachineFacts {
     /// Its deployment failed.
-    pub failed: bool,
+    pub fn failed(&self) -> bool {
+        self.condition == Condition::Failed
+    }
 }
 
 /// What a delete found.

@@ -521,6 +521,36 @@ impl FakeLatitude {
         }
     }
 
+    /// Sets a server's status to any word (`off`, `rescue_mode`,
+    /// `unknown`, `disk_erasing`, a word the document never listed), as
+    /// its owner or the provider can; `None` hands it back to its
+    /// deployment's course. False if there is no such server.
+    pub fn set_status(&self, id: &str, status: Option<&str>) -> bool {
+        let mut world = self.shared.world();
+        match world.find(id) {
+            Some(i) => {
+                world.servers[i].status = status.map(str::to_string);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Moves a server's `created_at` back by `age`, as a server made long
+    /// ago shows it. False if there is no such server.
+    pub fn age_server(&self, id: &str, age: Duration) -> bool {
+        let mut world = self.shared.world();
+        match world.find(id) {
+            Some(i) => {
+                let age = chrono::TimeDelta::from_std(age).unwrap_or(chrono::TimeDelta::MAX);
+                let s = &mut world.servers[i];
+                s.created_at = s.created_at.checked_sub_signed(age).unwrap_or(s.created_at);
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Keeps a server out of listings (not out of its own GET) for `for_`,
     /// as a stale cached page would. False if there is no such server.
     pub fn omit_from_listings(&self, id: &str, for_: Duration) -> bool {

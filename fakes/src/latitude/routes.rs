@@ -73,6 +73,10 @@ pub(super) fn router(shared: Arc<Shared>) -> Router {
             "/_fake/servers/{id}",
             axum::routing::delete(admin_reclaim_server),
         )
+        .route(
+            "/_fake/servers/{id}/status",
+            axum::routing::put(admin_set_server_status),
+        )
         .fallback(|| async { error(404, "not_found", "Error", "Specified Record Not Found") })
         .with_state(shared)
 }
@@ -797,6 +801,43 @@ async fn admin_reclaim_server(
         }
         None => (StatusCode::NOT_FOUND, format!("no server {id}")).into_response(),
     }
+}
+
+/// `PUT /_fake/servers/{id}/status`: `{"status": "off"}` sets any word
+/// (null hands the server back to its deployment's course);
+/// `"age_s": N` moves its `created_at` N seconds back.
+#[derive(Deserialize)]
+struct SetServerStatus {
+    #[serde(default)]
+    status: Option<String>,
+    #[serde(default)]
+    age_s: Option<u64>,
+}
+
+async fn admin_set_server_status(
+    State(shared): State<Arc<Shared>>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Response {
+    let set: SetServerStatus = match serde_json::from_slice(&body) {
+        Ok(s) => s,
+        Err(e) => return (StatusCode::UNPROCESSABLE_ENTITY, e.to_string()).into_response(),
+    };
+    let mut world = shared.world();
+    let Some(i) = world.find(&id) else {
+        return (StatusCode::NOT_FOUND, format!("no server {id}")).into_response();
+    };
+    let server = &mut world.servers[i];
+    server.status = set.status;
+    if let Some(age) = set.age_s {
+        let age = chrono::TimeDelta::try_seconds(age.min(i64::MAX as u64 / 1000) as i64)
+            .unwrap_or(chrono::TimeDelta::zero());
+        server.created_at = server
+            .created_at
+            .checked_sub_signed(age)
+            .unwrap_or(server.created_at);
+    }
+    StatusCode::NO_CONTENT.into_response()
 }
 
 #[derive(Deserialize)]

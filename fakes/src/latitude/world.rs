@@ -26,6 +26,10 @@ pub(super) struct Server {
     pub created: Instant,
     pub created_at: DateTime<Utc>,
     pub failed: bool,
+    /// A status set from outside (`set_status`): the owner powered it
+    /// off, put it in rescue, the provider cannot tell; it wins over the
+    /// deployment's course.
+    pub status: Option<String>,
     pub by_other: bool,
     /// Out of every read until then (a create answered by a gateway's
     /// timeout whose server the origin made).
@@ -207,8 +211,10 @@ impl World {
             .get_mut(site)
     }
 
-    pub fn status(&self, s: &Server, now: Instant) -> &'static str {
-        if s.failed {
+    pub fn status<'s>(&self, s: &'s Server, now: Instant) -> &'s str {
+        if let Some(set) = &s.status {
+            set
+        } else if s.failed {
             "failed_deployment"
         } else if now.duration_since(s.created) < self.deploy_delay {
             "deploying"
@@ -293,6 +299,7 @@ impl World {
             created: now,
             created_at: Utc::now(),
             failed: false,
+            status: None,
             by_other,
             hidden_until: None,
             listed_from: now + lag,

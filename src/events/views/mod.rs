@@ -30,6 +30,10 @@ pub struct ManagedMachine {
     /// Scale-in protection: never deleted by shepherd while set.
     #[serde(default)]
     pub protected: bool,
+    /// When a pass first saw it ready (`machine_ready`): a machine ready
+    /// once is never replaced as "not ready".
+    #[serde(default)]
+    pub ready_at: Option<DateTime<Utc>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -279,6 +283,13 @@ pub fn apply(state: &mut ViewState, event: &Event, at: DateTime<Utc>) {
                 m.protected = false;
             }
         }
+        Event::MachineReady(e) => {
+            if let Some(m) = state.machines.get_mut(&e.provider_id)
+                && m.machine_id == e.machine_id
+            {
+                m.ready_at = m.ready_at.or(Some(at));
+            }
+        }
         Event::DeletionsPaused(e) => {
             state.deletions_paused = Some(Pause {
                 by: e.by.clone(),
@@ -381,6 +392,7 @@ pub fn apply(state: &mut ViewState, event: &Event, at: DateTime<Utc>) {
                     hostname: e.hostname.clone(),
                     assimilated_at: at,
                     protected: false,
+                    ready_at: None,
                 });
         }
         Event::AdoptionRequested(e) => {
@@ -526,6 +538,7 @@ impl Keys {
                 Event::DeletionCancelled(e) => k.devices.push(e.provider_id.clone()),
                 Event::MachineProtected(e) => k.devices.push(e.provider_id.clone()),
                 Event::MachineUnprotected(e) => k.devices.push(e.provider_id.clone()),
+                Event::MachineReady(e) => k.devices.push(e.provider_id.clone()),
                 Event::SettingsChanged(_) => k.settings = true,
                 Event::PoolDeclared(e) => k.pools.push(e.name.clone()),
                 Event::PoolChanged(e) => k.pools.push(e.name.clone()),

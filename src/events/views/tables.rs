@@ -180,12 +180,12 @@ pub(super) async fn insert_machines<'a>(
         return Ok(());
     }
     sqlx::query(
-        "insert into shepherd.managed_machines (machine_id, provider, provider_id, reservation_id, hostname, assimilated_at, protected)
-         select * from unnest($1::uuid[], $2::text[], $3::text[], $4::uuid[], $5::text[], $6::timestamptz[], $7::bool[])
+        "insert into shepherd.managed_machines (machine_id, provider, provider_id, reservation_id, hostname, assimilated_at, protected, ready_at)
+         select * from unnest($1::uuid[], $2::text[], $3::text[], $4::uuid[], $5::text[], $6::timestamptz[], $7::bool[], $8::timestamptz[])
          on conflict (machine_id) do update set provider = excluded.provider,
            provider_id = excluded.provider_id, reservation_id = excluded.reservation_id,
            hostname = excluded.hostname, assimilated_at = excluded.assimilated_at,
-           protected = excluded.protected",
+           protected = excluded.protected, ready_at = excluded.ready_at",
     )
     .bind(rows.iter().map(|m| m.machine_id).collect::<Vec<_>>())
     .bind(rows.iter().map(|m| m.provider.clone()).collect::<Vec<_>>())
@@ -194,6 +194,7 @@ pub(super) async fn insert_machines<'a>(
     .bind(rows.iter().map(|m| m.hostname.clone()).collect::<Vec<_>>())
     .bind(rows.iter().map(|m| m.assimilated_at).collect::<Vec<_>>())
     .bind(rows.iter().map(|m| m.protected).collect::<Vec<_>>())
+    .bind(rows.iter().map(|m| m.ready_at).collect::<Vec<_>>())
     .execute(&mut *conn)
     .await?;
     Ok(())
@@ -282,6 +283,7 @@ pub(super) fn machine_from_row(row: &sqlx::postgres::PgRow) -> ManagedMachine {
         hostname: row.get("hostname"),
         assimilated_at: row.get("assimilated_at"),
         protected: row.get("protected"),
+        ready_at: row.get("ready_at"),
     }
 }
 

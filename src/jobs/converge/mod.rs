@@ -27,16 +27,10 @@ use uuid::Uuid;
 
 pub use guards::budget;
 
-/// Where a machine is on its way.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Health {
-    /// Its deployment failed.
-    Failed,
-    /// Not ready yet.
-    Underway,
-    /// Deployed and running.
-    Ready,
-}
+/// What a machine's status means for its lifecycle (the provider's
+/// `Condition`): only `Failed`, and `Deploying` for a machine never ready
+/// since our own creation, are reasons to replace it.
+pub use crate::provider::Condition as Health;
 
 /// A managed machine of a pool, proven ours by its witness.
 #[derive(Debug, Clone, PartialEq)]
@@ -48,6 +42,13 @@ pub struct Member {
     /// Its place in the pool.
     pub index: u32,
     pub health: Health,
+    /// A pass has seen it ready (`machine_ready`), or sees it so now.
+    pub ready_once: bool,
+    /// When our own creation of it was recorded; none for a machine we did
+    /// not create. The ready deadline counts from here.
+    pub made_at: Option<DateTime<Utc>>,
+    /// When the provider says it was made (the newest goes first as
+    /// surplus).
     pub created_at: Option<DateTime<Utc>>,
     pub protected: bool,
     /// Its deletion is under way already.
@@ -77,7 +78,8 @@ pub struct Policy {
     /// No machine of a pool is replaced while more than this share of it
     /// looks unhealthy.
     pub max_unhealthy_percent: u32,
-    /// A machine not ready this long after it was made is replaced.
+    /// A machine we created that is still deploying this long after its
+    /// creation was recorded, and was never ready, is replaced.
     pub ready_deadline: Duration,
     pub now: DateTime<Utc>,
 }
@@ -91,7 +93,7 @@ pub enum Cause {
     PoolRemoved,
     /// Its deployment failed: replaced.
     Failed,
-    /// Not ready past the deadline: replaced.
+    /// Never ready, still deploying past the deadline: replaced.
     NotReady,
 }
 

@@ -14,16 +14,21 @@ pub struct Repair {
     pub protected: u32,
 }
 
+/// Why a member is to be replaced, on positive evidence only: the
+/// provider names a failure, or a machine we created has been deploying
+/// past the deadline since our creation was recorded and was never ready.
+/// A machine ready once, one we did not create, or one in any other state
+/// (off, rescue, unknown, a word never seen) is not replaced for it.
 fn unhealthy(m: &Member, policy: &Policy) -> Option<Cause> {
     match m.health {
         Health::Failed => Some(Cause::Failed),
-        Health::Underway => {
+        Health::Deploying if !m.ready_once => {
             let deadline = TimeDelta::from_std(policy.ready_deadline).unwrap_or(TimeDelta::MAX);
-            m.created_at
+            m.made_at
                 .filter(|at| policy.now - *at > deadline)
                 .map(|_| Cause::NotReady)
         }
-        Health::Ready => None,
+        Health::Deploying | Health::Ready | Health::Dormant => None,
     }
 }
 
@@ -76,7 +81,7 @@ pub fn candidates(t: &Target, surplus: &[Decision], policy: &Policy) -> Result<R
                     format!("its deployment failed; place {} is filled again", m.index)
                 }
                 _ => format!(
-                    "not ready {} after it was made; place {} is filled again",
+                    "never ready, still deploying {} after shepherd created it; place {} is filled again",
                     crate::config::format_duration(policy.ready_deadline),
                     m.index
                 ),

@@ -13,6 +13,8 @@ fn member(index: u32, health: Health, age_minutes: i64) -> Member {
         unit: Uuid::new_v4(),
         index,
         health,
+        ready_once: health == Health::Ready,
+        made_at: Some(Utc::now() - TimeDelta::minutes(age_minutes)),
         created_at: Some(Utc::now() - TimeDelta::minutes(age_minutes)),
         protected: false,
         leaving: false,
@@ -52,7 +54,7 @@ fn a_pool_lowered_sheds_the_failed_then_the_unready_then_the_newest() {
     let members = vec![
         member(0, Health::Ready, 100),
         member(1, Health::Ready, 10),
-        member(2, Health::Underway, 5),
+        member(2, Health::Deploying, 5),
         member(3, Health::Failed, 20),
         member(4, Health::Ready, 1),
         member(5, Health::Ready, 50),
@@ -96,8 +98,8 @@ fn a_failed_machine_and_one_not_ready_past_the_deadline_are_replaced() {
     let members = vec![
         member(0, Health::Ready, 100),
         member(1, Health::Failed, 3),
-        member(2, Health::Underway, 45),
-        member(3, Health::Underway, 5),
+        member(2, Health::Deploying, 45),
+        member(3, Health::Deploying, 5),
         member(4, Health::Ready, 100),
     ];
     let p = plan(&[target(5, members)], &HashMap::new(), &policy());
@@ -193,4 +195,55 @@ fn two_machines_on_one_place_are_surplus_only_beyond_the_count() {
     );
     assert_eq!(p.delete.len(), 1);
     assert_eq!(p.delete[0].member.machine_id, b.machine_id);
+}
+
+#[test]
+fn only_positive_evidence_replaces_a_machine() {
+    // Every one of these is long past the deadline by the provider's
+    // clock, and none is a reason to delete: powered off, in rescue or
+    // unknown after months of work; a reinstall of a machine ready once;
+    // a deploying machine we did not create (adopted: no creation of ours
+    // to count from); one the provider made long ago whose creation we
+    // recorded a minute ago.
+    let mut members = vec![
+        member(0, Health::Dormant, 60 * 24 * 90),
+        member(1, Health::Deploying, 60 * 24 * 90),
+        member(2, Health::Deploying, 600),
+        member(3, Health::Deploying, 600),
+        member(4, Health::Ready, 600),
+    ];
+    members[1].ready_once = true;
+    members[2].made_at = None;
+    members[3].made_at = Some(Utc::now() - TimeDelta::minutes(1));
+    let p = plan(&[target(5, members)], &HashMap::new(), &policy());
+    assert_eq!(chosen(&p), vec![], "{p:?}");
+    assert!(p.held.is_empty(), "{p:?}");
+}
+
+#[test]
+fn never_ready_counts_from_our_creation_and_a_failure_is_replaced_whenever() {
+    let mut members = vec![
+        member(0, Health::Deploying, 45),
+        member(1, Health::Failed, 1),
+        member(2, Health::Ready, 600),
+        member(3, Health::Ready, 600),
+        member(4, Health::Ready, 600),
+    ];
+    // The provider says it was made a minute ago; our creation was
+    // recorded 45 minutes ago: the deadline of 30 minutes has passed.
+    members[0].created_at = Some(Utc::now() - TimeDelta::minutes(1));
+    members[1].ready_once = true;
+    let p = plan(&[target(5, members)], &HashMap::new(), &policy());
+    assert_eq!(chosen(&p), vec![(0, Cause::NotReady), (1, Cause::Failed)]);
+}
+
+#[test]
+fn a_dormant_machine_is_the_last_a_lowered_pool_gives_up() {
+    let members = vec![
+        member(0, Health::Dormant, 600),
+        member(1, Health::Ready, 600),
+        member(2, Health::Ready, 1),
+    ];
+    let p = plan(&[target(1, members)], &HashMap::new(), &policy());
+    assert_eq!(chosen(&p), vec![(2, Cause::Surplus), (1, Cause::Surplus)]);
 }

@@ -265,6 +265,12 @@ async fn holding(
         }
     }
 
+    // Looked, and nothing of ours stands there: a place the pools no
+    // longer want (lowered or removed since this creation was admitted)
+    // gets no create.
+    if let Some(why) = &standing.unwanted {
+        return place_unwanted(ctx, args, job_id, why).await;
+    }
     // The attempt's budget covers the wait for the limiter and the API's own
     // retries; when it runs out the attempt's outcome is unknown, and the
     // next one starts by looking for what this one may have made.
@@ -481,6 +487,40 @@ async fn still_unknown(
 
 /// A machine of ours stands on the unit (an operator assimilated one while
 /// this creation waited): the creation ends, without a penalty.
+/// The creation ends unsent: the pools no longer want its place. No
+/// penalty: nothing failed.
+async fn place_unwanted(
+    ctx: &JobContext,
+    args: &CreateDeviceArgs,
+    job_id: &str,
+    why: &str,
+) -> Result<CreateOutcome, JobError> {
+    let cause = format!("{why}; this creation ends unsent");
+    tracing::info!(reservation = %args.reservation, %cause, "a creation the pools no longer want");
+    let mut tx = ctx.pool.begin().await?;
+    if !still_owns(&mut tx, args).await? {
+        return Ok(not_owner());
+    }
+    record(
+        &mut tx,
+        vec![
+            NewEvent::new(CreationGivenUp {
+                reservation: args.reservation,
+                class: ErrorClass::Permanent,
+                message: cause.clone(),
+                request: Some(args.request),
+            })
+            .caused_by(job_id),
+        ],
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(CreateOutcome::GivenUp {
+        class: ErrorClass::Permanent,
+        cause,
+    })
+}
+
 async fn place_taken(
     ctx: &JobContext,
     args: &CreateDeviceArgs,

@@ -130,6 +130,41 @@ async fn note_statuses(
     Ok(())
 }
 
+/// Records `machine_ready` for each managed machine the listing shows
+/// ready for the first time: the durable evidence that it was ready once,
+/// so that no later status (off, rescue, a reinstall) is taken for a
+/// deployment that never finished.
+async fn note_ready(
+    ctx: &JobContext,
+    job_id: &str,
+    devices: &[crate::provider::Machine],
+    fleet: &mut pass::Fleet,
+) -> Result<(), JobError> {
+    let seen: Vec<(String, NewEvent)> = devices
+        .iter()
+        .filter(|d| d.ready() && !fleet.ready_once.contains(&d.id))
+        .filter_map(|d| {
+            let (machine_id, _) = fleet.machines.get(&d.id)?;
+            let event = NewEvent::new(MachineReady {
+                machine_id: *machine_id,
+                provider_id: d.id.clone(),
+                status: d.status.as_deref().map(crate::text::bounded_word),
+            })
+            .caused_by(job_id);
+            Some((d.id.clone(), event))
+        })
+        .collect();
+    if seen.is_empty() {
+        return Ok(());
+    }
+    let (ids, events): (Vec<String>, Vec<NewEvent>) = seen.into_iter().unzip();
+    let mut tx = ctx.pool.begin().await?;
+    record(&mut tx, events).await?;
+    tx.commit().await?;
+    fleet.ready_once.extend(ids);
+    Ok(())
+}
+
 /// The pass proper, run while the caller holds the reconcile lock.
 async fn run_pass(
     ctx: &JobContext,
@@ -241,6 +276,7 @@ async fn run_pass(
     // admission counts come from the same moment or later.
     let mut fleet = read_fleet(&ctx.pool).await?;
     let ours = our_requests(&ctx.pool, &devices).await?;
+    note_ready(ctx, job_id, &devices, &mut fleet).await?;
     let mut comparison = compare(
         &devices,
         &before,

@@ -25,10 +25,11 @@ pub(super) async fn front_page(
             Option<String>,
             DateTime<Utc>,
             bool,
+            Option<DateTime<Utc>>,
         ),
     >(
         "select machine_id, provider, provider_id, reservation_id, hostname, assimilated_at,
-                protected
+                protected, ready_at
          from shepherd.managed_machines order by assimilated_at desc, machine_id limit $1",
     )
     .bind(STATUS_MACHINES as i64)
@@ -45,6 +46,7 @@ pub(super) async fn front_page(
             hostname,
             assimilated_at,
             protected,
+            ready_at,
         )| {
             ManagedMachine {
                 machine_id,
@@ -54,6 +56,7 @@ pub(super) async fn front_page(
                 hostname,
                 assimilated_at,
                 protected,
+                ready_at,
             }
         },
     )

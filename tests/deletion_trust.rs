@@ -1,0 +1,455 @@
+//! Deletion judged by what a living provider really reports, one test per
+//! way shepherd once deleted what it must not: a machine that ran and is
+//! now off, in rescue, erasing, unknown or named by a word never seen is
+//! kept; "never ready" counts from our own creation; every deletion is
+//! checked again right before its DELETE (a machine ready now, a surplus
+//! the provider no longer lists); the leave hook is asked on every path,
+//! only an explicit answer counts, and a cancelled deletion tells it; a
+//! creation the pools no longer want is not sent. Against the fake
+//! Latitude over HTTP and a real Postgres; jobs claimed from the real
+//! queue.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::http::StatusCode;
+use common::latitude::{World, pool};
+use common::world::{Ran, drain_with};
+use shepherd::jobs::DeleteMachineArgs;
+use shepherd::jobs::create_device::CreateOutcome;
+use shepherd::jobs::delete_machine::{DeleteOutcome, delete_machine};
+use shepherd_fakes::latitude::Call;
+use sqlx::PgPool;
+
+async fn setting(w: &World, key: &str, value: &str) {
+    sqlx::query("select shepherd.change_setting($1, $2, 'the test', 'test')")
+        .bind(key)
+        .bind(value)
+        .execute(&w.pool)
+        .await
+        .unwrap_or_else(|e| panic!("{key} = {value}: {e}"));
+}
+
+async fn set_count(w: &World, pool: &str, count: u32) {
+    sqlx::query(
+        "select shepherd.set_pool($1, 'c2-small-x86', 'DAL', $2, 'ubuntu_24_04_x64_lts',
+                                  '{}', 'the test resizes it', 'test', false)",
+    )
+    .bind(pool)
+    .bind(count as i32)
+    .execute(&w.pool)
+    .await
+    .unwrap_or_else(|e| panic!("set_pool {pool} {count}: {e}"));
+}
+
+async fn events(w: &World, kind: &str) -> Vec<serde_json::Value> {
+    sqlx::query_scalar("select body from shepherd.events where event_type = $1 order by position")
+        .bind(kind)
+        .fetch_all(&w.pool)
+        .await
+        .unwrap()
+}
+
+/// Our servers' ids at the fake, oldest first.
+fn server_ids(w: &World) -> Vec<String> {
+    w.fake.servers().into_iter().map(|s| s.id).collect()
+}
+
+/// A leave hook on loopback that answers every POST with `answer(n)`
+/// (n counts from 0) and keeps the bodies; `/login` answers 200, as the
+/// page a log-in proxy redirects to would.
+async fn hook(
+    answer: impl Fn(u32) -> (StatusCode, Option<&'static str>) + Send + Sync + 'static,
+) -> (String, Arc<Mutex<Vec<serde_json::Value>>>) {
+    use axum::Json;
+    use axum::response::IntoResponse;
+    use axum::routing::{get, post};
+    let bodies = Arc::new(Mutex::new(Vec::<serde_json::Value>::new()));
+    let answer = Arc::new(answer);
+    let app = {
+        let bodies = bodies.clone();
+        axum::Router::new()
+            .route(
+                "/leave",
+                post(move |Json(body): Json<serde_json::Value>| {
+                    let (bodies, answer) = (bodies.clone(), answer.clone());
+                    async move {
+                        let n = {
+                            let mut b = bodies.lock().unwrap();
+                            b.push(body);
+                            b.len() as u32 - 1
+                        };
+                        let (status, location) = answer(n);
+                        let mut response = status.into_response();
+                        if let Some(to) = location {
+                            response
+                                .headers_mut()
+                                .insert("location", to.parse().unwrap());
+                        }
+                        response
+                    }
+                }),
+            )
+            .route(
+                "/login",
+                get(|| async { "sign in" }).post(|| async { "sign in" }),
+            )
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!(
+        "http://{}/leave?token=s3cret",
+        listener.local_addr().unwrap()
+    );
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, bodies)
+}
+
+/// Runs the jobs, makes the waiting ones due, `rounds` times.
+async fn drain_rounds(w: &World, rounds: usize) -> Vec<Ran> {
+    let mut ran = vec![];
+    for _ in 0..rounds {
+        ran.extend(drain_with(&w.pool, &w.ctx).await);
+        w.make_due().await;
+    }
+    ran.extend(drain_with(&w.pool, &w.ctx).await);
+    ran
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_machine_that_ran_is_never_deleted_for_its_status(db: PgPool) {
+    let w = World::new(db, 10, vec![pool("web", "DAL", 6)]).await;
+    w.settle(3).await;
+    let ids = server_ids(&w);
+    assert_eq!(ids.len(), 6);
+    // Every one of them was seen running once.
+    assert_eq!(events(&w, "machine_ready").await.len(), 6);
+    setting(&w, "ready_deadline", "1s").await;
+    setting(&w, "max_unhealthy", "100%").await;
+    // Months later: powered off by its owner, in rescue while someone
+    // debugs it, erasing and reinstalling, a status the provider cannot
+    // tell, and a word no document lists.
+    for (id, status) in ids.iter().zip([
+        "off",
+        "rescue_mode",
+        "disk_erasing",
+        "deploying",
+        "unknown",
+        "hibernating_for_the_winter",
+    ]) {
+        assert!(w.fake.set_status(id, Some(status)));
+        assert!(w.fake.age_server(id, Duration::from_secs(90 * 86_400)));
+    }
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    for _ in 0..3 {
+        let pass = w.pass().await;
+        assert!(pass.refused.is_none(), "{pass:?}");
+        assert!(pass.deletions.is_empty(), "{pass:?}");
+        drain_rounds(&w, 1).await;
+    }
+    assert!(events(&w, "deletion_requested").await.is_empty());
+    assert_eq!(w.fake.calls(Call::DestroyServer), 0);
+    assert_eq!(server_ids(&w), ids);
+    assert_eq!(w.count("select count(*) from shepherd.sinbin").await, 0);
+    // The statuses are seen: the pages show them beside each machine.
+    let statuses: Vec<String> =
+        sqlx::query_scalar("select status from shepherd.machine_status order by status")
+            .fetch_all(&w.pool)
+            .await
+            .unwrap();
+    assert!(
+        statuses.contains(&"rescue_mode".to_string()),
+        "{statuses:?}"
+    );
+}
+
+#[sqlx::test(migrations = false)]
+async fn never_ready_counts_from_our_creation_and_is_checked_again_before_the_delete(db: PgPool) {
+    let w = World::new(db, 10, vec![pool("web", "DAL", 1)]).await;
+    // One pass and its jobs: the server is made and assimilated, and no
+    // pass has listed it yet.
+    w.pass().await;
+    drain_rounds(&w, 1).await;
+    let ids = server_ids(&w);
+    assert_eq!(ids.len(), 1);
+    let id = &ids[0];
+    // It never leaves deploying; the provider's clock says it was made
+    // long ago, ours that we made it a moment ago.
+    assert!(w.fake.set_status(id, Some("deploying")));
+    assert!(w.fake.age_server(id, Duration::from_secs(86_400)));
+    setting(&w, "ready_deadline", "3s").await;
+    let pass = w.pass().await;
+    assert!(pass.deletions.is_empty(), "{pass:?}");
+    assert!(events(&w, "machine_ready").await.is_empty());
+    tokio::time::sleep(Duration::from_millis(3_100)).await;
+    // Past the deadline counted from our creation: it is to be replaced.
+    setting(&w, "leave_hook", "ack").await;
+    let pass = w.pass().await;
+    assert_eq!(pass.deletions, vec![id.clone()], "{pass:?}");
+    let requested = events(&w, "deletion_requested").await;
+    assert_eq!(requested[0]["cause"], "not_ready");
+    // While its leave hook waits, the server comes up after all.
+    let ran = drain_rounds(&w, 0).await;
+    assert!(
+        matches!(ran[..], [Ran::Delete(DeleteOutcome::Waiting { .. })]),
+        "{ran:?}"
+    );
+    assert!(w.fake.set_status(id, None));
+    sqlx::query("select shepherd.acknowledge_leave($1, 'test')")
+        .bind(id)
+        .execute(&w.pool)
+        .await
+        .unwrap();
+    w.make_due().await;
+    let ran = drain_rounds(&w, 0).await;
+    let reason = ran
+        .iter()
+        .find_map(|r| match r {
+            Ran::Delete(DeleteOutcome::Cancelled { reason }) => Some(reason.clone()),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("not cancelled: {ran:?}"));
+    assert!(reason.contains("no longer deploying"), "{reason}");
+    assert_eq!(w.fake.calls(Call::DestroyServer), 0);
+    assert_eq!(server_ids(&w), ids);
+    assert_eq!(events(&w, "deletion_cancelled").await.len(), 1);
+    assert_eq!(w.count("select count(*) from shepherd.sinbin").await, 0);
+    // The next pass sees it ready: from then on it was ready once.
+    w.pass().await;
+    assert_eq!(events(&w, "machine_ready").await.len(), 1);
+    common::assert_rebuild_equals_live(&w.pool).await;
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_failed_machine_that_recovered_is_kept(db: PgPool) {
+    let w = World::new(db, 10, vec![pool("web", "DAL", 3)]).await;
+    w.settle(3).await;
+    let ids = server_ids(&w);
+    // Deletions paused: the one the pass requests waits.
+    sqlx::query("select shepherd.pause_deletions('the test', 'test')")
+        .execute(&w.pool)
+        .await
+        .unwrap();
+    assert!(w.fake.fail_server(&ids[0]));
+    setting(&w, "max_unhealthy", "100%").await;
+    let pass = w.pass().await;
+    assert!(pass.deletions.is_empty(), "{pass:?}");
+    sqlx::query("select shepherd.resume_deletions('the test', 'test')")
+        .execute(&w.pool)
+        .await
+        .unwrap();
+    let pass = w.pass().await;
+    assert_eq!(pass.deletions, vec![ids[0].clone()]);
+    sqlx::query("select shepherd.pause_deletions('the test', 'test')")
+        .execute(&w.pool)
+        .await
+        .unwrap();
+    let ran = drain_rounds(&w, 0).await;
+    assert!(
+        matches!(ran[..], [Ran::Delete(DeleteOutcome::Waiting { .. })]),
+        "{ran:?}"
+    );
+    // A reinstall brings it back before deletions resume.
+    assert!(w.fake.set_status(&ids[0], Some("on")));
+    sqlx::query("select shepherd.resume_deletions('the test', 'test')")
+        .execute(&w.pool)
+        .await
+        .unwrap();
+    w.make_due().await;
+    let ran = drain_rounds(&w, 0).await;
+    assert!(
+        ran.iter()
+            .any(|r| matches!(r, Ran::Delete(DeleteOutcome::Cancelled { .. }))),
+        "{ran:?}"
+    );
+    assert_eq!(w.fake.calls(Call::DestroyServer), 0);
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_surplus_is_counted_against_what_the_provider_lists_now(db: PgPool) {
+    let w = World::new(db, 10, vec![pool("web", "DAL", 3)]).await;
+    w.settle(3).await;
+    setting(&w, "leave_hook", "ack").await;
+    set_count(&w, "web", 2).await;
+    let pass = w.pass().await;
+    assert_eq!(pass.deletions.len(), 1);
+    let leaving = pass.deletions[0].clone();
+    drain_rounds(&w, 0).await;
+    // Meanwhile the provider takes another server away.
+    let other = server_ids(&w)
+        .into_iter()
+        .find(|id| *id != leaving)
+        .unwrap();
+    assert!(w.fake.reclaim(&other));
+    sqlx::query("select shepherd.acknowledge_leave($1, 'test')")
+        .bind(&leaving)
+        .execute(&w.pool)
+        .await
+        .unwrap();
+    w.make_due().await;
+    let ran = drain_rounds(&w, 0).await;
+    let reason = ran
+        .iter()
+        .find_map(|r| match r {
+            Ran::Delete(DeleteOutcome::Cancelled { reason }) => Some(reason.clone()),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("not cancelled: {ran:?}"));
+    assert!(reason.contains("lists 1 other"), "{reason}");
+    assert_eq!(w.fake.calls(Call::DestroyServer), 0);
+    assert!(server_ids(&w).contains(&leaving));
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_rerun_or_swept_deletion_still_asks_the_hook(db: PgPool) {
+    let w = World::new(db, 10, vec![pool("web", "DAL", 2)]).await;
+    w.settle(3).await;
+    setting(&w, "leave_hook", "ack").await;
+    set_count(&w, "web", 1).await;
+    let pass = w.pass().await;
+    let device = pass.deletions[0].clone();
+    let (machine_id, request): (uuid::Uuid, String) = sqlx::query_as(
+        "select machine_id, request from shepherd.pending_deletions where provider_id = $1",
+    )
+    .bind(&device)
+    .fetch_one(&w.pool)
+    .await
+    .unwrap();
+    // A run as the sweep resumes one, or a row that ran before: the
+    // delete may have been sent, so it looks first; the hook was never
+    // answered, so it is asked and waited for all the same.
+    let args = DeleteMachineArgs {
+        attempt: 4,
+        unknown: true,
+        ..DeleteMachineArgs::first(machine_id, device.clone(), request.parse().unwrap())
+    };
+    let outcome = delete_machine(&w.ctx, &args, "test-rerun").await.unwrap();
+    assert!(
+        matches!(outcome, DeleteOutcome::Waiting { .. }),
+        "{outcome:?}"
+    );
+    assert_eq!(w.fake.calls(Call::DestroyServer), 0);
+    assert_eq!(w.fake.servers().len(), 2);
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_hook_that_redirects_is_no_consent_and_a_draining_one_is_waited_for(db: PgPool) {
+    // A hook behind a log-in proxy: 302 to a page that answers 200.
+    let (url, bodies) = hook(|_| (StatusCode::FOUND, Some("/login"))).await;
+    let w = World::new(db, 10, vec![pool("web", "DAL", 2)]).await;
+    w.settle(3).await;
+    setting(&w, "leave_hook", &url).await;
+    setting(&w, "leave_timeout", "2s").await;
+    setting(&w, "leave_deadline", "give_up").await;
+    set_count(&w, "web", 1).await;
+    let pass = w.pass().await;
+    assert_eq!(pass.deletions.len(), 1);
+    drain_rounds(&w, 2).await;
+    assert!(bodies.lock().unwrap().len() >= 2);
+    assert_eq!(w.fake.calls(Call::DestroyServer), 0);
+    assert!(events(&w, "leave_acknowledged").await.is_empty());
+    tokio::time::sleep(Duration::from_millis(2_100)).await;
+    w.make_due().await;
+    let ran = drain_rounds(&w, 1).await;
+    assert!(
+        ran.iter()
+            .any(|r| matches!(r, Ran::Delete(DeleteOutcome::Failed { .. }))),
+        "{ran:?}"
+    );
+    assert_eq!(w.fake.calls(Call::DestroyServer), 0);
+    assert_eq!(w.fake.servers().len(), 2);
+
+    // 202 (still draining) twice, then 204: only then does it go, and the
+    // event names the hook's host, never its address with its token.
+    let (url, bodies) = hook(|n| {
+        if n < 2 {
+            (StatusCode::ACCEPTED, None)
+        } else {
+            (StatusCode::NO_CONTENT, None)
+        }
+    })
+    .await;
+    setting(&w, "leave_hook", &url).await;
+    setting(&w, "leave_timeout", "10m").await;
+    let pass = w.pass().await;
+    assert_eq!(pass.deletions.len(), 1, "{pass:?}");
+    drain_rounds(&w, 4).await;
+    assert_eq!(bodies.lock().unwrap().len(), 3);
+    assert_eq!(w.fake.calls(Call::DestroyServer), 1);
+    assert_eq!(w.fake.servers().len(), 1);
+    let acked = events(&w, "leave_acknowledged").await;
+    let by = acked[0]["by"].as_str().unwrap();
+    assert!(by.starts_with("hook:127.0.0.1:"), "{by}");
+    assert!(!by.contains("s3cret") && !by.contains("/leave"), "{by}");
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_cancelled_deletion_tells_the_hook_and_a_paused_one_does_not_ask(db: PgPool) {
+    let (url, bodies) = hook(|_| (StatusCode::ACCEPTED, None)).await;
+    let w = World::new(db, 10, vec![pool("web", "DAL", 2)]).await;
+    w.settle(3).await;
+    setting(&w, "leave_hook", &url).await;
+    set_count(&w, "web", 1).await;
+    let pass = w.pass().await;
+    assert_eq!(pass.deletions.len(), 1);
+    drain_rounds(&w, 0).await;
+    assert_eq!(bodies.lock().unwrap().len(), 1);
+    // Deletions paused: the hook is not asked again while they are.
+    sqlx::query("select shepherd.pause_deletions('the test', 'test')")
+        .execute(&w.pool)
+        .await
+        .unwrap();
+    drain_rounds(&w, 2).await;
+    assert_eq!(bodies.lock().unwrap().len(), 1);
+    sqlx::query("select shepherd.resume_deletions('the test', 'test')")
+        .execute(&w.pool)
+        .await
+        .unwrap();
+    // The pool is raised again; the next look finds no surplus and
+    // cancels, and the hook hears that the machine stays.
+    set_count(&w, "web", 2).await;
+    setting(&w, "leave_timeout", "1s").await;
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    w.make_due().await;
+    let ran = drain_rounds(&w, 1).await;
+    assert!(
+        ran.iter()
+            .any(|r| matches!(r, Ran::Delete(DeleteOutcome::Cancelled { .. }))),
+        "{ran:?}"
+    );
+    let told = bodies.lock().unwrap().clone();
+    assert_eq!(told.last().unwrap()["event"], "cancelled", "{told:?}");
+    assert_eq!(told.last().unwrap()["device"], pass.deletions[0].as_str());
+    assert_eq!(w.fake.calls(Call::DestroyServer), 0);
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_pool_lowered_while_its_creations_wait_sends_no_create(db: PgPool) {
+    let w = World::new(db, 10, vec![pool("web", "DAL", 1)]).await;
+    w.settle(3).await;
+    let creates = w.fake.calls(Call::CreateServer);
+    set_count(&w, "web", 3).await;
+    let pass = w.pass().await;
+    assert_eq!(pass.enqueued.len(), 2, "{pass:?}");
+    // Lowered again before the creations ran.
+    set_count(&w, "web", 1).await;
+    let ran = drain_rounds(&w, 1).await;
+    let given_up: Vec<String> = ran
+        .iter()
+        .filter_map(|r| match r {
+            Ran::Create(CreateOutcome::GivenUp { cause, .. }) => Some(cause.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(given_up.len(), 2, "{ran:?}");
+    assert!(
+        given_up.iter().all(|c| c.contains("lowered to 1")),
+        "{given_up:?}"
+    );
+    assert_eq!(w.fake.calls(Call::CreateServer), creates);
+    assert_eq!(w.fake.servers().len(), 1);
+    assert_eq!(w.count("select count(*) from shepherd.sinbin").await, 0);
+    assert_eq!(w.count("select count(*) from shepherd.in_flight").await, 0);
+    common::assert_rebuild_equals_live(&w.pool).await;
+}
