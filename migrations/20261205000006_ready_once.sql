@@ -62,3 +62,8 @@ $$;
 -- recorded: the ready deadline counts from there.
 create index events_device_created_idx on shepherd.events ((body->>'device'))
     where event_type = 'device_created';
+
+-- A witness proves a machine ours only if its request made no other
+-- machine: the pass looks up each request's recorded creation.
+create index events_device_created_request_idx on shepherd.events ((body->>'request'))
+    where event_type = 'device_created';

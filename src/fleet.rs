@@ -495,7 +495,7 @@ pub async fn plan(
     if !declared.is_empty() {
         let place = |u: Uuid| provider.unit_place(u);
         let scope = |u: Uuid| provider.unit_scope(u);
-        let targets = pass::targets(&declared, &devices, &fleet, &ours, &place, &scope);
+        let targets = pass::targets(&declared, &devices, &fleet, &place, &scope);
         let mut conn = pool.acquire().await?;
         let paused = views::read_deletions_pause(&mut conn).await?;
         let l = &settings.lifecycle;

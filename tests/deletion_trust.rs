@@ -453,3 +453,97 @@ async fn a_pool_lowered_while_its_creations_wait_sends_no_create(db: PgPool) {
     assert_eq!(w.count("select count(*) from shepherd.in_flight").await, 0);
     common::assert_rebuild_equals_live(&w.pool).await;
 }
+
+/// The hostname of our server on `place` of pool web.
+fn hostname_on(w: &World, place: u32) -> String {
+    w.fake
+        .servers()
+        .into_iter()
+        .map(|s| s.hostname)
+        .find(|h| h.starts_with(&format!("shepherd-web-{place}-")))
+        .unwrap_or_else(|| panic!("no server on web/{place}"))
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_copied_hostname_is_not_ours_and_nothing_is_deleted_for_it(db: PgPool) {
+    let w = World::new(db, 10, vec![pool("web", "DAL", 2)]).await;
+    w.settle(3).await;
+    let ids = server_ids(&w);
+    // Someone makes a server by hand in the project with the name of
+    // ours on web/0: its witness names our request for that very place,
+    // but that request made another machine.
+    let copied = hostname_on(&w, 0);
+    let project = w.fake.project().to_string();
+    let copy = w
+        .fake
+        .add_foreign_server(&project, "c2-small-x86", "DAL", &copied);
+    let pass = w.pass().await;
+    assert!(pass.adopted.is_empty(), "{pass:?}");
+    assert_eq!(pass.unknown_devices, vec![copy.clone()]);
+    assert!(pass.refused.is_some());
+    drain_rounds(&w, 1).await;
+    assert_eq!(w.fake.calls(Call::DestroyServer), 0);
+    let managed: Vec<String> =
+        sqlx::query_scalar("select provider_id from shepherd.managed_machines order by 1")
+            .fetch_all(&w.pool)
+            .await
+            .unwrap();
+    let mut expected = ids.clone();
+    expected.sort();
+    assert_eq!(managed, expected);
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_longer_prefix_of_another_deployment_stops_nothing(db: PgPool) {
+    let w = World::new(db, 10, vec![pool("web", "DAL", 1)]).await;
+    w.settle(3).await;
+    // Another deployment's prefix extends ours: `shepherd-staging-`.
+    let project = w.fake.project().to_string();
+    let theirs = w.fake.add_foreign_server(
+        &project,
+        "c2-small-x86",
+        "DAL",
+        "shepherd-staging-web-0-abcdef12",
+    );
+    set_count(&w, "web", 2).await;
+    let pass = w.pass().await;
+    assert!(pass.refused.is_none(), "{pass:?}");
+    assert_eq!(pass.enqueued.len(), 1, "{pass:?}");
+    drain_rounds(&w, 1).await;
+    set_count(&w, "web", 1).await;
+    let pass = w.pass().await;
+    assert!(pass.refused.is_none(), "{pass:?}");
+    assert_eq!(pass.deletions.len(), 1, "{pass:?}");
+    assert_ne!(pass.deletions[0], theirs);
+    drain_rounds(&w, 1).await;
+    assert!(server_ids(&w).contains(&theirs));
+    let managed = w
+        .count("select count(*) from shepherd.managed_machines")
+        .await;
+    assert_eq!(managed, 1);
+}
+
+#[sqlx::test(migrations = false)]
+async fn an_adopted_machine_without_our_witness_is_shed_with_its_pool(db: PgPool) {
+    let w = World::new(db, 10, vec![pool("web", "DAL", 1)]).await;
+    w.settle(3).await;
+    // Adopted on purpose (assimilate on): it stands on web/1 and no
+    // request of ours made it.
+    setting(&w, "assimilate", "true").await;
+    let project = w.fake.project().to_string();
+    let adopted =
+        w.fake
+            .add_foreign_server(&project, "c2-small-x86", "DAL", "shepherd-web-1-deadbeef");
+    let pass = w.pass().await;
+    assert_eq!(pass.adopted, vec![adopted.clone()], "{pass:?}");
+    drain_rounds(&w, 1).await;
+    setting(&w, "assimilate", "false").await;
+    // The pool's count is 1 and it holds 2: the one beyond goes, through
+    // the same guards, instead of being billed forever.
+    let pass = w.pass().await;
+    assert_eq!(pass.deletions, vec![adopted.clone()], "{pass:?}");
+    drain_rounds(&w, 1).await;
+    assert!(!server_ids(&w).contains(&adopted));
+    assert_eq!(w.fake.calls(Call::DestroyServer), 1);
+    assert_eq!(server_ids(&w).len(), 1);
+}

@@ -327,6 +327,12 @@ fn one_of_each() -> Vec<Event> {
             reason: "migrated".into(),
         }
         .into(),
+        MachineReady {
+            machine_id: m,
+            provider_id: d.to_string(),
+            status: Some("on".into()),
+        }
+        .into(),
         DeletionsPaused {
             by: "ops".into(),
             reason: "incident".into(),
@@ -922,11 +928,17 @@ fn random_event(rng: &mut impl Rng, reservations: &[Uuid], devices: &[Uuid]) -> 
             reason: "r".into(),
         }
         .into(),
-        20 => MachineUnprotected {
+        20 if rng.random() => MachineUnprotected {
             machine_id: machine,
             provider_id: d.to_string(),
             by: "ops".into(),
             reason: "r".into(),
+        }
+        .into(),
+        20 => MachineReady {
+            machine_id: machine,
+            provider_id: d.to_string(),
+            status: Some("on".into()),
         }
         .into(),
         19 if rng.random() => DeletionsPaused {

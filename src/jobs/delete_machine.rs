@@ -178,17 +178,17 @@ pub async fn delete_machine(
 }
 
 async fn read(ctx: &JobContext, args: &DeleteMachineArgs) -> Result<Option<Leaving>, JobError> {
-    let row: Option<(serde_json::Value, Option<String>, Option<Uuid>, bool, bool)> =
-        sqlx::query_as(
-            "select to_jsonb(d), m.hostname, m.reservation_id, m.protected, m.ready_at is not null
+    type Row = (serde_json::Value, Option<String>, Option<Uuid>, bool, bool);
+    let row: Option<Row> = sqlx::query_as(
+        "select to_jsonb(d), m.hostname, m.reservation_id, m.protected, m.ready_at is not null
          from shepherd.pending_deletions d
          join shepherd.managed_machines m on m.machine_id = d.machine_id
          where d.machine_id = $1 and d.request = $2",
-        )
-        .bind(args.machine_id)
-        .bind(args.request.to_string())
-        .fetch_optional(&ctx.pool)
-        .await?;
+    )
+    .bind(args.machine_id)
+    .bind(args.request.to_string())
+    .fetch_optional(&ctx.pool)
+    .await?;
     let Some((deletion, hostname, unit, protected, ready_once)) = row else {
         return Ok(None);
     };

@@ -145,34 +145,53 @@ pub struct Comparison {
     /// Prefixed devices to adopt: witnessed orphans, or anything unknown
     /// when `assimilate` is on.
     pub adopt: Vec<Adoption>,
-    /// Prefixed devices nobody manages and no witness explains.
+    /// Prefixed devices nobody manages and no witness explains, on a unit
+    /// shepherd provisions: a pass does no work until they are explained.
     pub unknown: Vec<String>,
+    /// Prefixed devices on no unit shepherd provisions (another
+    /// deployment whose prefix extends ours, `shepherd-staging-…`):
+    /// reported, never adopted, and they stop nothing, since no creation
+    /// or deletion of ours concerns them.
+    pub strangers: Vec<String>,
     /// Managed machines whose device is gone from the provider.
     pub missing: Vec<String>,
 }
 
-/// Which of the witnesses machines carry name a request this cluster
-/// recorded: a witness proves a machine is ours only when our log holds
-/// its request. A witness is the whole request (Metal's tag) or its first 8
-/// hex digits (a Latitude hostname).
+/// Which machines a witness proves ours, by the provider's id. A witness
+/// (the whole request, Metal's tag, or its first 8 hex digits, in a
+/// Latitude hostname) proves a machine ours only when our log holds a
+/// creation request it names **for the machine's own place**, and no other
+/// machine was recorded as that request's creation: one request makes at
+/// most one machine, so a server made by hand with a copied hostname is
+/// not ours, whatever its name says.
 pub async fn our_requests(
     pool: &PgPool,
     machines: &[Machine],
 ) -> Result<HashSet<String>, sqlx::Error> {
-    let named: Vec<String> = machines.iter().filter_map(|m| m.witness.clone()).collect();
+    let named: Vec<&Machine> = machines.iter().filter(|m| m.witness.is_some()).collect();
     if named.is_empty() {
         return Ok(HashSet::new());
     }
+    let ids: Vec<String> = named.iter().map(|m| m.id.clone()).collect();
+    let witnesses: Vec<String> = named.iter().filter_map(|m| m.witness.clone()).collect();
+    let units: Vec<Option<Uuid>> = named.iter().map(|m| m.unit).collect();
     let found: Vec<String> = sqlx::query_scalar(
-        "select w from unnest($1::text[]) as w
-         where exists (select 1 from shepherd.events
-                       where event_type = 'creation_requested' and body->>'request' = w)
-            or (length(w) = 8
-                and exists (select 1 from shepherd.events
-                            where event_type = 'creation_requested'
-                              and left(body->>'request', 8) = w))",
+        "select m.id from unnest($1::text[], $2::text[], $3::uuid[]) as m(id, w, unit)
+         where exists (
+             select 1 from shepherd.events c
+             where c.event_type = 'creation_requested'
+               and (c.body->>'request' = m.w
+                    or (length(m.w) = 8 and left(c.body->>'request', 8) = m.w))
+               and (m.unit is null or c.body->>'reservation' = m.unit::text)
+               and not exists (
+                   select 1 from shepherd.events d
+                   where d.event_type = 'device_created'
+                     and d.body->>'request' = c.body->>'request'
+                     and d.body->>'device' <> m.id))",
     )
-    .bind(&named)
+    .bind(&ids)
+    .bind(&witnesses)
+    .bind(&units)
     .fetch_all(pool)
     .await?;
     Ok(found.into_iter().collect())
@@ -206,14 +225,17 @@ pub fn compare(
         if !prefixed || fleet.managed.contains(&id) || in_flight || after.deleted.contains(&id) {
             continue;
         }
-        // Another deployment's witness is no proof: only a request in our log.
-        let witnessed = d.witness.as_ref().is_some_and(|w| ours.contains(w));
+        // Another deployment's witness is no proof: only a request in our
+        // log for this very place, that made no other machine.
+        let witnessed = ours.contains(&id);
         if witnessed || assimilate {
             c.adopt.push(Adoption {
                 device: id,
                 reservation: d.unit,
                 witnessed,
             });
+        } else if d.unit.is_none() {
+            c.strangers.push(id);
         } else {
             c.unknown.push(id);
         }
@@ -385,13 +407,16 @@ pub fn lacking(
         .collect()
 }
 
-/// Each pool's managed machines that a witness in our log proves ours,
-/// as the lifecycle weighs them.
+/// Each pool's managed machines, as the lifecycle weighs them: a machine
+/// is managed only once our log recorded it (created by us, its witness
+/// proven for its place, or adopted by a recorded decision), and every
+/// managed machine on a pool's place is a member, with or without a
+/// witness, so a lowered or removed pool sheds it through the same guards
+/// instead of billing it forever.
 pub fn targets(
     pools: &[crate::provider::pool::Declared],
     devices: &[Machine],
     fleet: &Fleet,
-    ours: &HashSet<String>,
     place: PlaceOf<'_>,
     scope: &dyn Fn(Uuid) -> Option<String>,
 ) -> Vec<super::converge::Target> {
@@ -407,15 +432,12 @@ pub fn targets(
         })
         .collect();
     for d in devices {
-        let (Some(unit), Some(witness)) = (d.unit, d.witness.as_ref()) else {
+        let Some(unit) = d.unit else {
             continue;
         };
         let Some(&(machine_id, protected)) = fleet.machines.get(&d.id) else {
             continue;
         };
-        if !ours.contains(witness) {
-            continue;
-        }
         let Some((pool, index)) = place(unit) else {
             continue;
         };
@@ -454,7 +476,7 @@ pub fn surplus(
         let Some(unit) = d.unit else { continue };
         let mine = fleet.managed.contains(&d.id)
             || fleet.unassimilated.contains(&d.id)
-            || d.witness.as_ref().is_some_and(|w| ours.contains(w));
+            || ours.contains(&d.id);
         if !mine {
             continue;
         }
@@ -642,7 +664,8 @@ mod tests {
         let request = Uuid::new_v4().to_string();
         let other = Uuid::new_v4().to_string();
         let listed = [device(ours, Some(&request)), device(theirs, Some(&other))];
-        let known: HashSet<String> = [request].into_iter().collect();
+        // `our_requests` proved the first one ours (by its id).
+        let known: HashSet<String> = [ours.to_string()].into_iter().collect();
         let empty = fleet(&[], &[]);
         let c = compare(&listed, &empty, &empty, "shepherd-", false, &known);
         assert_eq!(

@@ -135,6 +135,9 @@ async fn latitude_chaos_breaks_no_invariant(pool: PgPool) {
     let mut restarted: Option<Duration> = None;
     let mut passes = vec![];
     let mut taken_away: Option<String> = None;
+    // Servers of ours that ran and were then powered off and put in
+    // rescue by their owner: kept, whatever the run does.
+    let mut dormant: Vec<String> = vec![];
     // An operator lowers web to 24 once it is whole, and raises it back to
     // 30 once it has shed its surplus: deletions under the same weather.
     let mut lowered = false;
@@ -292,6 +295,31 @@ async fn latitude_chaos_breaks_no_invariant(pool: PgPool) {
                 taken_away = Some(victim.id.clone());
             }
         }
+        if dormant.is_empty() && raised && elapsed > Duration::from_secs(20) {
+            let ready: HashSet<String> = match sqlx::query_scalar::<_, String>(
+                "select provider_id from shepherd.managed_machines where ready_at is not null",
+            )
+            .fetch_all(&c.pool)
+            .await
+            {
+                Ok(ids) => ids.into_iter().collect(),
+                // Postgres may be down for its restart: the next sample.
+                Err(_) => HashSet::new(),
+            };
+            let picks: Vec<String> = now
+                .iter()
+                .filter(|s| s.hostname.starts_with("shepherd-cold-") && ready.contains(&s.id))
+                .take(2)
+                .map(|s| s.id.clone())
+                .collect();
+            if picks.len() == 2 {
+                for (id, status) in picks.iter().zip(["off", "rescue_mode"]) {
+                    assert!(fake.set_status(id, Some(status)));
+                    assert!(fake.age_server(id, Duration::from_secs(30 * 86_400)));
+                }
+                dormant = picks;
+            }
+        }
         if !ash_ran_out
             && fake
                 .servers()
@@ -301,8 +329,11 @@ async fn latitude_chaos_breaks_no_invariant(pool: PgPool) {
             assert!(fake.set_stock("c2-small-x86", "ASH", 0));
             ash_ran_out = true;
         }
-        let settled =
-            matches!(sample, Some((_, 0, 0))) && web_full(&fake) && taken_away.is_some() && raised;
+        let settled = matches!(sample, Some((_, 0, 0)))
+            && web_full(&fake)
+            && taken_away.is_some()
+            && raised
+            && !dormant.is_empty();
         if settled && restarted.is_some() && elapsed > Duration::from_secs(15) {
             break;
         }
@@ -422,6 +453,14 @@ async fn latitude_chaos_breaks_no_invariant(pool: PgPool) {
         deleted_ids.is_disjoint(&other_party),
         "another party's server was deleted"
     );
+    assert_eq!(dormant.len(), 2, "no server of ours was powered off");
+    let left: HashSet<String> = fake.servers().into_iter().map(|s| s.id).collect();
+    for id in &dormant {
+        assert!(
+            !deleted_ids.contains(id) && left.contains(id),
+            "server {id}, ready once and then off or in rescue, was deleted"
+        );
+    }
     let deleted_machines: HashSet<String> = sqlx::query_scalar(
         "select body->>'provider_id' from shepherd.events where event_type = 'deletion_requested'",
     )

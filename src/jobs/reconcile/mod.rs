@@ -373,6 +373,9 @@ async fn run_pass(
         }
         out.in_flight += out.adopted.len() as u64;
     }
+    for device in &comparison.strangers {
+        tracing::warn!(%device, kind = "stranger", "a device with the cluster's prefix on no place of its pools: not ours, left alone (another deployment's prefix may extend ours)");
+    }
     if !comparison.unknown.is_empty() || !comparison.missing.is_empty() {
         let mut reason = "the provider and shepherd disagree about which machines exist; refusing to do any work".to_string();
         if !comparison.missing.is_empty() {
