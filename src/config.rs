@@ -294,6 +294,9 @@ pub struct ProvisionerConfig {
     pub latitude_writes_per_minute: u32,
     /// How pools shed and replace machines.
     pub lifecycle: Lifecycle,
+    /// The key an HTTP leave hook's requests are signed with (read from a
+    /// file by each worker; never in the database, the events or a log).
+    pub leave_hook_secret: Option<crate::secret::ApiToken>,
 }
 
 /// How a pool sheds surplus and replaces what failed, and the guards on it.
@@ -552,6 +555,7 @@ impl Default for ProvisionerConfig {
             latitude_reads_per_minute: 60,
             latitude_writes_per_minute: 20,
             lifecycle: Lifecycle::default(),
+            leave_hook_secret: None,
         }
     }
 }

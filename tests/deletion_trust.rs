@@ -58,12 +58,14 @@ fn server_ids(w: &World) -> Vec<String> {
 }
 
 /// A leave hook on loopback that answers every POST with `answer(n)`
-/// (n counts from 0) and keeps the bodies; `/login` answers 200, as the
-/// page a log-in proxy redirects to would.
+/// (n counts from 0) and keeps the bodies, each with what it was signed
+/// with under `_signature`, `_timestamp` and the raw body under `_raw`;
+/// `/login` answers 200, as the page a log-in proxy redirects to would.
 async fn hook(
     answer: impl Fn(u32) -> (StatusCode, Option<&'static str>) + Send + Sync + 'static,
 ) -> (String, Arc<Mutex<Vec<serde_json::Value>>>) {
-    use axum::Json;
+    use axum::body::Bytes;
+    use axum::http::HeaderMap;
     use axum::response::IntoResponse;
     use axum::routing::{get, post};
     let bodies = Arc::new(Mutex::new(Vec::<serde_json::Value>::new()));
@@ -73,9 +75,20 @@ async fn hook(
         axum::Router::new()
             .route(
                 "/leave",
-                post(move |Json(body): Json<serde_json::Value>| {
+                post(move |headers: HeaderMap, raw: Bytes| {
                     let (bodies, answer) = (bodies.clone(), answer.clone());
                     async move {
+                        let mut body: serde_json::Value =
+                            serde_json::from_slice(&raw).expect("the hook's body is JSON");
+                        let header = |name: &str| {
+                            headers
+                                .get(name)
+                                .and_then(|v| v.to_str().ok())
+                                .map(str::to_string)
+                        };
+                        body["_signature"] = header("x-shepherd-signature").into();
+                        body["_timestamp"] = header("x-shepherd-timestamp").into();
+                        body["_raw"] = String::from_utf8_lossy(&raw).into_owned().into();
                         let n = {
                             let mut b = bodies.lock().unwrap();
                             b.push(body);
@@ -337,7 +350,11 @@ async fn a_rerun_or_swept_deletion_still_asks_the_hook(db: PgPool) {
 async fn a_hook_that_redirects_is_no_consent_and_a_draining_one_is_waited_for(db: PgPool) {
     // A hook behind a log-in proxy: 302 to a page that answers 200.
     let (url, bodies) = hook(|_| (StatusCode::FOUND, Some("/login"))).await;
-    let w = World::new(db, 10, vec![pool("web", "DAL", 2)]).await;
+    const SECRET: &str = "the-hook-secret-0123456789";
+    let w = World::with_config(db, 10, vec![pool("web", "DAL", 2)], Duration::ZERO, |c| {
+        c.leave_hook_secret = Some(shepherd::secret::ApiToken::new(SECRET))
+    })
+    .await;
     w.settle(3).await;
     setting(&w, "leave_hook", &url).await;
     setting(&w, "leave_timeout", "2s").await;
@@ -382,6 +399,25 @@ async fn a_hook_that_redirects_is_no_consent_and_a_draining_one_is_waited_for(db
     let by = acked[0]["by"].as_str().unwrap();
     assert!(by.starts_with("hook:127.0.0.1:"), "{by}");
     assert!(!by.contains("s3cret") && !by.contains("/leave"), "{by}");
+    // Every request is signed: HMAC-SHA256 of TIMESTAMP.BODY under the
+    // cluster's secret, which a hook checks; another key's does not match.
+    for b in bodies.lock().unwrap().iter() {
+        let timestamp: i64 = b["_timestamp"].as_str().unwrap().parse().unwrap();
+        let raw = b["_raw"].as_str().unwrap();
+        let expected = shepherd::jobs::delete_machine::hook_signature(
+            SECRET.as_bytes(),
+            timestamp,
+            raw.as_bytes(),
+        );
+        assert_eq!(b["_signature"], format!("sha256={expected}"));
+        let forged = shepherd::jobs::delete_machine::hook_signature(
+            b"another-key-entirely",
+            timestamp,
+            raw.as_bytes(),
+        );
+        assert_ne!(b["_signature"], format!("sha256={forged}"));
+        assert!((chrono::Utc::now().timestamp() - timestamp).abs() < 120);
+    }
 }
 
 #[sqlx::test(migrations = false)]

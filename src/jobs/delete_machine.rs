@@ -229,7 +229,7 @@ async fn leave(
         return Ok(Leave::Done(wait_until(ctx, args, until).await?));
     }
     if let LeaveHook::Http(url) = hook {
-        match call_hook(url, HookCall::Leaving, args, leaving).await {
+        match call_hook(ctx, url, HookCall::Leaving, args, leaving).await {
             HookAnswer::Done => {
                 note(
                     ctx,
@@ -323,9 +323,30 @@ fn hook_host(url: &str) -> String {
     crate::text::bounded(&host, 255)
 }
 
-/// POSTs the machine to the hook, redirects not followed (a hook behind a
-/// log-in proxy answers 302 to a page that answers 200: no consent).
+/// The signature of a hook request: HMAC-SHA256 of `<timestamp>.<body>`
+/// under the cluster's hook secret, in hex, as `X-Shepherd-Signature:
+/// sha256=<hex>` beside `X-Shepherd-Timestamp` (docs/pools.md): the hook
+/// can tell shepherd's requests from anyone's, and a replayed one by its
+/// age.
+pub fn hook_signature(secret: &[u8], timestamp: i64, body: &[u8]) -> String {
+    use hmac::{KeyInit, Mac};
+    let mut mac =
+        hmac::Hmac::<sha2::Sha256>::new_from_slice(secret).expect("HMAC takes a key of any length");
+    mac.update(timestamp.to_string().as_bytes());
+    mac.update(b".");
+    mac.update(body);
+    mac.finalize()
+        .into_bytes()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// POSTs the machine to the hook, signed when the cluster has a secret,
+/// redirects not followed (a hook behind a log-in proxy answers 302 to a
+/// page that answers 200: no consent).
 async fn call_hook(
+    ctx: &JobContext,
     url: &str,
     call: HookCall,
     args: &DeleteMachineArgs,
@@ -353,7 +374,18 @@ async fn call_hook(
             return HookAnswer::NotYet;
         }
     };
-    match client.post(url).json(&body).send().await {
+    let body = body.to_string();
+    let mut request = client
+        .post(url)
+        .header(reqwest::header::CONTENT_TYPE, "application/json");
+    if let Some(secret) = &ctx.config.leave_hook_secret {
+        let timestamp = Utc::now().timestamp();
+        let signature = hook_signature(secret.expose().as_bytes(), timestamp, body.as_bytes());
+        request = request
+            .header("x-shepherd-timestamp", timestamp.to_string())
+            .header("x-shepherd-signature", format!("sha256={signature}"));
+    }
+    match request.body(body).send().await {
         Ok(r) => match r.status().as_u16() {
             200 | 204 => HookAnswer::Done,
             202 => {
@@ -774,7 +806,7 @@ async fn cancel(
     // A hook that may have been asked to drain the machine is told it
     // stays (best effort: the cancellation is recorded whatever it says).
     if let LeaveHook::Http(url) = &settings.lifecycle.leave_hook {
-        call_hook(url, HookCall::Cancelled, args, leaving).await;
+        call_hook(ctx, url, HookCall::Cancelled, args, leaving).await;
     }
     Ok(DeleteOutcome::Cancelled { reason })
 }
@@ -886,4 +918,22 @@ async fn note(ctx: &JobContext, job_id: &str, event: impl Into<Event>) -> Result
     record(&mut tx, vec![NewEvent::new(event).caused_by(job_id)]).await?;
     tx.commit().await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::hook_signature;
+
+    #[test]
+    fn a_hook_signature_is_hmac_sha256_of_the_timestamp_and_body() {
+        // As Python's hmac.new(key, b"1700000000." + body, sha256) computes it.
+        assert_eq!(
+            hook_signature(
+                b"a-hook-secret-of-16+",
+                1_700_000_000,
+                br#"{"event":"leaving"}"#
+            ),
+            "6d02779f22aa871c91bbdaa0856cc7aa5cd7508e73212a5e1baaa6abff15ed84"
+        );
+    }
 }

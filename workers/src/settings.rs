@@ -173,6 +173,11 @@ pub struct ProvisionerArgs {
     #[arg(long, env = "SHEPHERD_SSH_PUBLIC_KEY_FILE")]
     pub ssh_public_key_file: Option<PathBuf>,
 
+    /// File with the key that signs an HTTP leave hook's requests
+    /// (X-Shepherd-Signature: HMAC-SHA256 of TIMESTAMP.BODY)
+    #[arg(long, env = "SHEPHERD_LEAVE_HOOK_SECRET_FILE")]
+    pub leave_hook_secret_file: Option<PathBuf>,
+
     /// Penalty of a reservation whose creation failed
     #[arg(long, env = "SHEPHERD_PENALTY", default_value = "1h", value_parser = parse_duration)]
     pub penalty: Duration,
@@ -273,6 +278,26 @@ impl ProvisionerArgs {
                 format!("{} must be 1 or more", self.penalty_factor),
             ));
         }
+        let leave_hook_secret = match &self.leave_hook_secret_file {
+            None => None,
+            Some(path) => {
+                let what = "leave hook secret (--leave-hook-secret-file)";
+                let text = std::fs::read_to_string(path).map_err(|e| {
+                    ConfigError::new(what, format!("cannot read {}: {e}", path.display()))
+                })?;
+                let secret = shepherd::secret::ApiToken::new(text.trim());
+                if secret.expose().len() < 16 {
+                    return Err(ConfigError::new(
+                        what,
+                        format!(
+                            "{} holds fewer than 16 characters: too short to sign with",
+                            path.display()
+                        ),
+                    ));
+                }
+                Some(secret)
+            }
+        };
         let config = ProvisionerConfig {
             device_prefix: self.device_prefix.clone(),
             os: self.os.clone(),
@@ -300,6 +325,7 @@ impl ProvisionerArgs {
                 ..ASSIMILATE_RETRY_DEFAULT
             },
             settle_window: self.settle_window,
+            leave_hook_secret,
             ..ProvisionerConfig::default()
         };
         config.validate()?;
