@@ -67,3 +67,5 @@ create index events_device_created_idx on shepherd.events ((body->>'device'))
 -- machine: the pass looks up each request's recorded creation.
 create index events_device_created_request_idx on shepherd.events ((body->>'request'))
     where event_type = 'device_created';
+create index events_creation_unresolved_request_idx on shepherd.events ((body->>'request'))
+    where event_type = 'creation_unresolved';

@@ -165,6 +165,9 @@ async fn a_machine_that_ran_is_never_deleted_for_its_status(db: PgPool) {
     assert_eq!(w.fake.calls(Call::DestroyServer), 0);
     assert_eq!(server_ids(&w), ids);
     assert_eq!(w.count("select count(*) from shepherd.sinbin").await, 0);
+    // Reported: all but the reinstalling one are dormant, counted with
+    // their pool for the page, `shepherd status` and the metric.
+    assert_eq!(w.last_pools().await[0].dormant, 5);
     // The statuses are seen: the pages show them beside each machine.
     let statuses: Vec<String> =
         sqlx::query_scalar("select status from shepherd.machine_status order by status")
@@ -487,6 +490,134 @@ async fn a_pool_lowered_while_its_creations_wait_sends_no_create(db: PgPool) {
     assert_eq!(w.fake.servers().len(), 1);
     assert_eq!(w.count("select count(*) from shepherd.sinbin").await, 0);
     assert_eq!(w.count("select count(*) from shepherd.in_flight").await, 0);
+
+    // Raised and lowered again with a pass in between: the pass itself
+    // ends the creations nobody tried yet, so they hold no room meanwhile,
+    // and their jobs send nothing.
+    set_count(&w, "web", 3).await;
+    let pass = w.pass().await;
+    assert_eq!(pass.enqueued.len(), 2, "{pass:?}");
+    set_count(&w, "web", 1).await;
+    w.pass().await;
+    assert_eq!(w.count("select count(*) from shepherd.in_flight").await, 0);
+    let ended = events(&w, "creation_given_up").await;
+    assert_eq!(
+        ended
+            .iter()
+            .filter(|e| e["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("before it was sent")))
+            .count(),
+        2,
+        "{ended:?}"
+    );
+    drain_rounds(&w, 1).await;
+    assert_eq!(w.fake.calls(Call::CreateServer), creates);
+    assert_eq!(w.fake.servers().len(), 1);
+    common::assert_rebuild_equals_live(&w.pool).await;
+}
+
+#[sqlx::test(migrations = false)]
+async fn waiting_for_the_hook_uses_up_no_tries(db: PgPool) {
+    let w = World::new(db, 10, vec![pool("web", "DAL", 2)]).await;
+    w.settle(3).await;
+    setting(&w, "leave_hook", "ack").await;
+    set_count(&w, "web", 1).await;
+    let pass = w.pass().await;
+    assert_eq!(pass.deletions.len(), 1);
+    // Five looks at a hook that has not answered: more than the three
+    // tries a delete has.
+    drain_rounds(&w, 4).await;
+    let (attempt, waits): (i64, i64) = sqlx::query_as(
+        "select (shepherd.job_args(job)->>'attempt')::bigint,
+                coalesce((shepherd.job_args(job)->>'waits')::bigint, 0)
+         from apalis.jobs where job_type = 'delete_machine' and status = 'Pending'",
+    )
+    .fetch_one(&w.pool)
+    .await
+    .unwrap();
+    assert_eq!((attempt, waits), (6, 5));
+    sqlx::query("select shepherd.acknowledge_leave($1, 'test')")
+        .bind(&pass.deletions[0])
+        .execute(&w.pool)
+        .await
+        .unwrap();
+    w.make_due().await;
+    drain_rounds(&w, 0).await;
+    assert_eq!(w.fake.calls(Call::DestroyServer), 1);
+    assert_eq!(w.fake.servers().len(), 1);
+}
+
+#[sqlx::test(migrations = false)]
+async fn an_operators_deprovision_stands_and_a_release_ends_it(db: PgPool) {
+    use shepherd::events::event::DeletionRequested;
+    use shepherd::events::{NewEvent, record};
+    let w = World::new(db, 10, vec![pool("web", "DAL", 2)]).await;
+    w.settle(3).await;
+    setting(&w, "leave_hook", "ack").await;
+    let device = server_ids(&w)[0].clone();
+    sqlx::query("select shepherd.deprovision_machine($1, 'retire it', 'ops')")
+        .bind(&device)
+        .execute(&w.pool)
+        .await
+        .unwrap();
+    let operator: String =
+        sqlx::query_scalar("select request from shepherd.pending_deletions where provider_id = $1")
+            .bind(&device)
+            .fetch_one(&w.pool)
+            .await
+            .unwrap();
+    // A pass that read the fleet before the deprovision committed asks
+    // for the same machine: the operator's request stands.
+    let (machine_id, unit): (uuid::Uuid, Option<uuid::Uuid>) = sqlx::query_as(
+        "select machine_id, reservation_id from shepherd.managed_machines where provider_id = $1",
+    )
+    .bind(&device)
+    .fetch_one(&w.pool)
+    .await
+    .unwrap();
+    let mut tx = w.pool.begin().await.unwrap();
+    record(
+        &mut tx,
+        vec![NewEvent::new(DeletionRequested {
+            machine_id,
+            provider_id: device.clone(),
+            reservation: unit,
+            pool: Some("web".into()),
+            request: uuid::Uuid::new_v4(),
+            cause: "surplus".into(),
+            message: "a late pass".into(),
+            by: "reconcile".into(),
+        })],
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    let (request, by): (String, String) = sqlx::query_as(
+        "select request, requested_by from shepherd.pending_deletions where provider_id = $1",
+    )
+    .bind(&device)
+    .fetch_one(&w.pool)
+    .await
+    .unwrap();
+    assert_eq!((request.as_str(), by.as_str()), (operator.as_str(), "ops"));
+    common::assert_rebuild_equals_live(&w.pool).await;
+    // The provider loses the server; the operator releases it from SQL
+    // (having checked): its pending deletion ends with it.
+    assert!(w.fake.reclaim(&device));
+    sqlx::query(
+        "select shepherd.release_machine($1, 'gone at the provider', 'ops',
+                                         p_provider_says_gone => true)",
+    )
+    .bind(&device)
+    .execute(&w.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        w.count("select count(*) from shepherd.pending_deletions")
+            .await,
+        0
+    );
     common::assert_rebuild_equals_live(&w.pool).await;
 }
 
@@ -563,17 +694,20 @@ async fn a_longer_prefix_of_another_deployment_stops_nothing(db: PgPool) {
 async fn an_adopted_machine_without_our_witness_is_shed_with_its_pool(db: PgPool) {
     let w = World::new(db, 10, vec![pool("web", "DAL", 1)]).await;
     w.settle(3).await;
-    // Adopted on purpose (assimilate on): it stands on web/1 and no
-    // request of ours made it.
+    // Adopted on purpose (assimilate on): it stands on web/1, a place of
+    // the pool once raised, and no request of ours made it.
     setting(&w, "assimilate", "true").await;
     let project = w.fake.project().to_string();
     let adopted =
         w.fake
             .add_foreign_server(&project, "c2-small-x86", "DAL", "shepherd-web-1-deadbeef");
+    set_count(&w, "web", 2).await;
     let pass = w.pass().await;
     assert_eq!(pass.adopted, vec![adopted.clone()], "{pass:?}");
+    assert!(pass.enqueued.is_empty(), "{pass:?}");
     drain_rounds(&w, 1).await;
     setting(&w, "assimilate", "false").await;
+    set_count(&w, "web", 1).await;
     // The pool's count is 1 and it holds 2: the one beyond goes, through
     // the same guards, instead of being billed forever.
     let pass = w.pass().await;

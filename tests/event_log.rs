@@ -58,6 +58,7 @@ fn one_of_each() -> Vec<Event> {
                 }),
                 machines: 3,
                 removed: false,
+                dormant: 1,
             }],
             listing: Some(shepherd::provider::ListingCost {
                 scope: "servers whose hostname starts with shepherd-".into(),

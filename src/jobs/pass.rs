@@ -161,9 +161,10 @@ pub struct Comparison {
 /// (the whole request, Metal's tag, or its first 8 hex digits, in a
 /// Latitude hostname) proves a machine ours only when our log holds a
 /// creation request it names **for the machine's own place**, and no other
-/// machine was recorded as that request's creation: one request makes at
-/// most one machine, so a server made by hand with a copied hostname is
-/// not ours, whatever its name says.
+/// machine was recorded as that request's creation unless one of its
+/// creates went unanswered: a request whose every create was answered made
+/// one machine, so a server made by hand with a copied hostname is not
+/// ours, whatever its name says.
 pub async fn our_requests(
     pool: &PgPool,
     machines: &[Machine],
@@ -183,11 +184,17 @@ pub async fn our_requests(
                and (c.body->>'request' = m.w
                     or (length(m.w) = 8 and left(c.body->>'request', 8) = m.w))
                and (m.unit is null or c.body->>'reservation' = m.unit::text)
-               and not exists (
-                   select 1 from shepherd.events d
-                   where d.event_type = 'device_created'
-                     and d.body->>'request' = c.body->>'request'
-                     and d.body->>'device' <> m.id))",
+               and (not exists (
+                        select 1 from shepherd.events d
+                        where d.event_type = 'device_created'
+                          and d.body->>'request' = c.body->>'request'
+                          and d.body->>'device' <> m.id)
+                    -- A create of the request went unanswered: it may have
+                    -- made a second machine, ours all the same.
+                    or exists (
+                        select 1 from shepherd.events u
+                        where u.event_type = 'creation_unresolved'
+                          and u.body->>'request' = c.body->>'request')))",
     )
     .bind(&ids)
     .bind(&witnesses)
@@ -529,7 +536,8 @@ mod tests {
         Machine {
             id: id.to_string(),
             hostname: Some("shepherd-0123".into()),
-            unit: None,
+            // On a unit shepherd provisions (one of its own for the test).
+            unit: Some(id),
             witness: witness.map(str::to_string),
             condition: crate::provider::Condition::Ready,
             created_at: None,
@@ -597,6 +605,19 @@ mod tests {
     }
 
     #[test]
+    fn a_prefixed_device_on_no_unit_of_ours_is_a_stranger_that_stops_nothing() {
+        let d = Uuid::new_v4();
+        let listed = [Machine {
+            unit: None,
+            ..device(d, Some("abcdef12"))
+        }];
+        let empty = fleet(&[], &[]);
+        let c = compare(&listed, &empty, &empty, "shepherd-", false, &HashSet::new());
+        assert!(c.unknown.is_empty() && c.adopt.is_empty(), "{c:?}");
+        assert_eq!(c.strangers, vec![d.to_string()]);
+    }
+
+    #[test]
     fn a_pass_takes_no_more_of_a_scope_than_its_stock_and_none_of_a_penalised_one() {
         use crate::provider::{PoolReport, PoolStock, Unit};
         let unit = |scope: &str| Unit {
@@ -615,6 +636,7 @@ mod tests {
             count: 3,
             taken: 0,
             failed: 0,
+            dormant: 0,
             stock: Some(PoolStock {
                 offered: true,
                 in_stock: true,

@@ -480,6 +480,7 @@ impl LatitudeProvider {
                 stock: None,
                 machines: 0,
                 removed: d.removed,
+                dormant: 0,
             })
             .collect();
         // Places, not servers: a current place counts once whatever stands
@@ -490,6 +491,7 @@ impl LatitudeProvider {
             if let Some((pool, index)) = places.units.get(&unit) {
                 let report = &mut reports[*pool];
                 report.machines += 1;
+                report.dormant += u32::from(m.condition == crate::provider::Condition::Dormant);
                 if *index < report.count && seen.insert(unit) {
                     report.taken += 1;
                     report.failed += u32::from(m.failed());

@@ -145,6 +145,11 @@ pub struct PoolReport {
     /// The pool was removed and drains.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub removed: bool,
+    /// Machines of the pool neither running, deploying nor failed (off,
+    /// in rescue, a status the provider cannot tell, a word never seen):
+    /// kept, never replaced for it, and reported.
+    #[serde(default)]
+    pub dormant: u32,
     /// The stock, when the pass read it (a pass at the limit does not).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stock: Option<PoolStock>,

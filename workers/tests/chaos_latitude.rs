@@ -308,7 +308,7 @@ async fn latitude_chaos_breaks_no_invariant(pool: PgPool) {
             };
             let picks: Vec<String> = now
                 .iter()
-                .filter(|s| s.hostname.starts_with("shepherd-cold-") && ready.contains(&s.id))
+                .filter(|s| s.hostname.starts_with("shepherd-batch-") && ready.contains(&s.id))
                 .take(2)
                 .map(|s| s.id.clone())
                 .collect();

@@ -249,6 +249,7 @@ async fn pools_and_their_stock_show_on_the_page_and_in_metrics(pool: PgPool) {
         stock,
         machines: taken,
         removed: false,
+        dormant: failed,
     };
     let counted = |in_stock, count| {
         Some(PoolStock {

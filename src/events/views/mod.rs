@@ -221,9 +221,14 @@ pub fn apply(state: &mut ViewState, event: &Event, at: DateTime<Utc>) {
             state.pending_deletions.remove(&e.machine_id);
         }
         Event::DeletionRequested(e) => {
-            state.pending_deletions.insert(
-                e.machine_id,
-                PendingDeletion {
+            // The first request stands: a pass that read the fleet before
+            // an operator's deprovision committed must not take it over
+            // (its own job then finds no deletion of its request, and
+            // skips).
+            state
+                .pending_deletions
+                .entry(e.machine_id)
+                .or_insert(PendingDeletion {
                     machine_id: e.machine_id,
                     provider_id: e.provider_id.clone(),
                     reservation_id: e.reservation,
@@ -236,8 +241,7 @@ pub fn apply(state: &mut ViewState, event: &Event, at: DateTime<Utc>) {
                     cleared_at: None,
                     unresolved_since: None,
                     last_error: None,
-                },
-            );
+                });
         }
         Event::LeaveAcknowledged(e) => {
             if let Some(d) = deletion_of(state, e.machine_id, e.request) {

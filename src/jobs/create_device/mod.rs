@@ -241,7 +241,13 @@ async fn holding(
     if standing.machines > 0 {
         // A machine of ours stands on the unit now (an operator assimilated
         // one): this creation ends, and the unit is not penalised for it.
-        return place_taken(ctx, args, job_id).await;
+        return end_unsent(
+            ctx,
+            args,
+            job_id,
+            "a machine of ours stands on the unit now; this creation ends".into(),
+        )
+        .await;
     }
     if args.unknown || args.verify {
         match settle(ctx, settings, args, job_id).await? {
@@ -269,7 +275,13 @@ async fn holding(
     // longer want (lowered or removed since this creation was admitted)
     // gets no create.
     if let Some(why) = &standing.unwanted {
-        return place_unwanted(ctx, args, job_id, why).await;
+        return end_unsent(
+            ctx,
+            args,
+            job_id,
+            format!("{why}; this creation ends unsent"),
+        )
+        .await;
     }
     // The attempt's budget covers the wait for the limiter and the API's own
     // retries; when it runs out the attempt's outcome is unknown, and the
@@ -487,46 +499,15 @@ async fn still_unknown(
 
 /// A machine of ours stands on the unit (an operator assimilated one while
 /// this creation waited): the creation ends, without a penalty.
-/// The creation ends unsent: the pools no longer want its place. No
-/// penalty: nothing failed.
-async fn place_unwanted(
+/// The creation ends unsent, and nothing failed, so nothing is penalised:
+/// the pools no longer want its place, or a machine of ours stands there.
+async fn end_unsent(
     ctx: &JobContext,
     args: &CreateDeviceArgs,
     job_id: &str,
-    why: &str,
+    cause: String,
 ) -> Result<CreateOutcome, JobError> {
-    let cause = format!("{why}; this creation ends unsent");
-    tracing::info!(reservation = %args.reservation, %cause, "a creation the pools no longer want");
-    let mut tx = ctx.pool.begin().await?;
-    if !still_owns(&mut tx, args).await? {
-        return Ok(not_owner());
-    }
-    record(
-        &mut tx,
-        vec![
-            NewEvent::new(CreationGivenUp {
-                reservation: args.reservation,
-                class: ErrorClass::Permanent,
-                message: cause.clone(),
-                request: Some(args.request),
-            })
-            .caused_by(job_id),
-        ],
-    )
-    .await?;
-    tx.commit().await?;
-    Ok(CreateOutcome::GivenUp {
-        class: ErrorClass::Permanent,
-        cause,
-    })
-}
-
-async fn place_taken(
-    ctx: &JobContext,
-    args: &CreateDeviceArgs,
-    job_id: &str,
-) -> Result<CreateOutcome, JobError> {
-    let cause = "a machine of ours stands on the unit now; this creation ends".to_string();
+    tracing::info!(reservation = %args.reservation, %cause, "a creation ends unsent");
     let mut tx = ctx.pool.begin().await?;
     if !still_owns(&mut tx, args).await? {
         return Ok(not_owner());

@@ -17,6 +17,7 @@ use crate::events::{NewEvent, record};
 
 mod deletions;
 mod missing;
+mod unwanted;
 
 use deletions::converge;
 use missing::confirm_missing;
@@ -433,6 +434,11 @@ async fn run_pass(
         ctx, &settings, job_id, run, &declared, &devices, &fleet, &ours,
     )
     .await?;
+    let ended = unwanted::end_unwanted_creations(ctx, job_id).await?;
+    if !ended.is_empty() {
+        // Their room under the limit is free again for this pass.
+        out.in_flight = out.in_flight.saturating_sub(ended.len() as u64);
+    }
 
     if limit.is_reached(out.managed + out.in_flight) {
         tracing::info!(

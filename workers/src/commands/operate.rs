@@ -294,10 +294,16 @@ fn render_pools(pools: &[fleet::PoolState], with_hold: bool) -> String {
             },
             r.plan.clone(),
             r.site.clone(),
-            if r.machines > r.taken {
-                format!("{} (+{} surplus)", r.taken, r.machines - r.taken)
-            } else {
-                r.taken.to_string()
+            {
+                let mut cell = if r.machines > r.taken {
+                    format!("{} (+{} surplus)", r.taken, r.machines - r.taken)
+                } else {
+                    r.taken.to_string()
+                };
+                if r.dormant > 0 {
+                    cell.push_str(&format!(" ({} dormant)", r.dormant));
+                }
+                cell
             },
             r.count.to_string(),
             r.failed.to_string(),

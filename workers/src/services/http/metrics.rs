@@ -173,6 +173,7 @@ impl Figures {
             let stock = Family::<PoolLabels, Gauge<u64, AtomicU64>>::default();
             let held = Family::<PoolLabels, Gauge<u64, AtomicU64>>::default();
             let failed = Family::<PoolLabels, Gauge<u64, AtomicU64>>::default();
+            let dormant = Family::<PoolLabels, Gauge<u64, AtomicU64>>::default();
             let surplus = Family::<PoolLabels, Gauge<u64, AtomicU64>>::default();
             for p in &seen.pools {
                 let r = &p.report;
@@ -184,6 +185,7 @@ impl Figures {
                 places.get_or_create(&labels).set(u64::from(r.count));
                 machines.get_or_create(&labels).set(u64::from(r.taken));
                 failed.get_or_create(&labels).set(u64::from(r.failed));
+                dormant.get_or_create(&labels).set(u64::from(r.dormant));
                 surplus
                     .get_or_create(&labels)
                     .set(u64::from(r.machines.saturating_sub(r.taken)));
@@ -211,6 +213,11 @@ impl Figures {
                 "shepherd_pool_failed_machines",
                 "Machines of each pool whose deployment failed; shepherd replaces them unless a guard holds it back",
                 failed,
+            );
+            registry.register(
+                "shepherd_pool_dormant_machines",
+                "Machines of each pool that are off, in rescue, of unknown status or named by a word shepherd does not know: kept, never replaced for it",
+                dormant,
             );
             registry.register(
                 "shepherd_pool_surplus_machines",

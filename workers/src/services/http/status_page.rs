@@ -266,6 +266,7 @@ fn surveyed_pools(o: &Overview) -> Markup {
                         td.n {
                             (r.taken)
                             @if r.machines > r.taken { " " strong { "+" (r.machines - r.taken) " surplus" } }
+                            @if r.dormant > 0 { " " strong.dormant { "(" (r.dormant) " off, in rescue or of unknown status: kept)" } }
                         }
                         td.n { (r.count) }
                         @if r.failed > 0 {
