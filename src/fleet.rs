@@ -482,20 +482,44 @@ pub async fn plan(
         would_delete: vec![],
         held: vec![],
     };
+    // As a pass: unknown servers on places of pools alone hold those pools.
+    let held_pools = match comparison.missing.is_empty() && !comparison.unknown.is_empty() {
+        true => pass::pools_of_unknown(&comparison.unknown, &devices, &|u| provider.unit_place(u)),
+        false => None,
+    }
+    .unwrap_or_default();
     if !comparison.unknown.is_empty() || !comparison.missing.is_empty() {
         plan.discrepancy = Some(DiscrepancyFound {
             run: Uuid::nil(),
             unknown_devices: comparison.unknown,
             missing_devices: comparison.missing,
         });
-        return Ok(plan);
+        if held_pools.is_empty() {
+            return Ok(plan);
+        }
+        plan.held = held_pools
+            .iter()
+            .map(|pool| WouldHold {
+                pool: pool.clone(),
+                guard: "discrepancy".into(),
+                held: 0,
+                message: format!(
+                    "a server on a place of pool {pool} that nothing proves ours: neither creations nor deletions in the pool"
+                ),
+            })
+            .collect();
     }
     // What the pass would delete, as it decides it.
     let declared = crate::pools::declared(pool).await?;
     if !declared.is_empty() {
         let place = |u: Uuid| provider.unit_place(u);
         let scope = |u: Uuid| provider.unit_scope(u);
-        let targets = pass::targets(&declared, &devices, &fleet, &place, &scope);
+        let unheld: Vec<_> = declared
+            .iter()
+            .filter(|d| !held_pools.contains(&d.pool.name))
+            .cloned()
+            .collect();
+        let targets = pass::targets(&unheld, &devices, &fleet, &place, &scope);
         let mut conn = pool.acquire().await?;
         let paused = views::read_deletions_pause(&mut conn).await?;
         let l = &settings.lifecycle;
@@ -533,16 +557,12 @@ pub async fn plan(
                 message: d.message.clone(),
             })
             .collect();
-        plan.held = decided
-            .held
-            .iter()
-            .map(|h| WouldHold {
-                pool: h.pool.clone(),
-                guard: h.guard.as_str().into(),
-                held: h.count,
-                message: h.message.clone(),
-            })
-            .collect();
+        plan.held.extend(decided.held.iter().map(|h| WouldHold {
+            pool: h.pool.clone(),
+            guard: h.guard.as_str().into(),
+            held: h.count,
+            message: h.message.clone(),
+        }));
     }
     let room = settings.max_machines.room(plan.managed + plan.in_flight);
     if room == Some(0) {
@@ -558,7 +578,10 @@ pub async fn plan(
     // Paused: nothing would be admitted (queue::admit refuses every one).
     let room = if plan.paused.is_some() { Some(0) } else { room };
     let place = |u: Uuid| provider.unit_place(u);
-    let lacking = pass::lacking(&declared, &devices, &fleet, &place);
+    let mut lacking = pass::lacking(&declared, &devices, &fleet, &place);
+    for pool in &held_pools {
+        lacking.insert(pool.clone(), 0);
+    }
     let selection = pass::select(&inventory, &fleet, room, settings.chunk_size, &lacking);
     plan.would_create = selection.chosen;
     plan.skipped = selection.skipped;

@@ -632,32 +632,76 @@ fn hostname_on(w: &World, place: u32) -> String {
 }
 
 #[sqlx::test(migrations = false)]
-async fn a_copied_hostname_is_not_ours_and_nothing_is_deleted_for_it(db: PgPool) {
-    let w = World::new(db, 10, vec![pool("web", "DAL", 2)]).await;
+async fn a_copied_hostname_is_not_ours_and_holds_only_its_pool(db: PgPool) {
+    let w = World::new(db, 10, vec![pool("web", "DAL", 2), pool("api", "DAL", 1)]).await;
     w.settle(3).await;
     let ids = server_ids(&w);
     // Someone makes a server by hand in the project with the name of
     // ours on web/0: its witness names our request for that very place,
-    // but that request made another machine.
+    // but that request made another machine, and every create it sent
+    // was answered.
     let copied = hostname_on(&w, 0);
     let project = w.fake.project().to_string();
     let copy = w
         .fake
         .add_foreign_server(&project, "c2-small-x86", "DAL", &copied);
+    // web is lowered and api raised meanwhile.
+    set_count(&w, "web", 1).await;
+    sqlx::query(
+        "select shepherd.set_pool('api', 'c2-small-x86', 'DAL', 2, 'ubuntu_24_04_x64_lts',
+                                  '{}', 'the test raises it', 'test', false)",
+    )
+    .execute(&w.pool)
+    .await
+    .unwrap();
     let pass = w.pass().await;
     assert!(pass.adopted.is_empty(), "{pass:?}");
     assert_eq!(pass.unknown_devices, vec![copy.clone()]);
-    assert!(pass.refused.is_some());
+    // Only web is held: nothing is deleted in it; api goes on.
+    assert!(pass.refused.is_none(), "{pass:?}");
+    assert!(pass.deletions.is_empty(), "{pass:?}");
+    assert_eq!(pass.enqueued.len(), 1, "{pass:?}");
+    let held = events(&w, "deletions_held").await;
+    assert!(
+        held.iter()
+            .any(|h| h["pool"] == "web" && h["guard"] == "discrepancy"),
+        "{held:?}"
+    );
     drain_rounds(&w, 1).await;
     assert_eq!(w.fake.calls(Call::DestroyServer), 0);
-    let managed: Vec<String> =
-        sqlx::query_scalar("select provider_id from shepherd.managed_machines order by 1")
-            .fetch_all(&w.pool)
-            .await
-            .unwrap();
-    let mut expected = ids.clone();
+    assert!(server_ids(&w).contains(&copy));
+    let api = w
+        .fake
+        .servers()
+        .into_iter()
+        .filter(|s| s.hostname.starts_with("shepherd-api-"))
+        .count();
+    assert_eq!(api, 2);
+    let managed: Vec<String> = sqlx::query_scalar(
+        "select provider_id from shepherd.managed_machines where hostname like 'shepherd-web-%'
+         order by 1",
+    )
+    .fetch_all(&w.pool)
+    .await
+    .unwrap();
+    let mut expected: Vec<String> = ids
+        .iter()
+        .filter(|id| {
+            w.fake
+                .servers()
+                .iter()
+                .any(|s| s.id == **id && s.hostname.starts_with("shepherd-web-"))
+        })
+        .cloned()
+        .collect();
     expected.sort();
     assert_eq!(managed, expected);
+    // Explained (deleted at the provider by whoever made it): web is
+    // lowered as asked.
+    assert!(w.fake.reclaim(&copy));
+    let pass = w.pass().await;
+    assert!(pass.unknown_devices.is_empty(), "{pass:?}");
+    assert_eq!(pass.deletions.len(), 1, "{pass:?}");
 }
 
 #[sqlx::test(migrations = false)]

@@ -258,6 +258,25 @@ pub fn compare(
     c
 }
 
+/// The pools an unknown device stands on a place of, when every unknown
+/// device stands on one: the discrepancy concerns those pools alone, which
+/// are held (no creation, no deletion) while the others go on. `None` when
+/// any stands on no pool's place (Metal's reservations): then no pass can
+/// tell what it concerns, and it does no work.
+pub fn pools_of_unknown(
+    unknown: &[String],
+    devices: &[Machine],
+    place: PlaceOf<'_>,
+) -> Option<std::collections::BTreeSet<String>> {
+    unknown
+        .iter()
+        .map(|id| {
+            let d = devices.iter().find(|d| d.id == *id)?;
+            place(d.unit?).map(|(pool, _)| pool)
+        })
+        .collect()
+}
+
 /// Why a reservation is not taken.
 #[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]

@@ -249,6 +249,7 @@ async fn pools_and_their_stock_show_on_the_page_and_in_metrics(pool: PgPool) {
         stock,
         machines: taken,
         removed: false,
+        // As many dormant as failed: the page and the gauge show both.
         dormant: failed,
     };
     let counted = |in_stock, count| {
@@ -322,7 +323,7 @@ async fn pools_and_their_stock_show_on_the_page_and_in_metrics(pool: PgPool) {
         .and_then(|t| t.split("</table>").next())
         .unwrap_or_else(|| panic!("no pools table:\n{page}"));
     assert!(
-        table.contains("<td>web</td><td>c2-small-x86</td><td>DAL</td><td class=\"n\">3</td><td class=\"n\">4</td><td class=\"n\"><strong>1</strong></td><td class=\"ok\">7 in stock</td><td>out of stock until"),
+        table.contains("<td>web</td><td>c2-small-x86</td><td>DAL</td><td class=\"n\">3 <strong class=\"dormant\">(1 off, in rescue or of unknown status: kept)</strong></td><td class=\"n\">4</td><td class=\"n\"><strong>1</strong></td><td class=\"ok\">7 in stock</td><td>out of stock until"),
         "{table}"
     );
     assert!(
@@ -363,6 +364,14 @@ async fn pools_and_their_stock_show_on_the_page_and_in_metrics(pool: PgPool) {
         ),
         (
             "shepherd_pool_in_stock{pool=\"cold\",plan=\"c2-small-x86\",site=\"CHI\"}",
+            0.0,
+        ),
+        (
+            "shepherd_pool_dormant_machines{pool=\"web\",plan=\"c2-small-x86\",site=\"DAL\"}",
+            1.0,
+        ),
+        (
+            "shepherd_pool_dormant_machines{pool=\"cold\",plan=\"c2-small-x86\",site=\"CHI\"}",
             0.0,
         ),
         (

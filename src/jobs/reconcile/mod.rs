@@ -377,6 +377,44 @@ async fn run_pass(
     for device in &comparison.strangers {
         tracing::warn!(%device, kind = "stranger", "a device with the cluster's prefix on no place of its pools: not ours, left alone (another deployment's prefix may extend ours)");
     }
+    // An unknown server on a place of a pool holds that pool alone.
+    let held_pools = match comparison.missing.is_empty() && !comparison.unknown.is_empty() {
+        true => pass::pools_of_unknown(&comparison.unknown, &devices, &|u| {
+            ctx.provider.unit_place(u)
+        }),
+        false => None,
+    };
+    if let Some(held) = &held_pools {
+        for device in &comparison.unknown {
+            tracing::error!(%device, kind = "unknown", "a server on a place of a pool that nothing proves ours: the pool is held (no creation, no deletion) until it is explained");
+        }
+        let mut events: Vec<Event> = vec![
+            DiscrepancyFound {
+                run,
+                unknown_devices: comparison.unknown.clone(),
+                missing_devices: vec![],
+            }
+            .into(),
+        ];
+        for pool in held {
+            events.push(
+                DeletionsHeld {
+                    run,
+                    pool: pool.clone(),
+                    held: 0,
+                    guard: "discrepancy".into(),
+                    message: format!(
+                        "a server on a place of pool {pool} that nothing proves ours: neither creations nor \
+                         deletions in the pool until it is explained (deleted or renamed at the provider, \
+                         or adopted with assimilate)"
+                    ),
+                }
+                .into(),
+            );
+        }
+        note(ctx, job_id, events).await?;
+        out.unknown_devices = std::mem::take(&mut comparison.unknown);
+    }
     if !comparison.unknown.is_empty() || !comparison.missing.is_empty() {
         let mut reason = "the provider and shepherd disagree about which machines exist; refusing to do any work".to_string();
         if !comparison.missing.is_empty() {
@@ -429,9 +467,15 @@ async fn run_pass(
             .map(crate::pools::PoolRow::declared)
             .collect()
     };
+    let held = held_pools.unwrap_or_default();
+    let unheld: Vec<crate::provider::pool::Declared> = declared
+        .iter()
+        .filter(|d| !held.contains(&d.pool.name))
+        .cloned()
+        .collect();
     let place = |u: Uuid| ctx.provider.unit_place(u);
     out.deletions = converge(
-        ctx, &settings, job_id, run, &declared, &devices, &fleet, &ours,
+        ctx, &settings, job_id, run, &unheld, &devices, &fleet, &ours,
     )
     .await?;
     let ended = unwanted::end_unwanted_creations(ctx, job_id).await?;
@@ -473,7 +517,10 @@ async fn run_pass(
     out.listed_reservations = true;
     let mut tx = ctx.pool.begin().await?;
     let capacity = queue::lock_capacity(&mut tx).await?;
-    let lacking = pass::lacking(&declared, &devices, &fleet, &place);
+    let mut lacking = pass::lacking(&declared, &devices, &fleet, &place);
+    for pool in &held {
+        lacking.insert(pool.clone(), 0);
+    }
     let selection = pass::select(
         &inventory,
         &fleet,

@@ -107,7 +107,11 @@ pub fn render_status(o: &Overview) -> String {
                 crate::table::human_duration(o.now - r.started_at)
             ));
             if let Some(d) = &r.discrepancy {
-                out.push_str("  !!! DISCREPANCY: the provider and shepherd disagree; no work is being done !!!\n");
+                if r.refused.is_some() {
+                    out.push_str("  !!! DISCREPANCY: the provider and shepherd disagree; no work is being done !!!\n");
+                } else {
+                    out.push_str("  !!! DISCREPANCY: servers nothing proves ours stand on places of pools; those pools are held, the others go on !!!\n");
+                }
                 for id in &d.unknown_devices {
                     out.push_str(&format!(
                         "  !!! unknown prefixed device {id} (not managed, not witnessed)\n"
@@ -457,7 +461,13 @@ pub fn render_plan(
         ));
     }
     if let Some(d) = &plan.discrepancy {
-        out.push_str("DISCREPANCY: the pass would refuse to work\n");
+        if plan.held.iter().any(|h| h.guard == "discrepancy") {
+            out.push_str(
+                "DISCREPANCY: the pass would hold the pools it concerns (below) and go on with the others\n",
+            );
+        } else {
+            out.push_str("DISCREPANCY: the pass would refuse to work\n");
+        }
         out.push_str(&format!(
             "  unknown {}: {}\n",
             words.machines,

@@ -61,6 +61,12 @@ fn alarms(o: &Overview, words: &Words) -> Markup {
         .last_reconcile
         .as_ref()
         .and_then(|r| r.discrepancy.as_ref());
+    // Unknown servers on places of pools alone hold those pools; anything
+    // else stops the whole pass.
+    let whole_pass_refused = o
+        .last_reconcile
+        .as_ref()
+        .is_some_and(|r| r.refused.is_some());
     let over = o
         .max_machines
         .filter(|l| *l > 0)
@@ -73,8 +79,14 @@ fn alarms(o: &Overview, words: &Words) -> Markup {
         @if let Some(d) = discrepancy {
             div.alarm {
                 strong { "DISCREPANCY:" }
-                " the provider and shepherd disagree about which machines exist. The last \
-                 reconcile refused to do any work, and passes keep refusing while this lasts."
+                @if whole_pass_refused {
+                    " the provider and shepherd disagree about which machines exist. The last \
+                     reconcile refused to do any work, and passes keep refusing while this lasts."
+                } @else {
+                    " servers nothing proves ours stand on places of pools. Those pools are held \
+                     (no creation, no deletion: see the deletions held back) until each is \
+                     explained; the other pools go on."
+                }
                 ul {
                     @if !d.unknown_devices.is_empty() {
                         li { "Unknown " (words.machines) " (ours by name, managed by nobody): "
