@@ -94,7 +94,9 @@ impl Limiter {
             let slot = self.reserve().await?;
             let wait = slot - unix_now();
             if wait > 0.0 {
-                tokio::time::sleep(Duration::from_secs_f64(wait)).await;
+                let wait = crate::provider::discipline::provider_wait(wait)
+                    .unwrap_or(crate::provider::discipline::MAX_PROVIDER_WAIT);
+                tokio::time::sleep(wait).await;
                 // A hold recorded while this caller slept (another process
                 // got a 429) moved every later slot past it; this one too.
                 if self.held().await? {
@@ -129,7 +131,11 @@ impl Limiter {
         .fetch_optional(&self.pool)
         .await?
         .flatten();
-        Ok(left.filter(|s| *s > 0.0).map(Duration::from_secs_f64))
+        // A row edited by hand, or written before holds were bounded, is
+        // read within the bound too.
+        Ok(left
+            .filter(|s| *s > 0.0)
+            .and_then(crate::provider::discipline::provider_wait))
     }
 
     /// No slot starts before `wait` from now, for any process: the
@@ -146,7 +152,10 @@ impl Limiter {
                    holds = l.holds + 1",
         )
         .bind(self.name)
-        .bind(wait.as_secs_f64())
+        .bind(
+            wait.min(crate::provider::discipline::MAX_PROVIDER_WAIT)
+                .as_secs_f64(),
+        )
         .execute(&self.pool)
         .await?;
         Ok(())

@@ -17,6 +17,10 @@ pub fn bounded(s: &str, max: usize) -> String {
     out
 }
 
+/// The most of a provider's message that an event, a log line or a page
+/// keeps.
+pub const MAX_MESSAGE: usize = 2000;
+
 /// A provider's word for a state, as events keep it.
 pub fn bounded_word(s: &str) -> String {
     bounded(s, 64)

@@ -37,6 +37,12 @@ enum Answer {
     },
     /// Sends the start of a body, then one byte a second, forever.
     Drip,
+    /// Any status with the headers given.
+    Headed {
+        status: u16,
+        headers: Vec<(&'static str, String)>,
+        body: Vec<u8>,
+    },
 }
 
 fn json(status: u16, body: &str) -> Answer {
@@ -82,6 +88,17 @@ async fn answer(State(script): State<Script>, request: Request) -> Response {
             .unwrap(),
         Some(Answer::Full { status, body }) => {
             builder.status(status).body(Body::from(body)).unwrap()
+        }
+        Some(Answer::Headed {
+            status,
+            headers,
+            body,
+        }) => {
+            let mut builder = builder.status(status);
+            for (name, value) in headers {
+                builder = builder.header(name, value);
+            }
+            builder.body(Body::from(body)).unwrap()
         }
         Some(Answer::Stream { chunk, chunks }) => {
             let stream = futures::stream::iter(
@@ -413,4 +430,253 @@ fn mutate(valid: &[u8], rng: &mut StdRng) -> Vec<u8> {
         }
     }
     b
+}
+
+// ----- answers that must not panic, freeze or steal: both providers -----
+
+use shepherd::latitude::{LatitudeClient, LatitudeConfig, LatitudeError};
+use shepherd::provider::discipline::MAX_PROVIDER_WAIT;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// A scripted server for the Latitude client, and its address.
+async fn hostile_latitude() -> (Script, String) {
+    let script = Script::default();
+    let app = Router::new().fallback(answer).with_state(script.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr: SocketAddr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (script, format!("http://{addr}"))
+}
+
+/// A Latitude client of `base`, with a short retry budget. Each test of a
+/// 429 uses a client of its own: the hold a 429 records paces every later
+/// call of that client.
+fn latitude(base: &str) -> LatitudeClient {
+    let mut config = LatitudeConfig::new(base, "proj_1", ApiToken::new(common::TOKEN));
+    config.attempt_timeout = Duration::from_secs(2);
+    config.retry = common::fast_retry();
+    config.retry.max_elapsed = Duration::from_secs(3);
+    LatitudeClient::new(config).unwrap()
+}
+
+/// A listener elsewhere that counts what reaches it (a redirect's target).
+async fn bystander() -> (String, Arc<AtomicU32>) {
+    let hits = Arc::new(AtomicU32::new(0));
+    let counted = hits.clone();
+    let app = Router::new().fallback(move || {
+        let counted = counted.clone();
+        async move {
+            counted.fetch_add(1, Ordering::SeqCst);
+            "{}"
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr: SocketAddr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (format!("http://{addr}"), hits)
+}
+
+#[tokio::test]
+async fn a_huge_retry_after_neither_panics_nor_freezes() {
+    let (script, base) = hostile_latitude().await;
+    // In the body, as Latitude sends it, and in a header.
+    script.set(
+        "/servers/sv_body",
+        json(
+            429,
+            r#"{"errors":[{"code":"RATE_LIMIT_EXCEEDED","status":"429","meta":{"retry_after":1e300}}]}"#,
+        ),
+    );
+    script.set(
+        "/servers/sv_header",
+        Answer::Headed {
+            status: 429,
+            headers: vec![("retry-after", "1e300".into())],
+            body: b"{}".to_vec(),
+        },
+    );
+    for id in ["sv_body", "sv_header"] {
+        let r = ends(latitude(&base).get_server(id)).await;
+        match r {
+            Err(LatitudeError::RateLimited {
+                retry_after: Some(wait),
+                ..
+            }) => assert_eq!(wait, MAX_PROVIDER_WAIT, "{id}"),
+            other => panic!("{id}: expected a bounded rate limit, got {other:?}"),
+        }
+    }
+    // Not a number of seconds: no wait asked at all.
+    script.set(
+        "/servers/sv_nan",
+        Answer::Headed {
+            status: 429,
+            headers: vec![("retry-after", "-5".into())],
+            body: b"{}".to_vec(),
+        },
+    );
+    let r = ends(latitude(&base).get_server("sv_nan")).await;
+    assert!(
+        matches!(
+            r,
+            Err(LatitudeError::RateLimited {
+                retry_after: None,
+                ..
+            })
+        ),
+        "{r:?}"
+    );
+    // Metal's header, as large as a u64 holds.
+    let (script, client) = hostile().await;
+    let id = Uuid::new_v4();
+    script.set(
+        &format!("/devices/{id}"),
+        Answer::Headed {
+            status: 429,
+            headers: vec![("retry-after", u64::MAX.to_string())],
+            body: b"{}".to_vec(),
+        },
+    );
+    let r = ends(client.get_device(id)).await;
+    match r {
+        Err(MetalError::RateLimited {
+            retry_after: Some(wait),
+            ..
+        }) => assert_eq!(wait, MAX_PROVIDER_WAIT),
+        other => panic!("expected a bounded rate limit, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_latitude_body_past_the_cap_is_refused_even_without_a_length() {
+    let (script, base) = hostile_latitude().await;
+    script.set(
+        "/servers/sv_big",
+        // 100 GiB, without a length: buffered whole, it would never end.
+        Answer::Stream {
+            chunk: 1 << 20,
+            chunks: 100_000,
+        },
+    );
+    let r = ends(latitude(&base).get_server("sv_big")).await;
+    match r {
+        Err(LatitudeError::Undecodable { detail, .. }) => {
+            assert!(detail.contains("larger than"), "{detail}")
+        }
+        other => panic!("expected a refused answer, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn provider_error_text_is_cut_and_cleaned_before_it_is_kept() {
+    use shepherd::provider::ProviderError;
+    let (script, base) = hostile_latitude().await;
+    let detail = format!("bad\u{0}thing\u{1b}[31m{}", "x".repeat(100_000));
+    script.set(
+        "/servers/sv_1",
+        json(
+            422,
+            &serde_json::json!({"errors": [{"code": "VALIDATION_ERROR", "status": "422", "detail": detail}]})
+                .to_string(),
+        ),
+    );
+    let e = ends(latitude(&base).get_server("sv_1")).await.unwrap_err();
+    let kept = ProviderError::from(e);
+    assert!(!kept.message.contains('\u{0}') && !kept.message.contains('\u{1b}'));
+    assert!(
+        kept.message.chars().count() <= 2_001,
+        "{}",
+        kept.message.len()
+    );
+    assert!(
+        kept.message.contains("bad\u{FFFD}thing"),
+        "{}",
+        &kept.message[..80]
+    );
+}
+
+#[tokio::test]
+async fn an_id_that_would_change_the_path_is_never_sent() {
+    let (_script, base) = hostile_latitude().await;
+    let client = latitude(&base);
+    for id in [
+        "../projects",
+        "sv_1?filter=x",
+        "sv_1/actions",
+        "",
+        "sv 1",
+        &"a".repeat(65),
+    ] {
+        let r = ends(client.get_server(id)).await;
+        assert!(
+            matches!(r, Err(LatitudeError::BadId { .. })),
+            "{id:?}: {r:?}"
+        );
+        let r = ends(client.delete_server(id)).await;
+        assert!(
+            matches!(r, Err(LatitudeError::BadId { .. })),
+            "{id:?}: {r:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_redirect_to_another_host_takes_no_credential_there() {
+    let (elsewhere, hits) = bystander().await;
+    let (script, base) = hostile_latitude().await;
+    script.set(
+        "/servers/sv_1",
+        Answer::Headed {
+            status: 302,
+            headers: vec![("location", format!("{elsewhere}/steal"))],
+            body: vec![],
+        },
+    );
+    let r = ends(latitude(&base).get_server("sv_1")).await;
+    assert!(r.is_err(), "{r:?}");
+    let (script, client) = hostile().await;
+    let id = Uuid::new_v4();
+    script.set(
+        &format!("/devices/{id}"),
+        Answer::Headed {
+            status: 307,
+            headers: vec![("location", format!("{elsewhere}/steal"))],
+            body: vec![],
+        },
+    );
+    let r = ends(client.get_device(id)).await;
+    assert!(r.is_err(), "{r:?}");
+    assert_eq!(hits.load(Ordering::SeqCst), 0, "a redirect was followed");
+}
+
+#[test]
+fn plain_http_to_another_machine_is_refused() {
+    for base in [
+        "http://api.latitude.example",
+        "http://10.1.2.3:8080",
+        "ftp://127.0.0.1",
+    ] {
+        let r = LatitudeClient::new(LatitudeConfig::new(
+            base,
+            "proj_1",
+            ApiToken::new(common::TOKEN),
+        ));
+        assert!(r.is_err(), "{base}");
+        let r = MetalClient::new(
+            ClientConfig::new(base, PROJECT, ApiToken::new(common::TOKEN)),
+            ClientMetrics::default(),
+        );
+        assert!(r.is_err(), "{base}");
+    }
+    for base in [
+        "https://api.latitude.sh",
+        "http://127.0.0.1:3000",
+        "http://localhost:1",
+        "http://[::1]:2",
+    ] {
+        assert!(
+            LatitudeClient::new(LatitudeConfig::new(base, "p", ApiToken::new(common::TOKEN)))
+                .is_ok(),
+            "{base}"
+        );
+    }
 }

@@ -35,6 +35,8 @@ pub struct LatitudeConfig {
     pub attempt_timeout: Duration,
     pub page_size: u32,
     pub retry: RetrySettings,
+    /// `http://` to another machine is allowed (a fake elsewhere).
+    pub allow_plain_http: bool,
 }
 
 impl LatitudeConfig {
@@ -47,6 +49,7 @@ impl LatitudeConfig {
             attempt_timeout: Duration::from_secs(30),
             page_size: PAGE_SIZE_DEFAULT,
             retry: RetrySettings::default(),
+            allow_plain_http: false,
         }
     }
 }
@@ -228,17 +231,16 @@ impl LatitudeClient {
             reqwest::header::ACCEPT,
             HeaderValue::from_static("application/vnd.api+json"),
         );
+        // A redirect is never followed: the key would go wherever it points.
         let http = reqwest::Client::builder()
             .user_agent(concat!("shepherd/", env!("CARGO_PKG_VERSION")))
             .default_headers(headers)
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| refused(&format!("cannot build the HTTP client: {e}")))?;
         let base_url = config.base_url.trim_end_matches('/').to_string();
-        if !(base_url.starts_with("http://") || base_url.starts_with("https://")) {
-            return Err(refused(&format!(
-                "the API URL {base_url:?} is not an http(s) URL"
-            )));
-        }
+        crate::provider::discipline::credential_url_allowed(&base_url, config.allow_plain_http)
+            .map_err(|why| refused(&why))?;
         Ok(LatitudeClient {
             inner: Arc::new(Inner {
                 http,
@@ -330,8 +332,17 @@ impl LatitudeClient {
             {
                 return Ok::<_, reqwest::Error>((status, headers, None));
             }
-            let body = response.bytes().await?;
-            Ok((status, headers, Some(body.to_vec())))
+            // Read in chunks and stopped at the cap: an answer without a
+            // length may be any size.
+            let mut response = response;
+            let mut body = Vec::new();
+            while let Some(chunk) = response.chunk().await? {
+                if body.len() + chunk.len() > MAX_BODY_BYTES {
+                    return Ok((status, headers, None));
+                }
+                body.extend_from_slice(&chunk);
+            }
+            Ok((status, headers, Some(body)))
         };
         let (status, headers, body) =
             match tokio::time::timeout(self.inner.attempt_timeout, exchange).await {
@@ -376,14 +387,13 @@ impl LatitudeClient {
             .unwrap_or_default();
         let detail = error
             .text()
-            .map(str::to_string)
+            .map(|t| crate::text::bounded(t, crate::text::MAX_MESSAGE))
             .unwrap_or_else(|| format!("HTTP {status}"));
         Err(match (status, error.code().as_deref()) {
             (429, _) => {
                 let asked = header_seconds(&headers)
                     .or(error.meta.and_then(|m| m.retry_after))
-                    .filter(|s| s.is_finite() && *s >= 0.0)
-                    .map(Duration::from_secs_f64);
+                    .and_then(crate::provider::discipline::provider_wait);
                 // Every caller of this budget waits, not only this one.
                 let wait = asked.unwrap_or(Duration::from_secs(1));
                 if let Err(e) = pacer.hold(wait).await {
@@ -537,7 +547,7 @@ impl LatitudeClient {
         let mut backoff = self.inner.retry.backoff();
         let mut unseen = false;
         loop {
-            let path = format!("/servers/{id}");
+            let path = format!("/servers/{}", checked_id(call, id)?);
             let err = match self
                 .attempt_fenced(call, Method::DELETE, &path, &[], None, &fence)
                 .await
@@ -578,7 +588,13 @@ impl LatitudeClient {
             tried = true;
             async move {
                 match self
-                    .attempt(call, Method::DELETE, &format!("/servers/{id}"), &[], None)
+                    .attempt(
+                        call,
+                        Method::DELETE,
+                        &format!("/servers/{}", checked_id(call, id)?),
+                        &[],
+                        None,
+                    )
                     .await
                 {
                     Ok(_) => Ok(()),
@@ -712,7 +728,11 @@ impl LatitudeClient {
 
     pub async fn get_server(&self, id: &str) -> Result<Server, LatitudeError> {
         let e: Envelope<Server> = self
-            .read("get-server", &format!("/servers/{id}"), &[])
+            .read(
+                "get-server",
+                &format!("/servers/{}", checked_id("get-server", id)?),
+                &[],
+            )
             .await?;
         Ok(e.data)
     }
@@ -825,6 +845,24 @@ fn same_key(a: &str, b: &str) -> bool {
     a.len() == 2 && a == b
 }
 
+/// `id` if it has the shape of the API's ids, so that it may enter a path
+/// (`../`, `?` or `/` would change which resource a request names).
+fn checked_id<'a>(call: &'static str, id: &'a str) -> Result<&'a str, LatitudeError> {
+    let ok = !id.is_empty()
+        && id.len() <= 64
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if ok {
+        Ok(id)
+    } else {
+        Err(LatitudeError::BadId {
+            call,
+            id: crate::text::bounded(id, 80),
+        })
+    }
+}
+
 /// A `Retry-After` header in seconds, should the API ever send one.
 fn header_seconds(headers: &HeaderMap) -> Option<f64> {
     headers
@@ -837,15 +875,24 @@ fn header_seconds(headers: &HeaderMap) -> Option<f64> {
 }
 
 /// The wait before the next try: the backoff's, or as long as a 429 asked
-/// if that is longer; `None` when the retry budget is spent.
+/// if that is longer; `None` when the retry budget is spent, or would be
+/// by the wait (the call ends rate limited at once, and the hold it
+/// recorded paces every later call: no caller sleeps past its budget).
 fn next_wait(backoff: &mut backoff::ExponentialBackoff, err: &LatitudeError) -> Option<Duration> {
     use backoff::backoff::Backoff;
     let wait = backoff.next_backoff()?;
-    Some(match err {
-        LatitudeError::RateLimited {
-            retry_after: Some(asked),
-            ..
-        } => wait.max(*asked),
-        _ => wait,
-    })
+    let LatitudeError::RateLimited {
+        retry_after: Some(asked),
+        ..
+    } = err
+    else {
+        return Some(wait);
+    };
+    let left = backoff
+        .max_elapsed_time
+        .map(|max| max.saturating_sub(backoff.get_elapsed_time()));
+    if left.is_some_and(|left| *asked > left) {
+        return None;
+    }
+    Some(wait.max(*asked))
 }

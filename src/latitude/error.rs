@@ -36,6 +36,12 @@ pub enum LatitudeError {
     /// A create whose answer was not seen: the server may exist.
     #[error("{call}: outcome unknown: {reason}")]
     Ambiguous { call: &'static str, reason: String },
+    /// An id that is not of the shape the API gives (`sv_…`: letters,
+    /// digits, `_` and `-`): it never enters a path, and nothing is sent.
+    #[error(
+        "{call}: {id:?} is not a server id (letters, digits, _ and -, at most 64): nothing was sent"
+    )]
+    BadId { call: &'static str, id: String },
     #[error("{call}: undecodable answer (status {status}): {detail}")]
     Undecodable {
         call: &'static str,

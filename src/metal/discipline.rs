@@ -193,6 +193,7 @@ impl Gate {
     /// The provider asked for a pause of `wait`: every caller of this
     /// process waits it out, and the pacer tells the rest of the cluster.
     pub(crate) async fn hold(&self, op: Operation, wait: Duration) {
+        let wait = wait.min(crate::provider::discipline::MAX_PROVIDER_WAIT);
         let until = Instant::now() + wait;
         {
             let mut held = self.held_until.lock().unwrap_or_else(|e| e.into_inner());

@@ -104,7 +104,9 @@ impl From<MetalError> for ProviderError {
         ProviderError {
             class: e.class(),
             failure,
-            message: e.to_string(),
+            // The provider's words go into events, logs and pages: cut,
+            // and without the control characters an event cannot hold.
+            message: crate::text::bounded(&e.to_string(), crate::text::MAX_MESSAGE),
         }
     }
 }

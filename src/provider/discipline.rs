@@ -137,10 +137,58 @@ impl Pacer for LocalPacer {
     fn hold(&self, wait: Duration) -> PacerFuture<'_> {
         Box::pin(async move {
             let mut next = self.next.lock().await;
-            let until = Instant::now() + wait;
+            let until = Instant::now() + wait.min(MAX_PROVIDER_WAIT);
             *next = Some(next.map_or(until, |n| n.max(until)));
             Ok(())
         })
+    }
+}
+
+/// The longest a provider may make the cluster wait (a 429's
+/// `Retry-After`, a hold recorded from one): a wait beyond it is a provider
+/// bug or an attack, and the whole cluster would stop on it.
+pub const MAX_PROVIDER_WAIT: Duration = Duration::from_secs(15 * 60);
+
+/// A wait a provider asked for, in seconds, made safe to keep: `None` when
+/// it is no number of seconds (NaN, infinite, negative), and at most
+/// [`MAX_PROVIDER_WAIT`] (`Duration::from_secs_f64` panics past its range).
+pub fn provider_wait(secs: f64) -> Option<Duration> {
+    if !secs.is_finite() || secs < 0.0 {
+        return None;
+    }
+    Some(Duration::from_secs_f64(
+        secs.min(MAX_PROVIDER_WAIT.as_secs_f64()),
+    ))
+}
+
+/// Whether `base_url` may carry the API's credential: `https://`, or
+/// `http://` to this machine only (a fake in a test or the demo), where
+/// the credential never crosses a network; `http://` anywhere only when
+/// the operator allowed it (`plain_http`: a fake in another container).
+pub fn credential_url_allowed(base_url: &str, plain_http: bool) -> Result<(), String> {
+    let Ok(url) = reqwest::Url::parse(base_url) else {
+        return Err(format!("the API URL {base_url:?} is not a URL"));
+    };
+    match url.scheme() {
+        "https" => Ok(()),
+        "http" => {
+            let host = url.host_str().unwrap_or_default();
+            let host = host.trim_start_matches('[').trim_end_matches(']');
+            let loopback = host.eq_ignore_ascii_case("localhost")
+                || host
+                    .parse::<std::net::IpAddr>()
+                    .is_ok_and(|ip| ip.is_loopback());
+            if loopback || plain_http {
+                Ok(())
+            } else {
+                Err(format!(
+                    "the API URL {base_url:?} is plain http to another machine: the credential would \
+                     cross the network in the clear (https://; http:// to this machine, or with the \
+                     allow-plain-http setting, is for a fake)"
+                ))
+            }
+        }
+        _ => Err(format!("the API URL {base_url:?} is not an http(s) URL")),
     }
 }
 

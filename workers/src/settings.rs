@@ -35,6 +35,11 @@ pub struct MetalArgs {
     #[arg(long, env = "METAL_API_URL", default_value = BASE_URL_DEFAULT)]
     pub metal_api_url: String,
 
+    /// Allow an http:// API URL to another machine (a fake in another
+    /// container); the token then crosses the network in the clear
+    #[arg(long, env = "METAL_ALLOW_PLAIN_HTTP")]
+    pub metal_allow_plain_http: bool,
+
     /// Project whose reservations shepherd provisions
     #[arg(long = "project", env = "METAL_PROJECT_ID")]
     pub project: Option<Uuid>,
@@ -91,6 +96,7 @@ impl MetalArgs {
 
     pub fn client_config(&self) -> anyhow::Result<ClientConfig> {
         let mut config = ClientConfig::new(&self.metal_api_url, self.project()?, self.token()?);
+        config.allow_plain_http = self.metal_allow_plain_http;
         config.parallelism = self.api_parallelism as usize;
         config.api_rate = self.api_rate;
         config.attempt_timeout = self.api_timeout;
@@ -405,6 +411,11 @@ pub struct LatitudeArgs {
     #[arg(long, env = "LATITUDE_API_URL", default_value = shepherd::latitude::client::BASE_URL_DEFAULT)]
     pub latitude_api_url: String,
 
+    /// Allow an http:// API URL to another machine (a fake in another
+    /// container); the key then crosses the network in the clear
+    #[arg(long, env = "LATITUDE_ALLOW_PLAIN_HTTP")]
+    pub latitude_allow_plain_http: bool,
+
     /// Project (id or slug) whose servers shepherd keeps
     #[arg(long, env = "LATITUDE_PROJECT")]
     pub latitude_project: Option<String>,
@@ -457,6 +468,7 @@ impl LatitudeArgs {
         let mut config =
             shepherd::latitude::LatitudeConfig::new(&self.latitude_api_url, project, self.key()?);
         config.attempt_timeout = self.latitude_api_timeout;
+        config.allow_plain_http = self.latitude_allow_plain_http;
         Ok(config)
     }
 

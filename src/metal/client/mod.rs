@@ -55,6 +55,8 @@ pub struct ClientConfig {
     pub attempt_timeout: Duration,
     pub per_page: u32,
     pub retry: RetrySettings,
+    /// `http://` to another machine is allowed (a fake elsewhere).
+    pub allow_plain_http: bool,
 }
 
 impl ClientConfig {
@@ -68,6 +70,7 @@ impl ClientConfig {
             attempt_timeout: ATTEMPT_TIMEOUT_DEFAULT,
             per_page: PER_PAGE_DEFAULT,
             retry: RetrySettings::default(),
+            allow_plain_http: false,
         }
     }
 }
@@ -215,17 +218,17 @@ impl MetalClient {
         token.set_sensitive(true);
         let mut headers = HeaderMap::new();
         headers.insert("X-Auth-Token", token);
+        // A redirect is never followed: X-Auth-Token, a header of Metal's
+        // own, would go wherever it points, another host included.
         let http = reqwest::Client::builder()
             .user_agent(concat!("shepherd/", env!("CARGO_PKG_VERSION")))
             .default_headers(headers)
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| MetalError::Refused(format!("cannot build the HTTP client: {e}")))?;
         let base_url = config.base_url.trim_end_matches('/').to_string();
-        if !(base_url.starts_with("http://") || base_url.starts_with("https://")) {
-            return Err(MetalError::Refused(format!(
-                "the API URL {base_url:?} is not an http(s) URL"
-            )));
-        }
+        crate::provider::discipline::credential_url_allowed(&base_url, config.allow_plain_http)
+            .map_err(MetalError::Refused)?;
         Ok(MetalClient {
             inner: Arc::new(Inner {
                 http,

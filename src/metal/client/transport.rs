@@ -250,8 +250,13 @@ fn budget_spent(headers: &HeaderMap) -> Option<Duration> {
 }
 
 /// `Retry-After` in seconds, else `X-RateLimit-Reset` (a Unix time, or a
-/// number of seconds when it is too small to be one).
+/// number of seconds when it is too small to be one), at most
+/// `MAX_PROVIDER_WAIT`.
 pub(super) fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+    asked_wait(headers).map(|w| w.min(crate::provider::discipline::MAX_PROVIDER_WAIT))
+}
+
+fn asked_wait(headers: &HeaderMap) -> Option<Duration> {
     let number =
         |name: &str| -> Option<u64> { headers.get(name)?.to_str().ok()?.trim().parse().ok() };
     if let Some(secs) = number("retry-after") {
