@@ -53,5 +53,11 @@ grant execute on all functions in schema shepherd, apalis to shepherd_worker;
 -- The job queue.
 grant select, insert, update, delete on apalis.jobs, apalis.workers to shepherd_worker;
 
--- Readers look at everything and change nothing.
+-- Readers look at everything and change nothing: the tables and views,
+-- and the read-only helpers some views call (EXECUTE on shepherd's
+-- functions is nobody's by default).
 grant select on all tables in schema shepherd, apalis to shepherd_reader;
+grant execute on function
+    shepherd.job_args(bytea), shepherd.history(text), shepherd.device_history(text),
+    shepherd.device_history(uuid), shepherd.pool_occupancy(text)
+    to shepherd_reader;

@@ -345,7 +345,7 @@ pub async fn establish(
     by: &str,
 ) -> Result<Established, StoreError> {
     let mut tx = pool.begin().await?;
-    sqlx::query("select pg_advisory_xact_lock(hashtextextended('operator/settings', 0))")
+    sqlx::query("select pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended('operator/settings'::text, 0::int8))")
         .execute(&mut *tx)
         .await?;
     let map = stored(&mut tx).await?;
@@ -425,7 +425,7 @@ pub async fn establish_identity(
     by: &str,
 ) -> Result<(Identity, Option<String>), StoreError> {
     let mut tx = pool.begin().await?;
-    sqlx::query("select pg_advisory_xact_lock(hashtextextended('operator/settings', 0))")
+    sqlx::query("select pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended('operator/settings'::text, 0::int8))")
         .execute(&mut *tx)
         .await?;
     let map = stored(&mut tx).await?;

@@ -519,7 +519,7 @@ pub async fn plan(
             .filter(|d| !held_pools.contains(&d.pool.name))
             .cloned()
             .collect();
-        let targets = pass::targets(&unheld, &devices, &fleet, &place, &scope);
+        let targets = pass::targets(&unheld, &devices, &fleet, &ours, &place, &scope);
         let mut conn = pool.acquire().await?;
         let paused = views::read_deletions_pause(&mut conn).await?;
         let l = &settings.lifecycle;

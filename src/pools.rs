@@ -132,7 +132,7 @@ pub struct Established {
 /// never with a process's flags).
 pub async fn establish(db: &PgPool, flags: &[Pool], by: &str) -> Result<Established, StoreError> {
     let mut tx = db.begin().await?;
-    sqlx::query("select pg_advisory_xact_lock(hashtextextended('operator/pools', 0))")
+    sqlx::query("select pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended('operator/pools'::text, 0::int8))")
         .execute(&mut *tx)
         .await?;
     let ever: bool = sqlx::query_scalar(

@@ -379,6 +379,9 @@ async fn a_hook_that_redirects_is_no_consent_and_a_draining_one_is_waited_for(db
     );
     assert_eq!(w.fake.calls(Call::DestroyServer), 0);
     assert_eq!(w.fake.servers().len(), 2);
+    // The machine stays: the hook is told so.
+    let told = bodies.lock().unwrap().last().cloned().unwrap();
+    assert_eq!(told["event"], "cancelled", "{told:?}");
 
     // 202 (still draining) twice, then 204: only then does it go, and the
     // event names the hook's host, never its address with its token.
@@ -760,4 +763,47 @@ async fn an_adopted_machine_without_our_witness_is_shed_with_its_pool(db: PgPool
     assert!(!server_ids(&w).contains(&adopted));
     assert_eq!(w.fake.calls(Call::DestroyServer), 1);
     assert_eq!(server_ids(&w).len(), 1);
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_pause_longer_than_the_leave_timeout_costs_the_hook_no_drain_time(db: PgPool) {
+    let w = World::new(db, 10, vec![pool("web", "DAL", 2)]).await;
+    w.settle(3).await;
+    setting(&w, "leave_hook", "ack").await;
+    setting(&w, "leave_timeout", "2s").await;
+    setting(&w, "leave_deadline", "proceed").await;
+    set_count(&w, "web", 1).await;
+    let pass = w.pass().await;
+    assert_eq!(pass.deletions.len(), 1);
+    // Paused before the machine was ever asked to leave, for longer than
+    // the timeout.
+    sqlx::query("select shepherd.pause_deletions('the test', 'test')")
+        .execute(&w.pool)
+        .await
+        .unwrap();
+    drain_rounds(&w, 1).await;
+    assert!(events(&w, "leave_asked").await.is_empty());
+    tokio::time::sleep(Duration::from_millis(2_200)).await;
+    sqlx::query("select shepherd.resume_deletions('the test', 'test')")
+        .execute(&w.pool)
+        .await
+        .unwrap();
+    w.make_due().await;
+    // Asked now: the whole timeout is still the hook's.
+    let ran = drain_rounds(&w, 0).await;
+    assert!(
+        ran.iter()
+            .all(|r| matches!(r, Ran::Delete(DeleteOutcome::Waiting { .. }))),
+        "{ran:?}"
+    );
+    assert_eq!(events(&w, "leave_asked").await.len(), 1);
+    assert_eq!(w.fake.calls(Call::DestroyServer), 0);
+    assert!(events(&w, "leave_timed_out").await.is_empty());
+    // Then it runs out, and "proceed" lets the machine go.
+    tokio::time::sleep(Duration::from_millis(2_200)).await;
+    w.make_due().await;
+    drain_rounds(&w, 1).await;
+    assert_eq!(events(&w, "leave_timed_out").await.len(), 1);
+    assert_eq!(w.fake.calls(Call::DestroyServer), 1);
+    common::assert_rebuild_equals_live(&w.pool).await;
 }

@@ -334,6 +334,13 @@ fn one_of_each() -> Vec<Event> {
             status: Some("on".into()),
         }
         .into(),
+        LeaveAsked {
+            machine_id: m,
+            provider_id: d.to_string(),
+            request: q,
+            by: "hook:drain.example".into(),
+        }
+        .into(),
         DeletionsPaused {
             by: "ops".into(),
             reason: "incident".into(),
@@ -936,10 +943,17 @@ fn random_event(rng: &mut impl Rng, reservations: &[Uuid], devices: &[Uuid]) -> 
             reason: "r".into(),
         }
         .into(),
-        20 => MachineReady {
+        20 if rng.random() => MachineReady {
             machine_id: machine,
             provider_id: d.to_string(),
             status: Some("on".into()),
+        }
+        .into(),
+        20 => LeaveAsked {
+            machine_id: machine,
+            provider_id: d.to_string(),
+            request,
+            by: "ack".into(),
         }
         .into(),
         19 if rng.random() => DeletionsPaused {

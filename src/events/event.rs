@@ -317,6 +317,10 @@ events! {
     /// The leave hook did not answer by its deadline; `action` is the
     /// cluster's `leave_deadline`: `proceed` (the delete may be sent) or
     /// `give_up` (the deletion ends, the machine stays).
+    /// The machine was first asked to leave (its hook called, or an
+    /// acknowledgement awaited): the leave's deadline counts from here, not
+    /// from the request, so time spent paused is no drain time lost.
+    LeaveAsked = "leave_asked", 1 { machine_id: Uuid, provider_id: String, request: Uuid, by: String }
     LeaveTimedOut = "leave_timed_out", 1 { machine_id: Uuid, provider_id: String, request: Uuid, action: String }
     /// A delete's answer was not seen: the machine may be gone or not; a
     /// successor looks it up.
@@ -446,6 +450,7 @@ impl Event {
             Event::MachineProtected(e) => Stream::Device(e.provider_id.clone()),
             Event::MachineUnprotected(e) => Stream::Device(e.provider_id.clone()),
             Event::MachineReady(e) => Stream::Device(e.provider_id.clone()),
+            Event::LeaveAsked(e) => Stream::Device(e.provider_id.clone()),
             Event::SurplusFound(e) => Stream::Reconcile(e.run),
             Event::DeletionsHeld(e) => Stream::Reconcile(e.run),
             Event::SettingsChanged(_) => Stream::Settings,

@@ -150,10 +150,12 @@ async fn record_machine(
 ) -> Result<AssimilateOutcome, JobError> {
     let mut tx = ctx.pool.begin().await?;
     let capacity = queue::lock_capacity(&mut tx).await?;
-    sqlx::query("select pg_advisory_xact_lock(hashtextextended($1, 0))")
-        .bind(format!("device/{}", args.device))
-        .execute(&mut *tx)
-        .await?;
+    sqlx::query(
+        "select pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended($1::text, 0::int8))",
+    )
+    .bind(format!("device/{}", args.device))
+    .execute(&mut *tx)
+    .await?;
     let (existing, in_flight, owner): (Option<Uuid>, bool, Option<String>) = sqlx::query_as(
         "select (select machine_id from shepherd.managed_machines
                  where provider = $1 and provider_id = $2),

@@ -170,7 +170,7 @@ pub async fn delete_machine(
             ErrorClass::Transient,
             "another run holds the machine's unit; it is tried again later",
         );
-        return retry_later(ctx, args, &busy).await;
+        return look_again_later(ctx, args, &busy).await;
     };
     let outcome = holding(ctx, &settings, args, &leaving, job_id, Some(&lock)).await;
     lock.release().await;
@@ -228,6 +228,28 @@ async fn leave(
         let until = Utc::now() + TimeDelta::from_std(LEAVE_POLL * 6).unwrap_or_default();
         return Ok(Leave::Done(wait_until(ctx, args, until).await?));
     }
+    // Asked from now on: the deadline counts from the first ask, durably,
+    // whoever asks next.
+    let asked_at = match leaving.deletion.asked_at {
+        Some(at) => at,
+        None => {
+            note(
+                ctx,
+                job_id,
+                LeaveAsked {
+                    machine_id: args.machine_id,
+                    provider_id: args.device.clone(),
+                    request: args.request,
+                    by: match hook {
+                        LeaveHook::Http(url) => format!("hook:{}", hook_host(url)),
+                        _ => "ack".into(),
+                    },
+                },
+            )
+            .await?;
+            Utc::now()
+        }
+    };
     if let LeaveHook::Http(url) = hook {
         match call_hook(ctx, url, HookCall::Leaving, args, leaving).await {
             HookAnswer::Done => {
@@ -247,8 +269,7 @@ async fn leave(
             HookAnswer::Draining | HookAnswer::NotYet => {}
         }
     }
-    let deadline = leaving.deletion.requested_at
-        + TimeDelta::from_std(l.leave_timeout).unwrap_or(TimeDelta::MAX);
+    let deadline = asked_at + TimeDelta::from_std(l.leave_timeout).unwrap_or(TimeDelta::MAX);
     let now = Utc::now();
     if now < deadline {
         let until = (now + TimeDelta::from_std(LEAVE_POLL).unwrap_or_default()).min(deadline);
@@ -269,12 +290,15 @@ async fn leave(
     .await?;
     Ok(match action {
         LeaveDeadline::Proceed => Leave::Go,
-        LeaveDeadline::GiveUp => Leave::Done(DeleteOutcome::Failed {
-            reason: format!(
-                "the leave hook did not answer within {}; the machine stays",
-                crate::config::format_duration(l.leave_timeout)
-            ),
-        }),
+        LeaveDeadline::GiveUp => {
+            tell_hook_it_stays(ctx, settings, args, leaving).await;
+            Leave::Done(DeleteOutcome::Failed {
+                reason: format!(
+                    "the leave hook did not answer within {}; the machine stays",
+                    crate::config::format_duration(l.leave_timeout)
+                ),
+            })
+        }
     })
 }
 
@@ -431,7 +455,7 @@ async fn holding(
             // deletion asks again later.
             tracing::warn!(device = %args.device, %reason, "the deletion's cause could not be checked again; the machine stays for now");
             let e = ProviderError::new(ErrorClass::Transient, reason);
-            return retry_later(ctx, args, &e).await;
+            return look_again_later(ctx, args, &e).await;
         }
     };
     if deletions_paused(ctx).await? {
@@ -475,16 +499,22 @@ async fn holding(
             if args.tries() < ctx.config.create_retry.max_attempts {
                 retry_later(ctx, args, &e).await
             } else {
-                failed(
+                let outcome = failed(
                     ctx,
                     args,
                     job_id,
                     format!("gave up after {} attempts: {e}", args.tries()),
                 )
-                .await
+                .await;
+                tell_hook_it_stays(ctx, settings, args, leaving).await;
+                outcome
             }
         }
-        Err(e) => failed(ctx, args, job_id, e.to_string()).await,
+        Err(e) => {
+            let outcome = failed(ctx, args, job_id, e.to_string()).await;
+            tell_hook_it_stays(ctx, settings, args, leaving).await;
+            outcome
+        }
     }
 }
 
@@ -803,12 +833,21 @@ async fn cancel(
         },
     )
     .await?;
-    // A hook that may have been asked to drain the machine is told it
-    // stays (best effort: the cancellation is recorded whatever it says).
+    tell_hook_it_stays(ctx, settings, args, leaving).await;
+    Ok(DeleteOutcome::Cancelled { reason })
+}
+
+/// A hook that may have been asked to drain the machine is told it stays
+/// (best effort: the ending is recorded whatever it says).
+async fn tell_hook_it_stays(
+    ctx: &JobContext,
+    settings: &ClusterSettings,
+    args: &DeleteMachineArgs,
+    leaving: &Leaving,
+) {
     if let LeaveHook::Http(url) = &settings.lifecycle.leave_hook {
         call_hook(ctx, url, HookCall::Cancelled, args, leaving).await;
     }
-    Ok(DeleteOutcome::Cancelled { reason })
 }
 
 async fn failed(
@@ -830,6 +869,31 @@ async fn failed(
     )
     .await?;
     Ok(DeleteOutcome::Failed { reason })
+}
+
+/// Asks again later without having tried the delete (the unit was busy,
+/// the machine could not be read): a wait, which uses up none of the
+/// delete's tries.
+async fn look_again_later(
+    ctx: &JobContext,
+    args: &DeleteMachineArgs,
+    e: &ProviderError,
+) -> Result<DeleteOutcome, JobError> {
+    let next_attempt = args.attempt + 1;
+    let after = ctx
+        .config
+        .create_retry
+        .backoff(args.waits.saturating_add(1).min(10));
+    tracing::info!(device = %args.device, error = %e, "deletion will look again later");
+    let waited = DeleteMachineArgs {
+        waits: args.waits + 1,
+        ..args.clone()
+    };
+    successor(ctx, &waited, next_attempt, args.unknown, after).await?;
+    Ok(DeleteOutcome::Retrying {
+        next_attempt,
+        after,
+    })
 }
 
 async fn retry_later(

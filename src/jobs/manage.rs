@@ -68,7 +68,7 @@ impl Row {
 
 /// Locks the job row and the sweep (so neither moves while it is judged).
 async fn lock(conn: &mut PgConnection, id: &str) -> Result<Row, JobActionError> {
-    sqlx::query("select pg_advisory_xact_lock(hashtextextended('shepherd/sweep', 0))")
+    sqlx::query("select pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended('shepherd/sweep'::text, 0::int8))")
         .execute(&mut *conn)
         .await?;
     sqlx::query_as(

@@ -66,11 +66,19 @@ pub async fn read_fleet(pool: &PgPool) -> Result<Fleet, sqlx::Error> {
     )
     .fetch_all(&mut *tx)
     .await?;
+    // The later of our creation and the machine's assimilation: a machine
+    // lost and adopted again under a new id counts from its return, not
+    // from a creation long ago.
     let made_at: Vec<(String, Option<chrono::DateTime<chrono::Utc>>)> = sqlx::query_as(
         "select m.provider_id,
-                (select min(e.recorded_at) from shepherd.events e
-                 where e.event_type = 'device_created' and e.body->>'device' = m.provider_id)
-         from shepherd.managed_machines m where m.ready_at is null",
+                greatest((select min(e.recorded_at) from shepherd.events e
+                          where e.event_type = 'device_created'
+                            and e.body->>'device' = m.provider_id),
+                         m.assimilated_at)
+         from shepherd.managed_machines m
+         where m.ready_at is null
+           and exists (select 1 from shepherd.events e
+                       where e.event_type = 'device_created' and e.body->>'device' = m.provider_id)",
     )
     .fetch_all(&mut *tx)
     .await?;
@@ -443,6 +451,7 @@ pub fn targets(
     pools: &[crate::provider::pool::Declared],
     devices: &[Machine],
     fleet: &Fleet,
+    ours: &HashSet<String>,
     place: PlaceOf<'_>,
     scope: &dyn Fn(Uuid) -> Option<String>,
 ) -> Vec<super::converge::Target> {
@@ -482,6 +491,7 @@ pub fn targets(
             created_at: d.created_at,
             protected,
             leaving: fleet.leaving.contains(&machine_id),
+            adopted: !ours.contains(&d.id),
         });
     }
     out.retain(|t| !t.members.is_empty() || !t.removed);

@@ -45,7 +45,7 @@ impl PlaceLock {
     pub async fn try_take(pool: &PgPool, unit: Uuid) -> Result<Option<PlaceLock>, sqlx::Error> {
         let mut conn = pool.acquire().await?;
         conn.close_on_drop();
-        let got: bool = sqlx::query_scalar("select pg_try_advisory_lock(hashtextextended($1, 0))")
+        let got: bool = sqlx::query_scalar("select pg_catalog.pg_try_advisory_lock(pg_catalog.hashtextextended($1::text, 0::int8))")
             .bind(key(unit))
             .fetch_one(&mut *conn)
             .await?;
@@ -63,10 +63,12 @@ impl PlaceLock {
     /// that could not be released dies with it).
     pub async fn release(self) {
         let mut conn = self.conn.into_inner();
-        let _ = sqlx::query("select pg_advisory_unlock(hashtextextended($1, 0))")
-            .bind(key(self.unit))
-            .execute(&mut *conn)
-            .await;
+        let _ = sqlx::query(
+            "select pg_catalog.pg_advisory_unlock(pg_catalog.hashtextextended($1::text, 0::int8))",
+        )
+        .bind(key(self.unit))
+        .execute(&mut *conn)
+        .await;
     }
 
     /// Who stands on the unit, asked on the lock's own connection: an

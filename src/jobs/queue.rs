@@ -99,7 +99,7 @@ pub struct Capacity {
 /// Takes the capacity lock (held until the transaction ends) and counts
 /// against the cluster's limit as recorded: never a process's own idea of it.
 pub async fn lock_capacity(conn: &mut PgConnection) -> Result<Capacity, StoreError> {
-    sqlx::query("select pg_advisory_xact_lock(hashtextextended('shepherd/capacity', 0))")
+    sqlx::query("select pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended('shepherd/capacity'::text, 0::int8))")
         .execute(&mut *conn)
         .await?;
     // The limit and the counts in one round trip: this runs under the

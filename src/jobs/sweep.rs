@@ -53,7 +53,7 @@ const REASON: &str = "no job was left to end it";
 pub async fn run_once(pool: &PgPool) -> Result<SweepOutcome, StoreError> {
     let mut tx = pool.begin().await?;
     let got: bool = sqlx::query_scalar(
-        "select pg_try_advisory_xact_lock(hashtextextended('shepherd/sweep', 0))",
+        "select pg_catalog.pg_try_advisory_xact_lock(pg_catalog.hashtextextended('shepherd/sweep'::text, 0::int8))",
     )
     .fetch_one(&mut *tx)
     .await?;

@@ -295,7 +295,9 @@ async fn latitude_chaos_breaks_no_invariant(pool: PgPool) {
                 taken_away = Some(victim.id.clone());
             }
         }
-        if dormant.is_empty() && raised && elapsed > Duration::from_secs(20) {
+        // Once the shrink is over and the server taken away is chosen, so
+        // that neither can meet them: any two that ran.
+        if dormant.is_empty() && taken_away.is_some() && elapsed > Duration::from_secs(20) {
             let ready: HashSet<String> = match sqlx::query_scalar::<_, String>(
                 "select provider_id from shepherd.managed_machines where ready_at is not null",
             )
@@ -308,7 +310,11 @@ async fn latitude_chaos_breaks_no_invariant(pool: PgPool) {
             };
             let picks: Vec<String> = now
                 .iter()
-                .filter(|s| s.hostname.starts_with("shepherd-batch-") && ready.contains(&s.id))
+                .filter(|s| {
+                    s.hostname.starts_with("shepherd-")
+                        && ready.contains(&s.id)
+                        && taken_away.as_ref() != Some(&s.id)
+                })
                 .take(2)
                 .map(|s| s.id.clone())
                 .collect();

@@ -83,6 +83,10 @@ pub struct PendingDeletion {
     /// From when the delete may be sent (the leave hook answered, or had
     /// nothing to wait for).
     pub cleared_at: Option<DateTime<Utc>>,
+    /// When the machine was first asked to leave (`leave_asked`): the
+    /// leave's deadline counts from here.
+    #[serde(default)]
+    pub asked_at: Option<DateTime<Utc>>,
     pub unresolved_since: Option<DateTime<Utc>>,
     pub last_error: Option<String>,
 }
@@ -239,9 +243,15 @@ pub fn apply(state: &mut ViewState, event: &Event, at: DateTime<Utc>) {
                     requested_by: e.by.clone(),
                     requested_at: at,
                     cleared_at: None,
+                    asked_at: None,
                     unresolved_since: None,
                     last_error: None,
                 });
+        }
+        Event::LeaveAsked(e) => {
+            if let Some(d) = deletion_of(state, e.machine_id, e.request) {
+                d.asked_at.get_or_insert(at);
+            }
         }
         Event::LeaveAcknowledged(e) => {
             if let Some(d) = deletion_of(state, e.machine_id, e.request) {
@@ -536,6 +546,7 @@ impl Keys {
                 Event::DeletionRequested(e) => k.devices.push(e.provider_id.clone()),
                 Event::LeaveAcknowledged(e) => k.devices.push(e.provider_id.clone()),
                 Event::LeaveTimedOut(e) => k.devices.push(e.provider_id.clone()),
+                Event::LeaveAsked(e) => k.devices.push(e.provider_id.clone()),
                 Event::DeletionUnresolved(e) => k.devices.push(e.provider_id.clone()),
                 Event::MachineDeleted(e) => k.devices.push(e.provider_id.clone()),
                 Event::DeletionFailed(e) => k.devices.push(e.provider_id.clone()),
@@ -597,7 +608,7 @@ impl Keys {
             .chain(self.settings.then(|| "operator/settings".to_string()))
             .collect();
         sqlx::query(
-            "select pg_advisory_xact_lock(hashtextextended(k, 0))
+            "select pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended(k::text, 0::int8))
              from (select unnest($1::text[]) as k order by 1) keys",
         )
         .bind(&names)

@@ -295,14 +295,14 @@ pub(super) async fn insert_deletions<'a>(
         sqlx::query(
             "insert into shepherd.pending_deletions (machine_id, provider_id, reservation_id, pool,
                  request, cause, message, requested_by, requested_at, cleared_at,
-                 unresolved_since, last_error)
-             values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+                 unresolved_since, last_error, asked_at)
+             values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
              on conflict (machine_id) do update set provider_id = excluded.provider_id,
                reservation_id = excluded.reservation_id, pool = excluded.pool,
                request = excluded.request, cause = excluded.cause, message = excluded.message,
                requested_by = excluded.requested_by, requested_at = excluded.requested_at,
                cleared_at = excluded.cleared_at, unresolved_since = excluded.unresolved_since,
-               last_error = excluded.last_error",
+               last_error = excluded.last_error, asked_at = excluded.asked_at",
         )
         .bind(d.machine_id)
         .bind(&d.provider_id)
@@ -316,6 +316,7 @@ pub(super) async fn insert_deletions<'a>(
         .bind(d.cleared_at)
         .bind(d.unresolved_since)
         .bind(&d.last_error)
+        .bind(d.asked_at)
         .execute(&mut *conn)
         .await?;
     }
@@ -334,6 +335,7 @@ pub(super) fn deletion_from_row(row: &sqlx::postgres::PgRow) -> PendingDeletion 
         requested_by: row.get("requested_by"),
         requested_at: row.get("requested_at"),
         cleared_at: row.get("cleared_at"),
+        asked_at: row.get("asked_at"),
         unresolved_since: row.get("unresolved_since"),
         last_error: row.get("last_error"),
     }

@@ -53,6 +53,9 @@ pub struct Member {
     pub protected: bool,
     /// Its deletion is under way already.
     pub leaving: bool,
+    /// Managed by an operator's adoption, not proven ours by a witness:
+    /// among equals, what shepherd made is kept over what it adopted.
+    pub adopted: bool,
 }
 
 /// A pool as declared, and its members.

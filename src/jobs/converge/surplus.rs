@@ -27,6 +27,7 @@ pub fn candidates(t: &Target) -> Surplus {
         (
             m.protected,
             m.health,
+            !m.adopted,
             Reverse(m.created_at),
             Reverse(m.index),
         )

@@ -18,6 +18,7 @@ fn member(index: u32, health: Health, age_minutes: i64) -> Member {
         created_at: Some(Utc::now() - TimeDelta::minutes(age_minutes)),
         protected: false,
         leaving: false,
+        adopted: false,
     }
 }
 
@@ -246,4 +247,14 @@ fn a_dormant_machine_is_the_last_a_lowered_pool_gives_up() {
     ];
     let p = plan(&[target(1, members)], &HashMap::new(), &policy());
     assert_eq!(chosen(&p), vec![(2, Cause::Surplus), (1, Cause::Surplus)]);
+}
+
+#[test]
+fn among_equals_what_was_adopted_goes_before_what_shepherd_made() {
+    let mut members = vec![member(0, Health::Ready, 600), member(1, Health::Ready, 10)];
+    // The older one was adopted (no witness of ours): it goes, though the
+    // newest would otherwise.
+    members[0].adopted = true;
+    let p = plan(&[target(1, members)], &HashMap::new(), &policy());
+    assert_eq!(chosen(&p), vec![(0, Cause::Surplus)]);
 }

@@ -229,10 +229,12 @@ pub(super) async fn still_owns(
     tx: &mut sqlx::PgConnection,
     args: &CreateDeviceArgs,
 ) -> Result<bool, JobError> {
-    sqlx::query("select pg_advisory_xact_lock(hashtextextended($1, 0))")
-        .bind(format!("reservation/{}", args.reservation))
-        .execute(&mut *tx)
-        .await?;
+    sqlx::query(
+        "select pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended($1::text, 0::int8))",
+    )
+    .bind(format!("reservation/{}", args.reservation))
+    .execute(&mut *tx)
+    .await?;
     let owner: Option<Option<String>> = sqlx::query_scalar(
         "select request from shepherd.pending_creations where reservation_id = $1",
     )

@@ -35,7 +35,7 @@ pub(super) async fn converge(
     let place = |u: Uuid| ctx.provider.unit_place(u);
     let scope = |u: Uuid| ctx.provider.unit_scope(u);
     let surplus = pass::surplus(declared, devices, fleet, ours, &place);
-    let targets = pass::targets(declared, devices, fleet, &place, &scope);
+    let targets = pass::targets(declared, devices, fleet, ours, &place, &scope);
     let l = &settings.lifecycle;
     let mut conn = ctx.pool.acquire().await?;
     let paused = crate::events::views::read_deletions_pause(&mut conn).await?;

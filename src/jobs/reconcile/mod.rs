@@ -78,7 +78,7 @@ pub async fn reconcile_requested(
     // a crashed pass releases it with its connection.
     let mut guard = ctx.pool.begin().await?;
     let got: bool = sqlx::query_scalar(
-        "select pg_try_advisory_xact_lock(hashtextextended('shepherd/reconcile', 0))",
+        "select pg_catalog.pg_try_advisory_xact_lock(pg_catalog.hashtextextended('shepherd/reconcile'::text, 0::int8))",
     )
     .fetch_one(&mut *guard)
     .await?;
@@ -405,8 +405,8 @@ async fn run_pass(
                     guard: "discrepancy".into(),
                     message: format!(
                         "a server on a place of pool {pool} that nothing proves ours: neither creations nor \
-                         deletions in the pool until it is explained (deleted or renamed at the provider, \
-                         or adopted with assimilate)"
+                         deletions in the pool until it is explained (deleted or renamed at the provider \
+                         by whoever made it)"
                     ),
                 }
                 .into(),
