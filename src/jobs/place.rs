@@ -22,10 +22,22 @@ use crate::provider::Fence;
 /// A unit's lock, held until [`PlaceLock::release`] or until dropped (its
 /// connection is then closed, never handed back to the pool still holding
 /// the lock: a creation cut off mid-way must not leave its unit locked for
-/// whoever takes that connection next).
+/// whoever takes that connection next). A release the server confirms
+/// hands the connection back to the pool: a fresh backend per creation
+/// (authentication, cold caches, every statement parsed again) was most
+/// of a job's cost (issue 31).
 pub struct PlaceLock {
     unit: Uuid,
-    conn: Mutex<PoolConnection<Postgres>>,
+    /// `None` once released.
+    conn: Mutex<Option<PoolConnection<Postgres>>>,
+}
+
+impl Drop for PlaceLock {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.get_mut().as_mut() {
+            conn.close_on_drop();
+        }
+    }
 }
 
 impl std::fmt::Debug for PlaceLock {
@@ -44,14 +56,13 @@ impl PlaceLock {
     /// Takes the unit's lock if nobody holds it; `None` if somebody does.
     pub async fn try_take(pool: &PgPool, unit: Uuid) -> Result<Option<PlaceLock>, sqlx::Error> {
         let mut conn = pool.acquire().await?;
-        conn.close_on_drop();
         let got: bool = sqlx::query_scalar("select pg_catalog.pg_try_advisory_lock(pg_catalog.hashtextextended($1::text, 0::int8))")
             .bind(key(unit))
             .fetch_one(&mut *conn)
             .await?;
         Ok(got.then(|| PlaceLock {
             unit,
-            conn: Mutex::new(conn),
+            conn: Mutex::new(Some(conn)),
         }))
     }
 
@@ -59,22 +70,31 @@ impl PlaceLock {
         self.unit
     }
 
-    /// Lets the unit go. The connection is closed with the lock (a lock
-    /// that could not be released dies with it).
-    pub async fn release(self) {
-        let mut conn = self.conn.into_inner();
-        let _ = sqlx::query(
+    /// Lets the unit go. A connection whose unlock the server confirmed
+    /// goes back to the pool; any other is closed, so that a lock that
+    /// could not be released dies with it.
+    pub async fn release(mut self) {
+        let Some(mut conn) = self.conn.get_mut().take() else {
+            return;
+        };
+        let unlocked: Result<bool, _> = sqlx::query_scalar(
             "select pg_catalog.pg_advisory_unlock(pg_catalog.hashtextextended($1::text, 0::int8))",
         )
         .bind(key(self.unit))
-        .execute(&mut *conn)
+        .fetch_one(&mut *conn)
         .await;
+        if !matches!(unlocked, Ok(true)) {
+            conn.close_on_drop();
+        }
     }
 
     /// Who stands on the unit, asked on the lock's own connection: an
     /// error means the lock may be lost.
     pub async fn standing(&self) -> Result<Standing, String> {
-        let mut conn = self.conn.lock().await;
+        let mut guard = self.conn.lock().await;
+        let conn = guard
+            .as_mut()
+            .ok_or_else(|| "the unit's lock was released".to_string())?;
         type Row = (
             Option<String>,
             i64,
