@@ -30,12 +30,22 @@ async fn a_released_lock_hands_its_connection_back_and_a_dropped_one_closes_it(d
         .unwrap();
     let first = pid(&pool).await;
     let unit = Uuid::new_v4();
-    let lock = PlaceLock::try_take(&pool, unit).await.unwrap().expect("free");
+    let lock = PlaceLock::try_take(&pool, unit)
+        .await
+        .unwrap()
+        .expect("free");
     lock.release().await;
-    assert_eq!(pid(&pool).await, first, "the released connection was not reused");
+    assert_eq!(
+        pid(&pool).await,
+        first,
+        "the released connection was not reused"
+    );
     // Dropped without a release: the connection is closed and the lock
     // dies with it; the pool opens another.
-    let held = PlaceLock::try_take(&pool, unit).await.unwrap().expect("free again");
+    let held = PlaceLock::try_take(&pool, unit)
+        .await
+        .unwrap()
+        .expect("free again");
     drop(held);
     let started = Instant::now();
     loop {
@@ -49,5 +59,9 @@ async fn a_released_lock_hands_its_connection_back_and_a_dropped_one_closes_it(d
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_ne!(pid(&pool).await, first, "a dropped lock's connection was pooled");
+    assert_ne!(
+        pid(&pool).await,
+        first,
+        "a dropped lock's connection was pooled"
+    );
 }
