@@ -44,12 +44,36 @@ async fn set_count(w: &World, pool: &str, count: u32) {
     .unwrap_or_else(|e| panic!("set_pool {pool} {count}: {e}"));
 }
 
-async fn events(w: &World, kind: &str) -> Vec<serde_json::Value> {
-    sqlx::query_scalar("select body from shepherd.events where event_type = $1 order by position")
-        .bind(kind)
-        .fetch_all(&w.pool)
+/// Acknowledges a machine's leave from SQL, as a drain script would.
+async fn acknowledge(w: &World, device: &str) {
+    sqlx::query("select shepherd.acknowledge_leave($1, 'test')")
+        .bind(device)
+        .execute(&w.pool)
         .await
-        .unwrap()
+        .unwrap_or_else(|e| panic!("acknowledge {device}: {e}"));
+}
+
+/// Pauses (true) or resumes deletions from SQL.
+async fn pause_deletions(w: &World, paused: bool) {
+    let statement = if paused {
+        "select shepherd.pause_deletions('the test', 'test')"
+    } else {
+        "select shepherd.resume_deletions('the test', 'test')"
+    };
+    sqlx::query(statement)
+        .execute(&w.pool)
+        .await
+        .unwrap_or_else(|e| panic!("{statement}: {e}"));
+}
+
+/// Why the deletion among `ran` was cancelled; fails if none was.
+fn cancelled_reason(ran: &[Ran]) -> String {
+    ran.iter()
+        .find_map(|r| match r {
+            Ran::Delete(DeleteOutcome::Cancelled { reason }) => Some(reason.clone()),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("not cancelled: {ran:?}"))
 }
 
 /// Our servers' ids at the fake, oldest first.
@@ -137,7 +161,7 @@ async fn a_machine_that_ran_is_never_deleted_for_its_status(db: PgPool) {
     let ids = server_ids(&w);
     assert_eq!(ids.len(), 6);
     // Every one of them was seen running once.
-    assert_eq!(events(&w, "machine_ready").await.len(), 6);
+    assert_eq!(w.events("machine_ready").await.len(), 6);
     setting(&w, "ready_deadline", "1s").await;
     setting(&w, "max_unhealthy", "100%").await;
     // Months later: powered off by its owner, in rescue while someone
@@ -161,7 +185,7 @@ async fn a_machine_that_ran_is_never_deleted_for_its_status(db: PgPool) {
         assert!(pass.deletions.is_empty(), "{pass:?}");
         drain_rounds(&w, 1).await;
     }
-    assert!(events(&w, "deletion_requested").await.is_empty());
+    assert!(w.events("deletion_requested").await.is_empty());
     assert_eq!(w.fake.calls(Call::DestroyServer), 0);
     assert_eq!(server_ids(&w), ids);
     assert_eq!(w.count("select count(*) from shepherd.sinbin").await, 0);
@@ -197,13 +221,13 @@ async fn never_ready_counts_from_our_creation_and_is_checked_again_before_the_de
     setting(&w, "ready_deadline", "3s").await;
     let pass = w.pass().await;
     assert!(pass.deletions.is_empty(), "{pass:?}");
-    assert!(events(&w, "machine_ready").await.is_empty());
+    assert!(w.events("machine_ready").await.is_empty());
     tokio::time::sleep(Duration::from_millis(3_100)).await;
     // Past the deadline counted from our creation: it is to be replaced.
     setting(&w, "leave_hook", "ack").await;
     let pass = w.pass().await;
     assert_eq!(pass.deletions, vec![id.clone()], "{pass:?}");
-    let requested = events(&w, "deletion_requested").await;
+    let requested = w.events("deletion_requested").await;
     assert_eq!(requested[0]["cause"], "not_ready");
     // While its leave hook waits, the server comes up after all.
     let ran = drain_rounds(&w, 0).await;
@@ -212,28 +236,18 @@ async fn never_ready_counts_from_our_creation_and_is_checked_again_before_the_de
         "{ran:?}"
     );
     assert!(w.fake.set_status(id, None));
-    sqlx::query("select shepherd.acknowledge_leave($1, 'test')")
-        .bind(id)
-        .execute(&w.pool)
-        .await
-        .unwrap();
+    acknowledge(&w, id).await;
     w.make_due().await;
     let ran = drain_rounds(&w, 0).await;
-    let reason = ran
-        .iter()
-        .find_map(|r| match r {
-            Ran::Delete(DeleteOutcome::Cancelled { reason }) => Some(reason.clone()),
-            _ => None,
-        })
-        .unwrap_or_else(|| panic!("not cancelled: {ran:?}"));
+    let reason = cancelled_reason(&ran);
     assert!(reason.contains("no longer deploying"), "{reason}");
     assert_eq!(w.fake.calls(Call::DestroyServer), 0);
     assert_eq!(server_ids(&w), ids);
-    assert_eq!(events(&w, "deletion_cancelled").await.len(), 1);
+    assert_eq!(w.events("deletion_cancelled").await.len(), 1);
     assert_eq!(w.count("select count(*) from shepherd.sinbin").await, 0);
     // The next pass sees it ready: from then on it was ready once.
     w.pass().await;
-    assert_eq!(events(&w, "machine_ready").await.len(), 1);
+    assert_eq!(w.events("machine_ready").await.len(), 1);
     common::assert_rebuild_equals_live(&w.pool).await;
 }
 
@@ -243,24 +257,15 @@ async fn a_failed_machine_that_recovered_is_kept(db: PgPool) {
     w.settle(3).await;
     let ids = server_ids(&w);
     // Deletions paused: the one the pass requests waits.
-    sqlx::query("select shepherd.pause_deletions('the test', 'test')")
-        .execute(&w.pool)
-        .await
-        .unwrap();
+    pause_deletions(&w, true).await;
     assert!(w.fake.fail_server(&ids[0]));
     setting(&w, "max_unhealthy", "100%").await;
     let pass = w.pass().await;
     assert!(pass.deletions.is_empty(), "{pass:?}");
-    sqlx::query("select shepherd.resume_deletions('the test', 'test')")
-        .execute(&w.pool)
-        .await
-        .unwrap();
+    pause_deletions(&w, false).await;
     let pass = w.pass().await;
     assert_eq!(pass.deletions, vec![ids[0].clone()]);
-    sqlx::query("select shepherd.pause_deletions('the test', 'test')")
-        .execute(&w.pool)
-        .await
-        .unwrap();
+    pause_deletions(&w, true).await;
     let ran = drain_rounds(&w, 0).await;
     assert!(
         matches!(ran[..], [Ran::Delete(DeleteOutcome::Waiting { .. })]),
@@ -268,10 +273,7 @@ async fn a_failed_machine_that_recovered_is_kept(db: PgPool) {
     );
     // A reinstall brings it back before deletions resume.
     assert!(w.fake.set_status(&ids[0], Some("on")));
-    sqlx::query("select shepherd.resume_deletions('the test', 'test')")
-        .execute(&w.pool)
-        .await
-        .unwrap();
+    pause_deletions(&w, false).await;
     w.make_due().await;
     let ran = drain_rounds(&w, 0).await;
     assert!(
@@ -298,20 +300,10 @@ async fn a_surplus_is_counted_against_what_the_provider_lists_now(db: PgPool) {
         .find(|id| *id != leaving)
         .unwrap();
     assert!(w.fake.reclaim(&other));
-    sqlx::query("select shepherd.acknowledge_leave($1, 'test')")
-        .bind(&leaving)
-        .execute(&w.pool)
-        .await
-        .unwrap();
+    acknowledge(&w, &leaving).await;
     w.make_due().await;
     let ran = drain_rounds(&w, 0).await;
-    let reason = ran
-        .iter()
-        .find_map(|r| match r {
-            Ran::Delete(DeleteOutcome::Cancelled { reason }) => Some(reason.clone()),
-            _ => None,
-        })
-        .unwrap_or_else(|| panic!("not cancelled: {ran:?}"));
+    let reason = cancelled_reason(&ran);
     assert!(reason.contains("lists 1 other"), "{reason}");
     assert_eq!(w.fake.calls(Call::DestroyServer), 0);
     assert!(server_ids(&w).contains(&leaving));
@@ -368,7 +360,7 @@ async fn a_hook_that_redirects_is_no_consent_and_a_draining_one_is_waited_for(db
     drain_rounds(&w, 2).await;
     assert!(bodies.lock().unwrap().len() >= 2);
     assert_eq!(w.fake.calls(Call::DestroyServer), 0);
-    assert!(events(&w, "leave_acknowledged").await.is_empty());
+    assert!(w.events("leave_acknowledged").await.is_empty());
     tokio::time::sleep(Duration::from_millis(2_100)).await;
     w.make_due().await;
     let ran = drain_rounds(&w, 1).await;
@@ -401,7 +393,7 @@ async fn a_hook_that_redirects_is_no_consent_and_a_draining_one_is_waited_for(db
     assert_eq!(bodies.lock().unwrap().len(), 3);
     assert_eq!(w.fake.calls(Call::DestroyServer), 1);
     assert_eq!(w.fake.servers().len(), 1);
-    let acked = events(&w, "leave_acknowledged").await;
+    let acked = w.events("leave_acknowledged").await;
     let by = acked[0]["by"].as_str().unwrap();
     assert!(by.starts_with("hook:127.0.0.1:"), "{by}");
     assert!(!by.contains("s3cret") && !by.contains("/leave"), "{by}");
@@ -438,16 +430,10 @@ async fn a_cancelled_deletion_tells_the_hook_and_a_paused_one_does_not_ask(db: P
     drain_rounds(&w, 0).await;
     assert_eq!(bodies.lock().unwrap().len(), 1);
     // Deletions paused: the hook is not asked again while they are.
-    sqlx::query("select shepherd.pause_deletions('the test', 'test')")
-        .execute(&w.pool)
-        .await
-        .unwrap();
+    pause_deletions(&w, true).await;
     drain_rounds(&w, 2).await;
     assert_eq!(bodies.lock().unwrap().len(), 1);
-    sqlx::query("select shepherd.resume_deletions('the test', 'test')")
-        .execute(&w.pool)
-        .await
-        .unwrap();
+    pause_deletions(&w, false).await;
     // The pool is raised again; the next look finds no surplus and
     // cancels, and the hook hears that the machine stays.
     set_count(&w, "web", 2).await;
@@ -503,7 +489,7 @@ async fn a_pool_lowered_while_its_creations_wait_sends_no_create(db: PgPool) {
     set_count(&w, "web", 1).await;
     w.pass().await;
     assert_eq!(w.count("select count(*) from shepherd.in_flight").await, 0);
-    let ended = events(&w, "creation_given_up").await;
+    let ended = w.events("creation_given_up").await;
     assert_eq!(
         ended
             .iter()
@@ -540,11 +526,7 @@ async fn waiting_for_the_hook_uses_up_no_tries(db: PgPool) {
     .await
     .unwrap();
     assert_eq!((attempt, waits), (6, 5));
-    sqlx::query("select shepherd.acknowledge_leave($1, 'test')")
-        .bind(&pass.deletions[0])
-        .execute(&w.pool)
-        .await
-        .unwrap();
+    acknowledge(&w, &pass.deletions[0]).await;
     w.make_due().await;
     drain_rounds(&w, 0).await;
     assert_eq!(w.fake.calls(Call::DestroyServer), 1);
@@ -664,7 +646,7 @@ async fn a_copied_hostname_is_not_ours_and_holds_only_its_pool(db: PgPool) {
     assert!(pass.refused.is_none(), "{pass:?}");
     assert!(pass.deletions.is_empty(), "{pass:?}");
     assert_eq!(pass.enqueued.len(), 1, "{pass:?}");
-    let held = events(&w, "deletions_held").await;
+    let held = w.events("deletions_held").await;
     assert!(
         held.iter()
             .any(|h| h["pool"] == "web" && h["guard"] == "discrepancy"),
@@ -777,17 +759,11 @@ async fn a_pause_longer_than_the_leave_timeout_costs_the_hook_no_drain_time(db: 
     assert_eq!(pass.deletions.len(), 1);
     // Paused before the machine was ever asked to leave, for longer than
     // the timeout.
-    sqlx::query("select shepherd.pause_deletions('the test', 'test')")
-        .execute(&w.pool)
-        .await
-        .unwrap();
+    pause_deletions(&w, true).await;
     drain_rounds(&w, 1).await;
-    assert!(events(&w, "leave_asked").await.is_empty());
+    assert!(w.events("leave_asked").await.is_empty());
     tokio::time::sleep(Duration::from_millis(2_200)).await;
-    sqlx::query("select shepherd.resume_deletions('the test', 'test')")
-        .execute(&w.pool)
-        .await
-        .unwrap();
+    pause_deletions(&w, false).await;
     w.make_due().await;
     // Asked now: the whole timeout is still the hook's.
     let ran = drain_rounds(&w, 0).await;
@@ -796,14 +772,14 @@ async fn a_pause_longer_than_the_leave_timeout_costs_the_hook_no_drain_time(db: 
             .all(|r| matches!(r, Ran::Delete(DeleteOutcome::Waiting { .. }))),
         "{ran:?}"
     );
-    assert_eq!(events(&w, "leave_asked").await.len(), 1);
+    assert_eq!(w.events("leave_asked").await.len(), 1);
     assert_eq!(w.fake.calls(Call::DestroyServer), 0);
-    assert!(events(&w, "leave_timed_out").await.is_empty());
+    assert!(w.events("leave_timed_out").await.is_empty());
     // Then it runs out, and "proceed" lets the machine go.
     tokio::time::sleep(Duration::from_millis(2_200)).await;
     w.make_due().await;
     drain_rounds(&w, 1).await;
-    assert_eq!(events(&w, "leave_timed_out").await.len(), 1);
+    assert_eq!(w.events("leave_timed_out").await.len(), 1);
     assert_eq!(w.fake.calls(Call::DestroyServer), 1);
     common::assert_rebuild_equals_live(&w.pool).await;
 }

@@ -38,14 +38,6 @@ async fn sql(w: &World, statement: &'static str) {
         .unwrap_or_else(|e| panic!("{statement}: {e}"));
 }
 
-async fn events(w: &World, kind: &str) -> Vec<serde_json::Value> {
-    sqlx::query_scalar("select body from shepherd.events where event_type = $1 order by position")
-        .bind(kind)
-        .fetch_all(&w.pool)
-        .await
-        .unwrap()
-}
-
 /// The hostnames of our servers at the fake, by pool.
 fn ours(w: &World, pool: &str) -> Vec<String> {
     let mut names: Vec<String> = w
@@ -139,13 +131,13 @@ async fn a_pool_lowered_sheds_its_newest_within_the_budget_and_raised_fills_agai
     // larger. The third waits, and the pass says so.
     round(&w).await;
     assert_eq!(ours(&w, "web").len(), 3, "{:?}", ours(&w, "web"));
-    let requested = events(&w, "deletion_requested").await;
+    let requested = w.events("deletion_requested").await;
     let surplus: Vec<&serde_json::Value> = requested
         .iter()
         .filter(|e| e["cause"] == "surplus")
         .collect();
     assert_eq!(surplus.len(), 2, "{requested:?}");
-    let held = events(&w, "deletions_held").await;
+    let held = w.events("deletions_held").await;
     assert!(
         held.iter()
             .any(|e| e["guard"] == "budget" && e["held"] == 1),
@@ -168,7 +160,7 @@ async fn a_pool_lowered_sheds_its_newest_within_the_budget_and_raised_fills_agai
     .await;
     round(&w).await;
     assert_eq!(ours(&w, "web").len(), 2);
-    assert_eq!(events(&w, "machine_deleted").await.len(), 4);
+    assert_eq!(w.events("machine_deleted").await.len(), 4);
     // Nothing more goes, nothing is created.
     let ran = round(&w).await;
     assert!(ran.is_empty(), "{ran:?}");
@@ -208,7 +200,8 @@ async fn emptying_or_removing_a_pool_needs_confirmation_then_drains_it(db: PgPoo
     .await;
     round(&w).await;
     assert!(w.fake.servers().is_empty(), "{:?}", w.fake.servers());
-    let causes: Vec<String> = events(&w, "deletion_requested")
+    let causes: Vec<String> = w
+        .events("deletion_requested")
         .await
         .iter()
         .map(|e| e["cause"].as_str().unwrap().to_string())
@@ -258,8 +251,8 @@ async fn a_protected_machine_stays_and_paused_deletions_hold_everything(db: PgPo
     set_count(&w, "web", 0, true).await.unwrap();
     round(&w).await;
     assert_eq!(w.fake.servers().len(), 3, "deleted while paused");
-    assert!(events(&w, "deletion_requested").await.is_empty());
-    let held = events(&w, "deletions_held").await;
+    assert!(w.events("deletion_requested").await.is_empty());
+    let held = w.events("deletions_held").await;
     assert!(held.iter().any(|e| e["guard"] == "paused"), "{held:?}");
     sql(&w, "select shepherd.resume_deletions('done', 'test')").await;
     round(&w).await;
@@ -269,7 +262,7 @@ async fn a_protected_machine_stays_and_paused_deletions_hold_everything(db: PgPo
         vec![keep.clone()],
         "the protected one went, or others stayed"
     );
-    let held = events(&w, "deletions_held").await;
+    let held = w.events("deletions_held").await;
     assert!(held.iter().any(|e| e["guard"] == "protected"), "{held:?}");
     // An operator cannot deprovision it either, until it is unprotected.
     let refused = sqlx::query("select shepherd.deprovision_machine($1, 'by hand', 'test')")
@@ -323,7 +316,7 @@ async fn a_deletion_rechecks_the_pause_and_protection_before_it_sends(db: PgPool
     assert_eq!(w.fake.calls(Call::DestroyServer), 1, "{ran:?}");
     let left: Vec<String> = w.fake.servers().into_iter().map(|s| s.id).collect();
     assert_eq!(left, vec![pass.deletions[0].clone()]);
-    let cancelled = events(&w, "deletion_cancelled").await;
+    let cancelled = w.events("deletion_cancelled").await;
     assert_eq!(cancelled.len(), 1, "{cancelled:?}");
     assert_eq!(
         w.count("select count(*) from shepherd.pending_deletions")
@@ -421,8 +414,8 @@ async fn the_leave_hook_is_waited_for_acknowledged_or_timed_out(db: PgPool) {
         "{ran:?}"
     );
     assert!(w.fake.servers().iter().any(|s| s.id == pass.deletions[1]));
-    assert_eq!(events(&w, "leave_timed_out").await.len(), 1);
-    assert_eq!(events(&w, "leave_acknowledged").await.len(), 1);
+    assert_eq!(w.events("leave_timed_out").await.len(), 1);
+    assert_eq!(w.events("leave_acknowledged").await.len(), 1);
     // proceed: the next pass asks again, and at the deadline it goes.
     sql(
         &w,
@@ -491,7 +484,7 @@ async fn an_http_leave_hook_lets_a_machine_go_when_it_answers_2xx(db: PgPool) {
     assert_eq!(body["device"], pass.deletions[0].as_str());
     assert_eq!(body["cause"], "surplus");
     assert_eq!(body["pool"], "web");
-    let acked = events(&w, "leave_acknowledged").await;
+    let acked = w.events("leave_acknowledged").await;
     assert_eq!(acked.len(), 1);
     assert!(
         acked[0]["by"].as_str().unwrap().starts_with("hook:"),
@@ -514,8 +507,8 @@ async fn too_many_failed_at_once_are_held_not_replaced(db: PgPool) {
     assert_eq!(w.fake.servers().iter().filter(|s| s.failed).count(), 3);
     // 3 of 4 failed: more than max_unhealthy (40%). Nothing is deleted.
     round(&w).await;
-    assert!(events(&w, "deletion_requested").await.is_empty());
-    let held = events(&w, "deletions_held").await;
+    assert!(w.events("deletion_requested").await.is_empty());
+    let held = w.events("deletions_held").await;
     assert!(held.iter().any(|e| e["guard"] == "unhealthy"), "{held:?}");
     assert_eq!(w.fake.calls(Call::DestroyServer), 0);
     // The operator judges it is the machines after all.
@@ -525,7 +518,7 @@ async fn too_many_failed_at_once_are_held_not_replaced(db: PgPool) {
     )
     .await;
     round(&w).await;
-    let requested = events(&w, "deletion_requested").await;
+    let requested = w.events("deletion_requested").await;
     assert!(!requested.is_empty());
     assert!(
         requested.iter().all(|e| e["cause"] == "failed"),
@@ -618,7 +611,7 @@ async fn a_deprovision_whose_answer_was_lost_is_settled_by_looking(db: PgPool) {
         "the unknown deletion was not settled by a look"
     );
     assert_eq!(log[last_delete].status, 503);
-    assert_eq!(events(&w, "deletion_unresolved").await.len(), 1);
+    assert_eq!(w.events("deletion_unresolved").await.len(), 1);
     // An operator's deletion is not a replacement: no penalty, and the
     // pass fills the place again.
     assert_eq!(w.count("select count(*) from shepherd.sinbin").await, 0);
@@ -719,7 +712,7 @@ async fn a_plan_that_always_fails_is_held_back_not_churned(db: PgPool) {
     );
     assert!(w.fake.servers().is_empty(), "a failed server was kept");
     assert_eq!(w.count("select count(*) from shepherd.sinbin").await, 2);
-    let failed: Vec<serde_json::Value> = events(&w, "deletion_requested").await;
+    let failed: Vec<serde_json::Value> = w.events("deletion_requested").await;
     assert!(failed.iter().all(|e| e["cause"] == "failed"), "{failed:?}");
     // The operator lifts the penalties: one more try each, and the plan at
     // the site is held back as a whole after the third failure in a row.

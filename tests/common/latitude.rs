@@ -146,6 +146,18 @@ impl World {
         }
     }
 
+    /// The bodies of the events of one type, in order; a query error fails
+    /// the test.
+    pub async fn events(&self, kind: &str) -> Vec<serde_json::Value> {
+        sqlx::query_scalar(
+            "select body from shepherd.events where event_type = $1 order by position",
+        )
+        .bind(kind)
+        .fetch_all(&self.pool)
+        .await
+        .unwrap_or_else(|e| panic!("events of {kind}: {e}"))
+    }
+
     pub async fn count(&self, sql: &'static str) -> i64 {
         sqlx::query_scalar(sql).fetch_one(&self.pool).await.unwrap()
     }
