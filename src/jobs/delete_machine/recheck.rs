@@ -1,0 +1,217 @@
+//! The last look before a DELETE: what the deletion rests on is checked
+//! again against a fresh read of the machine (and, for a surplus, of the
+//! provider's listing), and the DELETE is fenced to what was checked.
+
+use futures::future::BoxFuture;
+
+use super::*;
+
+/// What the last look before the delete found.
+pub(super) enum Recheck {
+    /// The cause still holds; for a surplus, the pool as it stood then,
+    /// which the fence holds the delete to.
+    Holds(Option<PoolThen>),
+    /// The cause no longer holds: the deletion is cancelled.
+    NoLonger(String),
+    /// The provider could not be asked: no evidence, so nothing is sent.
+    CannotTell(String),
+}
+
+/// A pool's declared size when a surplus was checked again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct PoolThen {
+    name: String,
+    count: i32,
+    removed: bool,
+}
+
+/// Checks again, under the unit's lock and against a fresh read of the
+/// machine, that what the deletion rests on still holds (Karpenter
+/// validates a disruption the same way just before it acts): the machine
+/// is still ours and not protected, a failed one still failed, one never
+/// ready still deploying and never ready, a surplus still a surplus
+/// against what the provider lists now.
+pub(super) async fn recheck(
+    ctx: &JobContext,
+    args: &DeleteMachineArgs,
+    leaving: &Leaving,
+) -> Result<Recheck, JobError> {
+    if leaving.protected {
+        return Ok(Recheck::NoLonger("the machine is protected".into()));
+    }
+    let facts = match ctx.provider.machine(&args.device).await {
+        Ok(facts) => Some(facts),
+        // Gone already: the delete will find it so.
+        Err(e) if e.not_found() => None,
+        Err(e) => {
+            return Ok(Recheck::CannotTell(format!(
+                "the machine could not be read before its delete: {e}"
+            )));
+        }
+    };
+    if let Some(facts) = &facts {
+        if let Some(foreign) = &facts.foreign {
+            return Ok(Recheck::NoLonger(format!(
+                "not provably ours any more: {foreign}"
+            )));
+        }
+        if leaving.hostname.is_some() && facts.hostname != leaving.hostname {
+            return Ok(Recheck::NoLonger(format!(
+                "not provably ours any more: its hostname is {} now, not {}",
+                facts
+                    .hostname
+                    .as_deref()
+                    .map(crate::text::bounded_word)
+                    .unwrap_or_else(|| "none".into()),
+                leaving.hostname.as_deref().unwrap_or_default()
+            )));
+        }
+    }
+    let word = |f: &crate::provider::MachineFacts| {
+        f.status
+            .as_deref()
+            .map(crate::text::bounded_word)
+            .unwrap_or_else(|| "nothing".into())
+    };
+    match leaving.deletion.cause.as_str() {
+        "failed" => match &facts {
+            Some(f) if !f.failed() => Ok(Recheck::NoLonger(format!(
+                "its deployment no longer reads as failed (the provider says {})",
+                word(f)
+            ))),
+            _ => Ok(Recheck::Holds(None)),
+        },
+        "not_ready" => match &facts {
+            _ if leaving.ready_once => Ok(Recheck::NoLonger(
+                "it was ready once: a machine that ran is not replaced as never ready".into(),
+            )),
+            Some(f) if f.condition != crate::provider::Condition::Deploying => {
+                Ok(Recheck::NoLonger(format!(
+                    "it is no longer deploying (the provider says {})",
+                    word(f)
+                )))
+            }
+            _ => Ok(Recheck::Holds(None)),
+        },
+        "surplus" | "pool_removed" => surplus_holds(ctx, args, leaving).await,
+        _ => Ok(Recheck::Holds(None)),
+    }
+}
+
+/// A surplus still holds when the pool's other machines that the provider
+/// lists now (managed, not leaving for another reason) are at least its
+/// count: a machine the provider took away meanwhile, or a pool raised,
+/// leaves nothing to shed.
+async fn surplus_holds(
+    ctx: &JobContext,
+    args: &DeleteMachineArgs,
+    leaving: &Leaving,
+) -> Result<Recheck, JobError> {
+    let Some(pool) = &leaving.deletion.pool else {
+        return Ok(Recheck::Holds(None));
+    };
+    let then: Option<(i32, bool)> =
+        sqlx::query_as("select count, removed from shepherd.pools where name = $1")
+            .bind(pool)
+            .fetch_optional(&ctx.pool)
+            .await?;
+    let (count, removed) = then.unwrap_or((0, true));
+    let wanted = if removed { 0 } else { count.max(0) as u32 };
+    let listed = match ctx.provider.machines().await {
+        Ok(listed) => listed,
+        Err(e) => {
+            return Ok(Recheck::CannotTell(format!(
+                "the provider's machines could not be listed to count the pool: {e}"
+            )));
+        }
+    };
+    let listed: std::collections::HashSet<String> = listed.into_iter().map(|m| m.id).collect();
+    let rows: Vec<(String, Option<Uuid>, bool)> = sqlx::query_as(
+        "select m.provider_id, m.reservation_id,
+                exists(select 1 from shepherd.pending_deletions d
+                       where d.machine_id = m.machine_id)
+         from shepherd.managed_machines m where m.machine_id <> $1",
+    )
+    .bind(args.machine_id)
+    .fetch_all(&ctx.pool)
+    .await?;
+    let others = rows
+        .iter()
+        .filter(|(device, unit, leaving)| {
+            !leaving
+                && listed.contains(device)
+                && unit
+                    .and_then(|u| ctx.provider.unit_place(u))
+                    .is_some_and(|(p, _)| p == *pool)
+        })
+        .count() as u32;
+    if others < wanted {
+        return Ok(Recheck::NoLonger(format!(
+            "pool {pool} no longer holds more than its count of {wanted}: the provider lists {others} other machines of it"
+        )));
+    }
+    Ok(Recheck::Holds(Some(PoolThen {
+        name: pool.clone(),
+        count,
+        removed,
+    })))
+}
+
+/// The fence of a deletion: the unit's lock still holds (where there is a
+/// unit), the deletion is still this request's, the machine is not
+/// protected, and deletions are not paused.
+pub(super) struct DeletionFence<'a> {
+    pub(super) lock: Option<&'a PlaceLock>,
+    pub(super) pool: &'a sqlx::PgPool,
+    pub(super) machine: Uuid,
+    pub(super) request: String,
+    /// A surplus's pool as it stood when checked again: raised, lowered
+    /// or declared anew since, the count that made it surplus is gone.
+    pub(super) pool_then: Option<PoolThen>,
+}
+
+impl Fence for DeletionFence<'_> {
+    fn check(&self) -> BoxFuture<'_, Result<(), String>> {
+        Box::pin(async move {
+            if let Some(lock) = self.lock {
+                lock.standing().await?;
+            }
+            let (ours, protected, paused): (bool, bool, bool) = sqlx::query_as(
+                "select exists(select 1 from shepherd.pending_deletions
+                               where machine_id = $1 and request = $2),
+                        coalesce((select protected from shepherd.managed_machines
+                                  where machine_id = $1), false),
+                        exists(select 1 from shepherd.controls where name = 'deletions' and paused)",
+            )
+            .bind(self.machine)
+            .bind(&self.request)
+            .fetch_one(self.pool)
+            .await
+            .map_err(|e| format!("the deletion could not be checked: {e}"))?;
+            if let Some(then) = &self.pool_then {
+                let now: Option<(i32, bool)> =
+                    sqlx::query_as("select count, removed from shepherd.pools where name = $1")
+                        .bind(&then.name)
+                        .fetch_optional(self.pool)
+                        .await
+                        .map_err(|e| format!("the deletion could not be checked: {e}"))?;
+                if now != Some((then.count, then.removed)) && !(now.is_none() && then.removed) {
+                    return Err(format!(
+                        "pool {} changed since its surplus was counted",
+                        then.name
+                    ));
+                }
+            }
+            if !ours {
+                Err("the deletion has ended or another owns it".into())
+            } else if protected {
+                Err("the machine is protected now".into())
+            } else if paused {
+                Err("deletions are paused now".into())
+            } else {
+                Ok(())
+            }
+        })
+    }
+}
+
