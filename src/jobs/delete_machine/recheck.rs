@@ -214,4 +214,3 @@ impl Fence for DeletionFence<'_> {
         })
     }
 }
-
