@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod latitude;
+pub mod lifecycle;
 pub mod openapi;
 pub mod world;
 
