@@ -71,17 +71,6 @@ pub enum Condition {
     Dormant,
 }
 
-impl Condition {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Condition::Failed => "failed",
-            Condition::Deploying => "deploying",
-            Condition::Ready => "ready",
-            Condition::Dormant => "dormant",
-        }
-    }
-}
-
 impl Machine {
     pub fn failed(&self) -> bool {
         self.condition == Condition::Failed
