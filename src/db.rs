@@ -108,7 +108,41 @@ fn unreachable(url: &str, e: &sqlx::Error) -> DbError {
 
 /// A pool for `url`. `max_connections` bounds what this process holds.
 pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, DbError> {
-    let options = check_url(url)?.application_name("shepherd");
+    open(
+        check_url(url)?.application_name("shepherd"),
+        url,
+        max_connections,
+        Duration::from_secs(10),
+    )
+    .await
+}
+
+/// The console's own pool, apart from the jobs': a few connections whose
+/// statements the server cancels after `statement_timeout`, and which a
+/// page waits on for at most 3 s. A heavy page (a week of charts, a search
+/// of every job's arguments) then fails alone instead of holding the
+/// connections jobs and heartbeats need. `application_name` tells them
+/// apart in `pg_stat_activity`.
+pub async fn connect_pages(
+    url: &str,
+    max_connections: u32,
+    statement_timeout: Duration,
+) -> Result<PgPool, DbError> {
+    let options = check_url(url)?
+        .application_name("shepherd-console")
+        .options([(
+            "statement_timeout",
+            format!("{}ms", statement_timeout.as_millis().max(1)),
+        )]);
+    open(options, url, max_connections, Duration::from_secs(3)).await
+}
+
+async fn open(
+    options: PgConnectOptions,
+    url: &str,
+    max_connections: u32,
+    acquire_timeout: Duration,
+) -> Result<PgPool, DbError> {
     // One connection first, alone: a pool retries a refused port until its
     // acquire timeout and then says only that it timed out; this says what
     // is wrong, at once.
@@ -131,7 +165,7 @@ pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, DbError>
     }
     PgPoolOptions::new()
         .max_connections(max_connections)
-        .acquire_timeout(Duration::from_secs(10))
+        .acquire_timeout(acquire_timeout)
         .after_release(|conn, _| Box::pin(end_stray_transaction(conn)))
         .connect_with(options)
         .await

@@ -3,7 +3,7 @@
 //! a one-line message and a non-zero exit.
 
 use shepherd_workers::commands::{
-    database, demo, enqueue, fake_latitude, fake_metal, inspect, operate, pools, worker,
+    console, database, demo, enqueue, fake_latitude, fake_metal, inspect, operate, pools, worker,
 };
 use shepherd_workers::{logging, settings};
 
@@ -74,6 +74,9 @@ enum Command {
     /// The cluster's pools (Latitude.sh): list, set, remove, apply a file, plan
     #[command(subcommand)]
     Pools(pools::PoolsCommand),
+    /// The console's sessions: list them, or end them all
+    #[command(subcommand)]
+    Console(console::ConsoleCommand),
     /// Serve a fake Equinix Metal API from memory, with fault injection
     FakeMetal(fake_metal::FakeMetalArgs),
     /// Serve a fake Latitude.sh API from memory (stock, rate limits), with
@@ -138,6 +141,7 @@ fn main() -> ExitCode {
             Command::Healthcheck(args) => worker::healthcheck(args).await,
             Command::Enqueue(command) => enqueue::enqueue(command).await,
             Command::Status(args) => operate::status(args).await,
+            Command::Console(command) => console::console(command).await,
             Command::Plan(args) => operate::plan(*args).await,
             Command::History(of) => operate::history(of).await,
             Command::Job(command) => operate::job(command).await,

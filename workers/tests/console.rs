@@ -12,6 +12,8 @@ use web::*;
 
 #[path = "console/browser.rs"]
 mod browser;
+#[path = "console/edges.rs"]
+mod edges;
 #[path = "console/sessions.rs"]
 mod sessions;
 

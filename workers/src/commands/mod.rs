@@ -1,5 +1,6 @@
 //! One-shot commands: each runs, prints, and exits with a status.
 
+pub mod console;
 pub mod database;
 pub mod demo;
 pub mod enqueue;

@@ -78,11 +78,8 @@ pub struct WorkerArgs {
     )]
     pub metrics_listen: std::net::SocketAddr,
 
-    /// File holding the operator credential that turns on the pages'
-    /// actions (pause, resume, enqueue a pass, clear a penalty); without it
-    /// the pages are read-only
-    #[arg(long, env = "SHEPHERD_OPERATOR_TOKEN_FILE")]
-    pub operator_token_file: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    pub console: ConsoleArgs,
 
     /// Do not apply migrations at start (run `shepherd migrate` with a
     /// privileged role instead, and the workers with a least-privilege one)
@@ -238,7 +235,7 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
     }
     args.check_connections()?;
     shepherd::db::check_url(&args.db.database_url)?;
-    let operator = operator_token(args.operator_token_file.as_deref())?;
+    let operator = operator_token(args.console.operator_token_file.as_deref())?;
 
     let pool = if args.skip_migrations {
         args.db.connect(args.db_connections()).await?
@@ -361,14 +358,16 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
     // start-up leaves an operator something to look at.
     let (http_stop_tx, http_stop) = Stop::new();
     let job_metrics = runtime::JobMetrics::default();
+    let pages = args.console.pages_pool(&args.db).await?;
     let http = tokio::spawn(crate::services::http::serve(
         listener,
         crate::services::http::HttpState {
-            pool: pool.clone(),
+            pool: pages,
             client_metrics,
             job_metrics: job_metrics.clone(),
             operator_token: operator.clone(),
             provider: Some(ctx.provider.clone()),
+            edges: args.console.edges(),
         },
         http_stop,
     ));
@@ -472,10 +471,65 @@ pub struct SchedulerArgs {
         default_value = "127.0.0.1:9091"
     )]
     pub metrics_listen: std::net::SocketAddr,
+    #[command(flatten)]
+    pub console: ConsoleArgs,
+}
+
+/// The console: its credential, the names it answers, the proxies in front
+/// of it and its own small share of the database.
+#[derive(Debug, Clone, Args)]
+pub struct ConsoleArgs {
     /// File holding the operator credential that turns on the pages'
-    /// actions; without it the pages are read-only
+    /// actions (pause, resume, enqueue a pass, clear a penalty, ...);
+    /// without it the pages are read-only
     #[arg(long, env = "SHEPHERD_OPERATOR_TOKEN_FILE")]
     pub operator_token_file: Option<std::path::PathBuf>,
+    /// A name the pages answer to (as in the browser's address bar, with
+    /// or without a port), besides IP addresses and localhost; repeat or
+    /// separate with commas
+    #[arg(
+        long = "console-host",
+        env = "SHEPHERD_CONSOLE_HOSTS",
+        value_delimiter = ','
+    )]
+    pub hosts: Vec<String>,
+    /// The address of a proxy in front of the pages whose X-Forwarded-For
+    /// says who is asking (for throttling wrong credentials per source);
+    /// repeat or separate with commas
+    #[arg(
+        long = "console-trusted-proxy",
+        env = "SHEPHERD_CONSOLE_TRUSTED_PROXIES",
+        value_delimiter = ','
+    )]
+    pub trusted_proxies: Vec<std::net::IpAddr>,
+    /// Database connections the pages may hold, apart from the jobs'
+    #[arg(long, env = "SHEPHERD_CONSOLE_CONNECTIONS", default_value_t = 2,
+          value_parser = clap::value_parser!(u32).range(1..=20))]
+    pub console_connections: u32,
+    /// The longest a page's query may run before it is cancelled
+    #[arg(long, env = "SHEPHERD_CONSOLE_STATEMENT_TIMEOUT", default_value = "5s",
+          value_parser = parse_duration)]
+    pub console_statement_timeout: Duration,
+}
+
+impl ConsoleArgs {
+    /// The pages' own pool, so that a heavy page waits on its own
+    /// connections rather than the jobs' and heartbeats'.
+    async fn pages_pool(&self, db: &DatabaseArgs) -> anyhow::Result<sqlx::PgPool> {
+        Ok(shepherd::db::connect_pages(
+            &db.database_url,
+            self.console_connections,
+            self.console_statement_timeout,
+        )
+        .await?)
+    }
+
+    fn edges(&self) -> crate::services::http::Edges {
+        crate::services::http::Edges {
+            hosts: self.hosts.clone(),
+            trusted_proxies: self.trusted_proxies.clone(),
+        }
+    }
 }
 
 /// The operator credential from its file, if one is configured. An empty
@@ -490,6 +544,9 @@ fn operator_token(
     if token.is_empty() {
         anyhow::bail!("--operator-token-file: {} is empty", path.display());
     }
+    if let Some(why) = crate::services::http::too_weak(token.expose()) {
+        anyhow::bail!("--operator-token-file: {}: {why}", path.display());
+    }
     if !token
         .expose()
         .chars()
@@ -503,23 +560,25 @@ fn operator_token(
 }
 
 pub async fn scheduler(args: SchedulerArgs) -> anyhow::Result<()> {
-    let operator = operator_token(args.operator_token_file.as_deref())?;
+    let operator = operator_token(args.console.operator_token_file.as_deref())?;
     let pool = args.db.prepare(3).await?;
     let listener = tokio::net::TcpListener::bind(args.metrics_listen)
         .await
         .with_context(|| format!("--metrics-listen: cannot listen on {}", args.metrics_listen))?;
     let stop = stop_on_signal();
     let (http_stop_tx, http_stop) = Stop::new();
+    let pages = args.console.pages_pool(&args.db).await?;
     let http = tokio::spawn(crate::services::http::serve(
         listener,
         crate::services::http::HttpState {
-            pool: pool.clone(),
+            pool: pages,
             // The scheduler makes no API calls and runs no jobs: its client
             // and job figures stay at 0.
             client_metrics: ClientMetrics::default(),
             job_metrics: Default::default(),
             operator_token: operator.clone(),
             provider: None,
+            edges: args.console.edges(),
         },
         http_stop,
     ));

@@ -42,6 +42,25 @@ impl Server {
         credential: Option<&str>,
         provider: Option<std::sync::Arc<dyn shepherd::provider::Provider>>,
     ) -> Server {
+        Server::start_edged(pool, credential, provider, Default::default()).await
+    }
+
+    /// Behind a proxy on loopback that says who asks (`X-Forwarded-For`),
+    /// answering `console.example.com` too.
+    pub async fn start_behind_proxy(pool: PgPool, credential: Option<&str>) -> Server {
+        let edges = shepherd_workers::services::http::Edges {
+            hosts: vec!["console.example.com".into()],
+            trusted_proxies: vec!["127.0.0.1".parse().unwrap()],
+        };
+        Server::start_edged(pool, credential, None, edges).await
+    }
+
+    pub async fn start_edged(
+        pool: PgPool,
+        credential: Option<&str>,
+        provider: Option<std::sync::Arc<dyn shepherd::provider::Provider>>,
+        edges: shepherd_workers::services::http::Edges,
+    ) -> Server {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         let (stop, handle) = Stop::new();
@@ -65,6 +84,7 @@ impl Server {
             job_metrics,
             operator_token: credential.map(shepherd::secret::ApiToken::new),
             provider,
+            edges,
         };
         let task = tokio::spawn(serve(listener, state, handle));
         Server { base, stop, task }
@@ -370,4 +390,17 @@ pub fn no_redirects() -> reqwest::Client {
         .redirect(reqwest::redirect::Policy::none())
         .build()
         .expect("an HTTP client")
+}
+
+/// The URL of the test's own database, for the binary to run against.
+pub async fn database_url(pool: &PgPool) -> String {
+    let name: String = sqlx::query_scalar("select current_database()")
+        .fetch_one(pool)
+        .await
+        .expect("reading the test database's name");
+    let base = std::env::var("DATABASE_URL").expect("DATABASE_URL is set for tests");
+    let (server, _) = base
+        .rsplit_once('/')
+        .expect("DATABASE_URL names a database");
+    format!("{server}/{name}")
 }

@@ -10,30 +10,36 @@
 //! credential itself never leaves the login form. Sessions live in Postgres
 //! (`shepherd.console_sessions`, by the id's SHA-256), so every worker's
 //! page accepts them and a log-out or the expiry ends them everywhere.
-//! Failed log-ins are recorded and throttled across the cluster. A request
+//! Every credential check, form or bearer, is counted and throttled per
+//! source (`credential.rs`); a session ends when the credential changes. A request
 //! that says where it comes from (`Origin`) must come from this host.
 //! Scripts send `Authorization: Bearer <credential>` and name themselves
 //! in `X-Shepherd-Operator`.
 
-use axum::Form;
 use axum::http::HeaderMap;
 use axum::http::header::{AUTHORIZATION, COOKIE, HOST, LOCATION, ORIGIN, REFERER, SET_COOKIE};
+use axum::{Extension, Form};
 use maud::html;
 use serde::Deserialize;
 
+use super::credential::{self, Door};
+use super::edges::Source;
 use super::*;
 use shepherd::jobs::manage::{self, JobActionError};
 use shepherd::jobs::{ReconcileArgs, queue};
 
+/// The session cookie over plain HTTP (a console on loopback or a private
+/// network).
 const SESSION_COOKIE: &str = "shepherd_session";
+/// The session cookie over TLS: the `__Host-` prefix makes the browser
+/// keep it only if it is Secure, for this host alone and every path, so a
+/// sibling site cannot plant one.
+const SECURE_SESSION_COOKIE: &str = "__Host-shepherd_session";
 /// Cookies of builds that kept the credential itself in the browser: a
 /// log-in or log-out clears them.
 const OLD_COOKIES: [&str; 2] = ["shepherd_operator", "shepherd_who"];
 /// How long a session lasts: an on-call shift.
 const SESSION_HOURS: i64 = 12;
-/// Failed log-ins the whole cluster accepts in a minute before it answers
-/// 429 to every log-in until the minute has passed.
-const FAILED_LOGINS_PER_MINUTE: i64 = 10;
 
 /// Who is looking at a page, for what the page offers.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,10 +64,10 @@ pub(super) async fn viewer(state: &HttpState, headers: &HeaderMap) -> Viewer {
     if state.operator_token.is_none() {
         return Viewer::ReadOnly;
     }
-    let Some(id) = cookie(headers, SESSION_COOKIE) else {
+    let Some(id) = session_cookie(headers) else {
         return Viewer::Anonymous;
     };
-    match session(&state.pool, id).await {
+    match session(state, id).await {
         Ok(Some(who)) => Viewer::Operator(who),
         Ok(None) => Viewer::Anonymous,
         Err(e) => {
@@ -71,25 +77,45 @@ pub(super) async fn viewer(state: &HttpState, headers: &HeaderMap) -> Viewer {
     }
 }
 
-async fn session(pool: &sqlx::PgPool, id: &str) -> Result<Option<String>, sqlx::Error> {
+/// The operator a session id stands for: a session neither ended nor
+/// expired, made with the credential this process holds now.
+async fn session(state: &HttpState, id: &str) -> Result<Option<String>, sqlx::Error> {
+    let Some(token) = &state.operator_token else {
+        return Ok(None);
+    };
     sqlx::query_scalar(
         "select who from shepherd.console_sessions
          where id_hash = encode(sha256(convert_to($1, 'UTF8')), 'hex')
+           and credential = $2
            and ended_at is null and now() < expires_at",
     )
     .bind(id)
-    .fetch_optional(pool)
+    .bind(credential::fingerprint(token.expose()))
+    .fetch_optional(&state.pool)
     .await
 }
 
-/// `Secure` where the browser reached us over TLS (this server speaks
-/// plain HTTP; a proxy in front says so in `X-Forwarded-Proto`).
-fn secure(headers: &HeaderMap) -> &'static str {
-    let tls = headers
+/// The request's session id, from the cookie its scheme allows: over TLS
+/// only the `__Host-` one.
+fn session_cookie(headers: &HeaderMap) -> Option<&str> {
+    cookie(headers, session_cookie_name(headers))
+}
+
+fn session_cookie_name(headers: &HeaderMap) -> &'static str {
+    if over_tls(headers) {
+        SECURE_SESSION_COOKIE
+    } else {
+        SESSION_COOKIE
+    }
+}
+
+/// Whether the browser reached us over TLS (this server speaks plain
+/// HTTP; a proxy in front says so in `X-Forwarded-Proto`).
+fn over_tls(headers: &HeaderMap) -> bool {
+    headers
         .get("x-forwarded-proto")
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|p| p.trim().eq_ignore_ascii_case("https"));
-    if tls { "; Secure" } else { "" }
+        .is_some_and(|p| p.trim().eq_ignore_ascii_case("https"))
 }
 
 fn off() -> Failure {
@@ -98,18 +124,6 @@ fn off() -> Failure {
          (SHEPHERD_OPERATOR_TOKEN_FILE) to allow them"
             .into(),
     )
-}
-
-/// Compares `given` with `secret` in a time that depends on the secret's
-/// length only: no early stop at the first difference or at a length that
-/// differs.
-fn same_secret(given: &str, secret: &str) -> bool {
-    let (given, secret) = (given.as_bytes(), secret.as_bytes());
-    let mut differ = u8::from(given.len() != secret.len());
-    for (i, s) in secret.iter().enumerate() {
-        differ |= given.get(i).copied().unwrap_or(!s) ^ s;
-    }
-    differ == 0
 }
 
 fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
@@ -153,7 +167,11 @@ fn valid_name(who: &str) -> bool {
 
 /// Who is acting: a script with the credential that names itself, or a
 /// browser with a live session.
-async fn operator(state: &HttpState, headers: &HeaderMap) -> Result<String, Failure> {
+async fn operator(
+    state: &HttpState,
+    headers: &HeaderMap,
+    source: &Source,
+) -> Result<String, Failure> {
     let Some(token) = &state.operator_token else {
         return Err(off());
     };
@@ -163,13 +181,19 @@ async fn operator(state: &HttpState, headers: &HeaderMap) -> Result<String, Fail
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
     if let Some(given) = bearer {
-        if !same_secret(given, token.expose()) {
-            return Err(Failure::Unauthorized("wrong credential".into()));
-        }
         let who = headers
             .get("x-shepherd-operator")
             .and_then(|v| v.to_str().ok())
             .unwrap_or("");
+        credential::check(
+            &state.pool,
+            &source.0,
+            Door::Bearer,
+            &truncated(who),
+            given,
+            token.expose(),
+        )
+        .await?;
         if !valid_name(who) {
             return Err(Failure::BadRequest(
                 "name yourself in X-Shepherd-Operator: the log records who acted (letters, \
@@ -179,12 +203,12 @@ async fn operator(state: &HttpState, headers: &HeaderMap) -> Result<String, Fail
         }
         return Ok(format!("console:{who}"));
     }
-    let Some(id) = cookie(headers, SESSION_COOKIE) else {
+    let Some(id) = session_cookie(headers) else {
         return Err(Failure::Unauthorized(
             "log in first (/login), or send Authorization: Bearer <credential>".into(),
         ));
     };
-    match session(&state.pool, id).await {
+    match session(state, id).await {
         Ok(Some(who)) => Ok(format!("console:{who}")),
         Ok(None) => Err(Failure::Unauthorized(
             "your session has ended or expired: log in again (/login)".into(),
@@ -237,6 +261,7 @@ pub(super) struct Login {
 
 pub(super) async fn login(
     State(state): State<HttpState>,
+    Extension(source): Extension<Source>,
     headers: HeaderMap,
     Form(login): Form<Login>,
 ) -> Result<Response, Failure> {
@@ -245,31 +270,15 @@ pub(super) async fn login(
     };
     same_origin(&headers)?;
     let pool = &state.pool;
-    // Throttled before the credential is even compared: a burst of guesses
-    // costs the guesser the minute, whichever worker it reaches.
-    let failed: i64 = sqlx::query_scalar(
-        "select count(*) from shepherd.console_login_failures
-         where at > now() - interval '1 minute'",
+    credential::check(
+        pool,
+        &source.0,
+        Door::LogIn,
+        &truncated(&login.who),
+        &login.token,
+        token.expose(),
     )
-    .fetch_one(pool)
-    .await
-    .map_err(|e| database_failure("counting failed log-ins", e))?;
-    if failed >= FAILED_LOGINS_PER_MINUTE {
-        tracing::warn!(who = %truncated(&login.who), failed, "console log-in throttled");
-        return Err(Failure::TooManyRequests(format!(
-            "{failed} failed log-ins in the last minute: log-ins are refused until it has passed"
-        )));
-    }
-    if !same_secret(&login.token, token.expose()) {
-        let who = truncated(&login.who);
-        tracing::warn!(%who, "console log-in refused: wrong credential");
-        sqlx::query("insert into shepherd.console_login_failures (who) values ($1)")
-            .bind(&who)
-            .execute(pool)
-            .await
-            .map_err(|e| database_failure("recording a failed log-in", e))?;
-        return Err(Failure::Unauthorized("wrong credential".into()));
-    }
+    .await?;
     if !valid_name(&login.who) {
         return Err(Failure::BadRequest(
             "a name of letters, digits, . _ - or @, up to 64".into(),
@@ -288,22 +297,24 @@ pub(super) async fn login(
     // 244 random bits, from the OS's generator through uuid's v4.
     let id = format!("{}{}", Uuid::new_v4().simple(), Uuid::new_v4().simple());
     sqlx::query(
-        "insert into shepherd.console_sessions (id_hash, who, expires_at)
+        "insert into shepherd.console_sessions (id_hash, who, expires_at, credential)
          values (encode(sha256(convert_to($1, 'UTF8')), 'hex'), $2,
-                 now() + make_interval(hours => $3))",
+                 now() + make_interval(hours => $3), $4)",
     )
     .bind(&id)
     .bind(&login.who)
     .bind(SESSION_HOURS as i32)
+    .bind(credential::fingerprint(token.expose()))
     .execute(pool)
     .await
     .map_err(|e| database_failure("starting a console session", e))?;
-    tracing::info!(who = %login.who, "console log-in");
+    tracing::info!(who = %login.who, source = %source.0, "console log-in");
     let mut response = (StatusCode::SEE_OTHER, [(LOCATION, "/")]).into_response();
     let mut cookies = vec![format!(
-        "{SESSION_COOKIE}={id}; HttpOnly; SameSite=Strict; Path=/; Max-Age={}{}",
+        "{}={id}; HttpOnly; SameSite=Strict; Path=/; Max-Age={}{}",
+        session_cookie_name(&headers),
         SESSION_HOURS * 3600,
-        secure(&headers)
+        if over_tls(&headers) { "; Secure" } else { "" }
     )];
     cookies.extend(
         OLD_COOKIES
@@ -323,7 +334,7 @@ pub(super) async fn logout(
         return Err(off());
     }
     same_origin(&headers)?;
-    if let Some(id) = cookie(&headers, SESSION_COOKIE) {
+    if let Some(id) = session_cookie(&headers) {
         let ended: Option<String> = sqlx::query_scalar(
             "update shepherd.console_sessions set ended_at = now()
              where id_hash = encode(sha256(convert_to($1, 'UTF8')), 'hex') and ended_at is null
@@ -338,9 +349,10 @@ pub(super) async fn logout(
         }
     }
     let mut response = (StatusCode::SEE_OTHER, [(LOCATION, "/")]).into_response();
-    let cookies: Vec<String> = std::iter::once(SESSION_COOKIE)
-        .chain(OLD_COOKIES)
-        .map(|c| format!("{c}=; Path=/; Max-Age=0"))
+    let name = session_cookie_name(&headers);
+    let secure = if over_tls(&headers) { "; Secure" } else { "" };
+    let cookies: Vec<String> = std::iter::once(format!("{name}=; Path=/; Max-Age=0{secure}"))
+        .chain(OLD_COOKIES.map(|c| format!("{c}=; Path=/; Max-Age=0")))
         .collect();
     set_cookies(&mut response, &cookies)?;
     Ok(response)
@@ -375,11 +387,12 @@ pub(super) struct ActionForm {
 pub(super) async fn act(
     State(state): State<HttpState>,
     Path(action): Path<String>,
+    Extension(source): Extension<Source>,
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Response {
     let back = came_from(&headers);
-    match act_on(&state, &action, &headers, &body).await {
+    match act_on(&state, &action, &headers, &source, &body).await {
         Ok(done) => done,
         // A refusal is a page that says why, with the way back to the form.
         Err(failure) => failure.page(back.as_deref()),
@@ -412,9 +425,10 @@ async fn act_on(
     state: &HttpState,
     action: &str,
     headers: &HeaderMap,
+    source: &Source,
     body: &[u8],
 ) -> Result<Response, Failure> {
-    let by = operator(state, headers).await?;
+    let by = operator(state, headers, source).await?;
     // A form, or nothing at all (`curl -X POST` for a pass).
     let form: ActionForm = if body.is_empty() {
         ActionForm::default()

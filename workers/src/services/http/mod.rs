@@ -56,6 +56,8 @@ pub struct HttpState {
     /// The provider this process speaks to, for names an operator reads
     /// (a Latitude place as `web/3`); `None` where none is configured.
     pub provider: Option<std::sync::Arc<dyn shepherd::provider::Provider>>,
+    /// The names the pages answer and the proxies trusted to say who asked.
+    pub edges: Edges,
 }
 
 impl HttpState {
@@ -101,7 +103,9 @@ pub async fn serve(listener: TcpListener, state: HttpState, stop: Stop) -> std::
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, "serving the status page and metrics");
     }
-    axum::serve(listener, router(state))
+    // The peer's address, for throttling credential checks per source.
+    let app = router(state).into_make_service_with_connect_info::<std::net::SocketAddr>();
+    axum::serve(listener, app)
         .with_graceful_shutdown(stop.wait())
         .await
 }
@@ -125,6 +129,10 @@ pub(super) fn router(state: HttpState) -> Router {
         .fallback(no_page)
         .method_not_allowed_fallback(wrong_method)
         .layer(axum::middleware::from_fn(address_limit))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            edges::edges,
+        ))
         .with_state(state)
 }
 
@@ -186,8 +194,9 @@ pub(super) enum Failure {
     Forbidden(String),
     /// The action does not fit the thing's state; the text says why.
     Conflict(String),
-    /// Too many failed log-ins in the last minute.
-    TooManyRequests(String),
+    /// Too many wrong credentials from this source; try again after the
+    /// seconds given.
+    TooManyRequests(String, u64),
 }
 
 impl Failure {
@@ -205,23 +214,27 @@ impl Failure {
             Failure::Unauthorized(text) => (StatusCode::UNAUTHORIZED, "not logged in", text),
             Failure::Forbidden(text) => (StatusCode::FORBIDDEN, "forbidden", text),
             Failure::Conflict(text) => (StatusCode::CONFLICT, "refused", text),
-            Failure::TooManyRequests(text) => {
-                (StatusCode::TOO_MANY_REQUESTS, "too many log-ins", text)
-            }
+            Failure::TooManyRequests(text, _) => (
+                StatusCode::TOO_MANY_REQUESTS,
+                "too many wrong credentials",
+                text,
+            ),
         }
     }
 
     /// The page, with a link back to `back` (a path of this site) where an
     /// operator came from a form.
     pub(super) fn page(self, back: Option<&str>) -> Response {
-        let retry_after = matches!(self, Failure::TooManyRequests(_));
+        let retry_after = match &self {
+            Failure::TooManyRequests(_, wait) => Some(*wait),
+            _ => None,
+        };
         let (status, title, text) = self.parts();
         let mut response = (status, message_back(title, &text, back)).into_response();
-        if retry_after {
-            response.headers_mut().insert(
-                axum::http::header::RETRY_AFTER,
-                axum::http::HeaderValue::from_static("60"),
-            );
+        if let Some(wait) = retry_after {
+            response
+                .headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, wait.into());
         }
         response
     }
@@ -279,6 +292,8 @@ pub(super) async fn readyz(State(state): State<HttpState>) -> (StatusCode, &'sta
 
 mod actions;
 mod charts;
+mod credential;
+mod edges;
 mod events;
 mod html;
 mod jobs;
@@ -290,6 +305,8 @@ mod status_page;
 
 use actions::*;
 use charts::*;
+pub use credential::too_weak;
+pub use edges::Edges;
 use events::*;
 use html::*;
 use jobs::*;
