@@ -143,15 +143,20 @@ pub async fn establish(db: &PgPool, flags: &[Pool], by: &str) -> Result<Establis
     .await?;
     let first = !ever && !flags.is_empty();
     if first {
+        // Through declare_pool(), which a worker's role may run: it
+        // declares a pool the cluster never had, and changes none.
         for p in flags {
-            set(
-                &mut tx,
-                p,
-                "the cluster's first pools, from the flags of the first process to start",
-                by,
-                false,
-            )
-            .await?;
+            sqlx::query("select shepherd.declare_pool($1, $2, $3, $4, $5, $6, $7, $8)")
+                .bind(&p.name)
+                .bind(&p.plan)
+                .bind(&p.site)
+                .bind(i32::try_from(p.count).unwrap_or(i32::MAX))
+                .bind(&p.operating_system)
+                .bind(&p.ssh_keys)
+                .bind("the cluster's first pools, from the flags of the first process to start")
+                .bind(by)
+                .execute(&mut *tx)
+                .await?;
         }
     }
     let rows = read(&mut tx).await?;

@@ -80,3 +80,18 @@ pub async fn assert_rebuild_equals_live(pool: &sqlx::PgPool) {
         .expect("the log replays");
     assert_eq!(report.differences, Vec::<String>::new());
 }
+
+/// The URL of the test's own database, for a client that logs in afresh
+/// (as another role, or from psql).
+#[allow(dead_code)]
+pub async fn database_url(pool: &sqlx::PgPool) -> String {
+    let name: String = sqlx::query_scalar("select current_database()")
+        .fetch_one(pool)
+        .await
+        .expect("reading the test database's name");
+    let base = std::env::var("DATABASE_URL").expect("DATABASE_URL is set for tests");
+    let (server, _) = base
+        .rsplit_once('/')
+        .expect("DATABASE_URL names a database");
+    format!("{server}/{name}")
+}

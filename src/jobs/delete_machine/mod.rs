@@ -181,7 +181,15 @@ pub async fn delete_machine(
 async fn read(ctx: &JobContext, args: &DeleteMachineArgs) -> Result<Option<Leaving>, JobError> {
     type Row = (serde_json::Value, Option<String>, Option<Uuid>, bool, bool);
     let row: Option<Row> = sqlx::query_as(
-        "select to_jsonb(d), m.hostname, m.reservation_id, m.protected, m.ready_at is not null
+        // Protection as the log has it too: the view's flag is a table a
+        // worker's role writes, the log's events only an operator records.
+        "select to_jsonb(d), m.hostname, m.reservation_id,
+                m.protected or coalesce(
+                    (select e.event_type = 'machine_protected' from shepherd.events e
+                     where e.stream = 'device/' || m.provider_id
+                       and e.event_type in ('machine_protected', 'machine_unprotected')
+                     order by e.position desc limit 1), false),
+                m.ready_at is not null
          from shepherd.pending_deletions d
          join shepherd.managed_machines m on m.machine_id = d.machine_id
          where d.machine_id = $1 and d.request = $2",

@@ -94,8 +94,39 @@ pub(super) async fn recheck(
             _ => Ok(Recheck::Holds(None)),
         },
         "surplus" | "pool_removed" => surplus_holds(ctx, args, leaving).await,
-        _ => Ok(Recheck::Holds(None)),
+        "operator" => operator_asked(ctx, args).await,
+        other => Ok(Recheck::NoLonger(format!(
+            "its cause {:?} is not one shepherd deletes for",
+            crate::text::bounded_word(other)
+        ))),
     }
+}
+
+/// An operator's deletion holds only with the operator's request in the
+/// log: `deletion_requested` with cause `operator` is an event only a role
+/// that may operate records, so a row written into the views or the queue
+/// by any other role deletes nothing.
+async fn operator_asked(ctx: &JobContext, args: &DeleteMachineArgs) -> Result<Recheck, JobError> {
+    let asked: bool = sqlx::query_scalar(
+        "select exists(select 1 from shepherd.events
+                       where stream = 'device/' || $1
+                         and event_type = 'deletion_requested'
+                         and body->>'cause' = 'operator'
+                         and body->>'request' = $2)",
+    )
+    .bind(&args.device)
+    .bind(args.request.to_string())
+    .fetch_one(&ctx.pool)
+    .await?;
+    Ok(if asked {
+        Recheck::Holds(None)
+    } else {
+        Recheck::NoLonger(
+            "no operator's request for it is in the event log (a deletion only an operator's \
+             role records)"
+                .into(),
+        )
+    })
 }
 
 /// A surplus still holds when the pool's other machines that the provider

@@ -502,6 +502,12 @@ pub struct ConsoleArgs {
         value_delimiter = ','
     )]
     pub trusted_proxies: Vec<std::net::IpAddr>,
+    /// The Postgres URL the pages connect with (default: --database-url).
+    /// Where workers connect as the least-privilege shepherd_worker role,
+    /// which may not act, give the console shepherd_operator's URL
+    /// (docs/security.md)
+    #[arg(long, env = "SHEPHERD_CONSOLE_DATABASE_URL", hide_env_values = true)]
+    pub console_database_url: Option<String>,
     /// Database connections the pages may hold, apart from the jobs'
     #[arg(long, env = "SHEPHERD_CONSOLE_CONNECTIONS", default_value_t = 2,
           value_parser = clap::value_parser!(u32).range(1..=20))]
@@ -517,7 +523,9 @@ impl ConsoleArgs {
     /// connections rather than the jobs' and heartbeats'.
     async fn pages_pool(&self, db: &DatabaseArgs) -> anyhow::Result<sqlx::PgPool> {
         Ok(shepherd::db::connect_pages(
-            &db.database_url,
+            self.console_database_url
+                .as_deref()
+                .unwrap_or(&db.database_url),
             self.console_connections,
             self.console_statement_timeout,
         )

@@ -133,3 +133,69 @@ async fn a_weak_credential_is_refused_at_start(pool: PgPool) {
     assert!(stderr.contains("openssl rand"), "{stderr}");
     assert!(!stderr.contains("hunter2"), "{stderr}");
 }
+
+/// A console whose database role may not operate (the workers' own
+/// least-privilege role) refuses actions with 403 and the database's
+/// reason, records nothing, and still shows its pages; given the
+/// operator's role, the same action is done.
+#[sqlx::test(migrations = false)]
+async fn a_console_on_the_workers_role_may_not_act(pool: PgPool) {
+    shepherd::db::migrate(&pool).await.unwrap();
+    let url = database_url(&pool).await;
+    let roles = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/roles.sql");
+    let psql_url = url.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("psql")
+            .arg(&psql_url)
+            .args(["-q", "-v", "ON_ERROR_STOP=1", "-f", roles])
+            .output()
+            .expect("psql runs")
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    const CREDENTIAL: &str = "the-right-operator-credential";
+    let http = no_redirects();
+    for (role, expected) in [
+        ("shepherd_worker", StatusCode::FORBIDDEN),
+        ("shepherd_operator", StatusCode::SEE_OTHER),
+    ] {
+        let as_role = url.replacen("://postgres@", &format!("://{role}@"), 1);
+        let pages = shepherd::db::connect_pages(&as_role, 2, Duration::from_secs(5))
+            .await
+            .unwrap();
+        let server = Server::start_with(pages.clone(), Some(CREDENTIAL)).await;
+        assert_eq!(server.get("/").await.0, StatusCode::OK, "{role}");
+        let r = post_form(
+            &http,
+            format!("{}/actions/pause", server.base),
+            &[
+                ("authorization", &format!("Bearer {CREDENTIAL}")),
+                ("x-shepherd-operator", "alice"),
+            ],
+            &[("reason", "maintenance")],
+        )
+        .await;
+        assert_eq!(r.status(), expected, "{role}");
+        if expected == StatusCode::FORBIDDEN {
+            let page = r.text().await.unwrap();
+            assert!(page.contains("--console-database-url"), "{page}");
+            assert_eq!(count_events(&pool, "creations_paused").await, 0);
+        } else {
+            let (by, role_recorded): (String, String) = sqlx::query_as(
+                "select body->>'by', role from shepherd.events where event_type = 'creations_paused'",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            assert_eq!(by, "console:alice");
+            assert_eq!(role_recorded, "shepherd_operator");
+        }
+        server.stop().await;
+        pages.close().await;
+    }
+}

@@ -250,10 +250,21 @@ pub(super) fn database_failure(what: &str, error: sqlx::Error) -> Failure {
     // The SQL functions and the event log's checks refuse bad input
     // (`shepherd.require`) with a message for the operator: a refusal, not
     // an outage.
-    if let sqlx::Error::Database(e) = &error
-        && e.code().as_deref() == Some("22023")
-    {
-        return Failure::BadRequest(e.message().to_string());
+    if let sqlx::Error::Database(e) = &error {
+        match e.code().as_deref() {
+            Some("22023") => return Failure::BadRequest(e.message().to_string()),
+            // The pages' database role may not do this: a deployment
+            // whose console connects as a role that may not operate.
+            Some("42501") => {
+                tracing::warn!(%error, "{what}: refused by the database's roles");
+                return Failure::Forbidden(format!(
+                    "the database refused this console's role: {} (give the console an \
+                     operator's role with --console-database-url; docs/security.md)",
+                    shepherd::text::bounded(e.message(), 500)
+                ));
+            }
+            _ => {}
+        }
     }
     tracing::warn!(%error, "{what}: the database did not answer");
     Failure::Unavailable
