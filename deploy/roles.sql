@@ -103,6 +103,10 @@ grant execute on all functions in schema shepherd to shepherd_operator;
 -- and the read-only helpers some views call.
 grant select on all tables in schema shepherd, apalis to shepherd_reader;
 grant execute on function
-    shepherd.job_args(bytea), shepherd.history(text), shepherd.device_history(text),
-    shepherd.device_history(uuid), shepherd.pool_occupancy(text)
+    shepherd.job_args(bytea), shepherd.history(text), shepherd.reservation_history(uuid),
+    shepherd.device_history(text), shepherd.device_history(uuid), shepherd.pool_occupancy(text)
     to shepherd_reader;
+-- But not the console's sessions and failed log-ins: a fingerprint of the
+-- operator credential, and who tried what from where, are no reader's.
+revoke select on shepherd.console_sessions, shepherd.console_login_failures
+    from shepherd_reader;

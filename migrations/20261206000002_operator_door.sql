@@ -83,8 +83,12 @@ create trigger settings_operator_only before insert or update or delete on sheph
 create trigger controls_operator_only before insert or update or delete on shepherd.controls
     for each row execute function shepherd.guard_operator_table();
 
--- A worker declares the cluster's first pools from its flags: only a pool
--- the cluster never had, through set_pool()'s checks.
+-- A worker declares the pools of a cluster that has none, from its flags:
+-- only while no pool was ever declared, changed or removed (but by this
+-- same transaction, which declares the flags' pools one after another),
+-- through set_pool()'s checks. Its locks are taken in set_pool()'s order
+-- (the pool's, then the pools'), so a concurrent set_pool() waits rather
+-- than deadlocks.
 create function shepherd.declare_pool(
     p_name text, p_plan text, p_site text, p_count integer, p_operating_system text,
     p_ssh_keys text[], p_reason text, p_by text)
@@ -93,9 +97,15 @@ language plpgsql security definer
 set search_path = pg_catalog, shepherd, pg_temp
 as $$
 begin
+    perform pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended(('pool/' || p_name)::text, 0::int8));
     perform pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended('operator/pools'::text, 0::int8));
+    perform shepherd.require(not exists (
+            select 1 from shepherd.events
+            where event_type in ('pool_declared', 'pool_changed', 'pool_removed')
+              and tx_id <> pg_catalog.pg_current_xact_id()),
+        'the cluster has pools already: only an operator declares or changes one (shepherd pools set)');
     perform shepherd.require(not exists (select 1 from shepherd.pools where name = p_name),
-        pg_catalog.format('pool %L exists (or existed): only an operator changes it', p_name));
+        pg_catalog.format('pool %L is declared already: only an operator changes it', p_name));
     return shepherd.set_pool(p_name, p_plan, p_site, p_count, p_operating_system, p_ssh_keys,
                              p_reason, p_by, false);
 end;
@@ -136,3 +146,29 @@ $$;
 -- default that PUBLIC may execute a new function: each migration that adds
 -- one revokes it, and tests/sql_door.rs fails on one it forgets.)
 revoke execute on all functions in schema shepherd from public;
+
+-- A release before this one granted shepherd_worker every function of
+-- shepherd's: what now runs as its owner is taken back at once, not at the
+-- next run of deploy/roles.sql.
+do $$
+begin
+    if exists (select from pg_catalog.pg_roles where rolname = 'shepherd_worker') then
+        revoke execute on all functions in schema shepherd from shepherd_worker;
+        grant execute on function
+            shepherd.push_job(text, jsonb, timestamptz, integer, text),
+            shepherd.enqueue_reconcile(),
+            shepherd.prune_jobs(interval),
+            shepherd.take_window_slot(text, integer, double precision),
+            shepherd.max_machines(),
+            shepherd.append_event(text, text, jsonb),
+            shepherd.require(boolean, text),
+            shepherd.duration_seconds(text),
+            shepherd.pool_occupancy(text),
+            shepherd.managed_machine(text),
+            shepherd.declare_pool(text, text, text, integer, text, text[], text, text),
+            shepherd.job_args(bytea), shepherd.history(text), shepherd.reservation_history(uuid),
+            shepherd.device_history(text), shepherd.device_history(uuid)
+            to shepherd_worker;
+    end if;
+end;
+$$;

@@ -132,6 +132,21 @@ pub struct Established {
 /// never with a process's flags).
 pub async fn establish(db: &PgPool, flags: &[Pool], by: &str) -> Result<Established, StoreError> {
     let mut tx = db.begin().await?;
+    // The flags' pools' locks first, in order, then the pools': the order
+    // set_pool() takes them in, so an operator's concurrent change waits
+    // instead of deadlocking with this.
+    let mut names: Vec<&str> = flags.iter().map(|p| p.name.as_str()).collect();
+    names.sort_unstable();
+    names.dedup();
+    for name in names {
+        sqlx::query(
+            "select pg_catalog.pg_advisory_xact_lock(
+                 pg_catalog.hashtextextended(('pool/' || $1)::text, 0::int8))",
+        )
+        .bind(name)
+        .execute(&mut *tx)
+        .await?;
+    }
     sqlx::query("select pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended('operator/pools'::text, 0::int8))")
         .execute(&mut *tx)
         .await?;

@@ -39,6 +39,13 @@ const READER_FUNCTIONS: &[&str] = &[
     "shepherd.history(text)",
     "shepherd.job_args(bytea)",
     "shepherd.pool_occupancy(text)",
+    "shepherd.reservation_history(uuid)",
+];
+
+/// What the reader may not read: the console's sessions and failures.
+const NOT_READ: &[&str] = &[
+    "shepherd.console_login_failures",
+    "shepherd.console_sessions",
 ];
 
 /// What only an operator runs, each called as a worker and a reader would
@@ -176,6 +183,25 @@ async fn each_role_can_do_exactly_its_part(db: PgPool) {
         };
         assert_eq!(allowed, expected, "{role}'s functions");
     }
+    // Of the functions that run as their owner, the worker may run only
+    // these two: any other would pass the log's guard on its behalf.
+    let definers: Vec<String> = sqlx::query_scalar(
+        "select p.oid::regprocedure::text from pg_proc p
+         join pg_namespace n on n.oid = p.pronamespace
+         where n.nspname = 'shepherd' and p.prosecdef
+           and has_function_privilege('shepherd_worker', p.oid, 'execute')
+         order by 1",
+    )
+    .fetch_all(&w.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        definers,
+        [
+            "shepherd.declare_pool(text,text,text,integer,text,text[],text,text)",
+            "shepherd.enqueue_reconcile()"
+        ]
+    );
     let tables: Vec<String> = sqlx::query_scalar(
         "select n.nspname || '.' || c.relname from pg_class c
          join pg_namespace n on n.oid = c.relnamespace
@@ -198,7 +224,7 @@ async fn each_role_can_do_exactly_its_part(db: PgPool) {
                     .unwrap();
                 let writes = WORKER_WRITES.contains(&table.as_str());
                 let expected = match (role, privilege) {
-                    ("shepherd_reader", "select") => true,
+                    ("shepherd_reader", "select") => !NOT_READ.contains(&table.as_str()),
                     ("shepherd_reader", _) => false,
                     (_, "select") if role == "shepherd_operator" => true,
                     (_, "select") => {
@@ -509,17 +535,190 @@ async fn the_worker_role_starts_a_new_cluster_and_changes_no_existing_one(db: Pg
         .await
         .unwrap();
     assert_eq!(count, 2);
-    // And the one way a worker declares pools declares only new ones.
-    let refused = sqlx::query(
+    // And the one way a worker declares pools declares them only in a
+    // cluster that has none: neither a change nor a new pool now.
+    for statement in [
         "select shepherd.declare_pool('web', 'c2-small-x86', 'DAL', 0, 'ubuntu_24_04_x64_lts',
                                       '{}', 'shrink it', 'worker:b')",
+        "select shepherd.declare_pool('cache', 'c2-small-x86', 'DAL', 900, 'ubuntu_24_04_x64_lts',
+                                      '{ssh_theirs}', 'grow it', 'worker:b')",
+    ] {
+        let refused = sqlx::query(statement).execute(&worker).await.unwrap_err();
+        assert!(
+            refused
+                .to_string()
+                .contains("the cluster has pools already"),
+            "{refused}"
+        );
+    }
+    worker.close().await;
+}
+
+/// A pending deletion and its job, written by the worker's role for the
+/// machine behind `machine` (its device unless `device` names another),
+/// cleared of the leave hook. Returns the request.
+async fn forge(
+    worker: &PgPool,
+    machine: uuid::Uuid,
+    device: &str,
+    cause: &str,
+    pool: Option<&str>,
+    request: uuid::Uuid,
+) {
+    sqlx::query(
+        "insert into shepherd.pending_deletions (machine_id, provider_id, reservation_id, pool,
+             request, cause, message, requested_by, requested_at, cleared_at)
+         select m.machine_id, m.provider_id, m.reservation_id, $2, $3::text, $4, 'forged',
+                'shepherd', now(), now()
+         from shepherd.managed_machines m where m.machine_id = $1",
     )
+    .bind(machine)
+    .bind(pool)
+    .bind(request)
+    .bind(cause)
+    .execute(worker)
+    .await
+    .expect("the worker's role writes the views");
+    sqlx::query(
+        "select shepherd.push_job('delete_machine', jsonb_build_object(
+             'machine_id', $1::uuid, 'device', $2::text, 'request', $3::uuid, 'attempt', 1),
+             now(), 25, $3::text || '/forged')",
+    )
+    .bind(machine)
+    .bind(device)
+    .bind(request)
+    .execute(worker)
+    .await
+    .expect("the worker's role queues jobs");
+}
+
+/// The forgeries a review found, each refused: a deletion row for a made-up
+/// machine whose job names a real, protected device; a surplus that names
+/// no pool, or a pool the cluster never had; an operator's request that
+/// had already ended, replayed.
+#[sqlx::test(migrations = false)]
+async fn forgeries_naming_another_device_no_pool_or_an_ended_request_delete_nothing(db: PgPool) {
+    let w = World::new(db, 10, vec![pool("web", "DAL", 3)]).await;
+    w.settle(3).await;
+    apply_roles(&w.pool).await;
+    let ids = server_ids(&w);
+    assert_eq!(ids.len(), 3);
+    let worker = login(&w.pool, "shepherd_worker").await;
+    let operator = login(&w.pool, "shepherd_operator").await;
+    let machine_of = |device: String| {
+        let pool = w.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, uuid::Uuid>(
+                "select machine_id from shepherd.managed_machines where provider_id = $1",
+            )
+            .bind(device)
+            .fetch_one(&pool)
+            .await
+            .expect("a managed machine")
+        }
+    };
+
+    // 1. A made-up machine, its job aimed at a real protected server.
+    sqlx::query("select shepherd.protect_machine($1, 'keep it', null, true)")
+        .bind(&ids[0])
+        .execute(&operator)
+        .await
+        .unwrap();
+    let fake = uuid::Uuid::new_v4();
+    sqlx::query(
+        "insert into shepherd.managed_machines (machine_id, provider, provider_id, reservation_id,
+             hostname, assimilated_at, protected)
+         values ($1, 'latitude', 'sv_madeup', null, null, now(), false)",
+    )
+    .bind(fake)
     .execute(&worker)
     .await
-    .unwrap_err();
+    .expect("the worker's role writes the view");
+    forge(
+        &worker,
+        fake,
+        &ids[0],
+        "surplus",
+        Some("web"),
+        uuid::Uuid::new_v4(),
+    )
+    .await;
+    // 2. Surpluses of no pool, and of a pool that never was.
+    forge(
+        &worker,
+        machine_of(ids[1].clone()).await,
+        &ids[1],
+        "surplus",
+        None,
+        uuid::Uuid::new_v4(),
+    )
+    .await;
+    let ran = drain_rounds(&w, 2).await;
+    sqlx::query("delete from shepherd.pending_deletions")
+        .execute(&w.pool)
+        .await
+        .unwrap();
+    forge(
+        &worker,
+        machine_of(ids[1].clone()).await,
+        &ids[1],
+        "pool_removed",
+        Some("never-was"),
+        uuid::Uuid::new_v4(),
+    )
+    .await;
+    // 3. An operator's deprovision of the third, ended (cancelled) before
+    // its delete, then replayed with the same request.
+    sqlx::query("select shepherd.deprovision_machine($1, 'retire it')")
+        .bind(&ids[2])
+        .execute(&operator)
+        .await
+        .unwrap();
+    let (request, job): (String, String) = sqlx::query_as(
+        "select d.request, j.id from shepherd.pending_deletions d
+         join apalis.jobs j on j.job_type = 'delete_machine'
+              and convert_from(j.job, 'UTF8')::jsonb->>'request' = d.request
+         where d.provider_id = $1",
+    )
+    .bind(&ids[2])
+    .fetch_one(&w.pool)
+    .await
+    .unwrap();
+    shepherd::jobs::manage::cancel(&operator, &job, "cli:test", "changed my mind")
+        .await
+        .expect("the operator cancels the deletion");
+    forge(
+        &worker,
+        machine_of(ids[2].clone()).await,
+        &ids[2],
+        "operator",
+        None,
+        request.parse().unwrap(),
+    )
+    .await;
+    let more = drain_rounds(&w, 3).await;
+
+    assert_eq!(w.fake.calls(Call::DestroyServer), 0, "{ran:?} {more:?}");
+    assert_eq!(server_ids(&w), ids);
+    let reasons: Vec<String> = sqlx::query_scalar(
+        "select body->>'reason' from shepherd.events where event_type = 'deletion_cancelled'
+         order by position",
+    )
+    .fetch_all(&w.pool)
+    .await
+    .unwrap();
+    for says in ["names no pool", "has no pool", "no operator's request"] {
+        assert!(
+            reasons.iter().any(|r| r.contains(says)),
+            "{says}: {reasons:?}"
+        );
+    }
+    // The made-up machine's job found no deletion of its device to run.
     assert!(
-        refused.to_string().contains("only an operator changes it"),
-        "{refused}"
+        ran.iter()
+            .any(|r| format!("{r:?}").contains("no deletion of this request")),
+        "{ran:?}"
     );
     worker.close().await;
+    operator.close().await;
 }

@@ -68,7 +68,14 @@ pub fn escaped_fields() -> impl for<'w> tracing_subscriber::fmt::FormatFields<'w
 pub fn escape_controls(text: &str) -> std::borrow::Cow<'_, str> {
     let hostile = |c: char| {
         c.is_control()
-            || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+            || matches!(
+                c,
+                '\u{061c}'
+                    | '\u{200b}'..='\u{200f}'
+                    | '\u{2028}'..='\u{202e}'
+                    | '\u{2066}'..='\u{2069}'
+                    | '\u{feff}'
+            )
     };
     if !text.chars().any(hostile) {
         return text.into();

@@ -181,21 +181,29 @@ pub async fn delete_machine(
 async fn read(ctx: &JobContext, args: &DeleteMachineArgs) -> Result<Option<Leaving>, JobError> {
     type Row = (serde_json::Value, Option<String>, Option<Uuid>, bool, bool);
     let row: Option<Row> = sqlx::query_as(
-        // Protection as the log has it too: the view's flag is a table a
-        // worker's role writes, the log's events only an operator records.
+        // The job's device must be the machine's and the deletion's: the
+        // row found by the machine's id is no licence to delete another
+        // device. Protection as the log has it too (this machine's events
+        // on this device's stream): the view's flag is a table a worker's
+        // role writes, the log's events only an operator records.
         "select to_jsonb(d), m.hostname, m.reservation_id,
-                m.protected or coalesce(
-                    (select e.event_type = 'machine_protected' from shepherd.events e
-                     where e.stream = 'device/' || m.provider_id
-                       and e.event_type in ('machine_protected', 'machine_unprotected')
-                     order by e.position desc limit 1), false),
+                m.protected or shepherd_protected_in_log.protected,
                 m.ready_at is not null
          from shepherd.pending_deletions d
          join shepherd.managed_machines m on m.machine_id = d.machine_id
-         where d.machine_id = $1 and d.request = $2",
+         cross join lateral (select coalesce(
+                    (select e.event_type = 'machine_protected' from shepherd.events e
+                     where e.stream = 'device/' || $3::text
+                       and e.event_type in ('machine_protected', 'machine_unprotected')
+                       and e.body->>'machine_id' = m.machine_id::text
+                     order by e.position desc limit 1), false) as protected)
+                shepherd_protected_in_log
+         where d.machine_id = $1 and d.request = $2
+           and d.provider_id = $3 and m.provider_id = $3",
     )
     .bind(args.machine_id)
     .bind(args.request.to_string())
+    .bind(&args.device)
     .fetch_optional(&ctx.pool)
     .await?;
     let Some((deletion, hostname, unit, protected, ready_once)) = row else {

@@ -93,7 +93,7 @@ pub(super) async fn recheck(
             }
             _ => Ok(Recheck::Holds(None)),
         },
-        "surplus" | "pool_removed" => surplus_holds(ctx, args, leaving).await,
+        "surplus" | "pool_removed" => surplus_holds(ctx, args, leaving, facts.as_ref()).await,
         "operator" => operator_asked(ctx, args).await,
         other => Ok(Recheck::NoLonger(format!(
             "its cause {:?} is not one shepherd deletes for",
@@ -107,15 +107,24 @@ pub(super) async fn recheck(
 /// that may operate records, so a row written into the views or the queue
 /// by any other role deletes nothing.
 async fn operator_asked(ctx: &JobContext, args: &DeleteMachineArgs) -> Result<Recheck, JobError> {
+    // This machine's, this request's, and not ended: an operator's old
+    // request that was cancelled, refused or done licenses nothing more.
     let asked: bool = sqlx::query_scalar(
         "select exists(select 1 from shepherd.events
                        where stream = 'device/' || $1
                          and event_type = 'deletion_requested'
                          and body->>'cause' = 'operator'
-                         and body->>'request' = $2)",
+                         and body->>'request' = $2
+                         and body->>'machine_id' = $3)
+            and not exists(select 1 from shepherd.events
+                           where stream = 'device/' || $1
+                             and event_type in ('deletion_cancelled', 'deletion_failed',
+                                                'machine_deleted')
+                             and body->>'request' = $2)",
     )
     .bind(&args.device)
     .bind(args.request.to_string())
+    .bind(args.machine_id.to_string())
     .fetch_one(&ctx.pool)
     .await?;
     Ok(if asked {
@@ -137,16 +146,35 @@ async fn surplus_holds(
     ctx: &JobContext,
     args: &DeleteMachineArgs,
     leaving: &Leaving,
+    facts: Option<&crate::provider::MachineFacts>,
 ) -> Result<Recheck, JobError> {
+    // A pass names the pool of every surplus it finds: one without, or
+    // of a pool the cluster never had, is no pass's.
     let Some(pool) = &leaving.deletion.pool else {
-        return Ok(Recheck::Holds(None));
+        return Ok(Recheck::NoLonger(
+            "a surplus that names no pool is not one a pass found".into(),
+        ));
     };
     let then: Option<(i32, bool)> =
         sqlx::query_as("select count, removed from shepherd.pools where name = $1")
             .bind(pool)
             .fetch_optional(&ctx.pool)
             .await?;
-    let (count, removed) = then.unwrap_or((0, true));
+    let Some((count, removed)) = then else {
+        return Ok(Recheck::NoLonger(format!(
+            "the cluster has no pool {:?}",
+            crate::text::bounded_word(pool)
+        )));
+    };
+    // And the machine stands on the pool, as the provider names it now.
+    if let Some(f) = facts {
+        let place = f.unit.and_then(|u| ctx.provider.unit_place(u));
+        if place.as_ref().is_none_or(|(p, _)| p != pool) {
+            return Ok(Recheck::NoLonger(format!(
+                "the provider does not place it in pool {pool}"
+            )));
+        }
+    }
     let wanted = if removed { 0 } else { count.max(0) as u32 };
     let listed = match ctx.provider.machines().await {
         Ok(listed) => listed,
@@ -210,8 +238,16 @@ impl Fence for DeletionFence<'_> {
             let (ours, protected, paused): (bool, bool, bool) = sqlx::query_as(
                 "select exists(select 1 from shepherd.pending_deletions
                                where machine_id = $1 and request = $2),
-                        coalesce((select protected from shepherd.managed_machines
-                                  where machine_id = $1), false),
+                        coalesce((select m.protected or coalesce(
+                                      (select e.event_type = 'machine_protected'
+                                       from shepherd.events e
+                                       where e.stream = 'device/' || m.provider_id
+                                         and e.event_type in ('machine_protected',
+                                                              'machine_unprotected')
+                                         and e.body->>'machine_id' = m.machine_id::text
+                                       order by e.position desc limit 1), false)
+                                  from shepherd.managed_machines m
+                                  where m.machine_id = $1), false),
                         exists(select 1 from shepherd.controls where name = 'deletions' and paused)",
             )
             .bind(self.machine)

@@ -85,8 +85,28 @@ impl Door {
     }
 }
 
+/// The name a failure is recorded under: what was typed, with anything but
+/// a name's characters replaced, so that no name (a NUL, a control
+/// character) can make the record fail and the guess go uncounted.
+fn recorded_name(who: &str) -> String {
+    let name: String = who
+        .chars()
+        .take(64)
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '@') {
+                c
+            } else {
+                '?'
+            }
+        })
+        .collect();
+    if name.is_empty() { "?".into() } else { name }
+}
+
 /// Checks `given` against `secret` for `who` from `source`, refusing a
-/// source the throttle holds before comparing anything.
+/// source the throttle holds before comparing anything. The failure is
+/// written before the comparison and kept only when the credential is
+/// wrong, so a check whose record cannot be written compares nothing.
 pub(super) async fn check(
     pool: &sqlx::PgPool,
     source: &str,
@@ -96,15 +116,25 @@ pub(super) async fn check(
     secret: &str,
 ) -> Result<(), Failure> {
     let failed = |e| database_failure("checking the operator credential", e);
+    let who = recorded_name(who);
     let mut tx = pool.begin().await.map_err(failed)?;
-    sqlx::query(
-        "select pg_catalog.pg_advisory_xact_lock(
+    // One check per source at a time; another from the same source is
+    // told to come back rather than holding one of the pages' few
+    // connections while it waits.
+    let free: bool = sqlx::query_scalar(
+        "select pg_catalog.pg_try_advisory_xact_lock(
              pg_catalog.hashtextextended('shepherd.console.source:' || $1::text, 0::int8))",
     )
     .bind(source)
-    .execute(&mut *tx)
+    .fetch_one(&mut *tx)
     .await
     .map_err(failed)?;
+    if !free {
+        return Err(Failure::TooManyRequests(
+            "another credential check from this address is under way: try again in a second".into(),
+            1,
+        ));
+    }
     let (mine, oldest_mine, overall): (i64, Option<f64>, i64) = sqlx::query_as(
         "select count(*) filter (where source = $1),
                 extract(epoch from now() - min(at) filter (where source = $1))::float8,
@@ -143,18 +173,20 @@ pub(super) async fn check(
             wait as u64,
         ));
     }
-    if same_secret(given, secret) {
-        return Ok(());
-    }
     sqlx::query(
         "insert into shepherd.console_login_failures (who, source, door) values ($1, $2, $3)",
     )
-    .bind(who)
+    .bind(&who)
     .bind(source)
     .bind(door.as_str())
     .execute(&mut *tx)
     .await
     .map_err(failed)?;
+    if same_secret(given, secret) {
+        // Right: the record goes with the transaction.
+        tx.rollback().await.map_err(failed)?;
+        return Ok(());
+    }
     tx.commit().await.map_err(failed)?;
     tracing::warn!(
         source,
@@ -176,6 +208,14 @@ mod tests {
         assert!(!same_secret("ab", "abc"));
         assert!(!same_secret("abcd", "abc"));
         assert!(!same_secret("", "abc"));
+    }
+
+    #[test]
+    fn a_recorded_name_is_always_recordable() {
+        assert_eq!(recorded_name("alice"), "alice");
+        assert_eq!(recorded_name("a\0b\nc"), "a?b?c");
+        assert_eq!(recorded_name(""), "?");
+        assert_eq!(recorded_name(&"x".repeat(100)).len(), 64);
     }
 
     #[test]

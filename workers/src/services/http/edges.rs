@@ -29,6 +29,11 @@ pub struct Edges {
 }
 
 impl Edges {
+    fn trusts(&self, ip: IpAddr) -> bool {
+        let ip = ip.to_canonical();
+        self.trusted_proxies.iter().any(|t| t.to_canonical() == ip)
+    }
+
     fn allows(&self, host: &str) -> bool {
         let host = host.trim().to_ascii_lowercase();
         let name = without_port(&host);
@@ -62,26 +67,63 @@ fn source(edges: &Edges, request: &Request) -> Source {
     let peer = request
         .extensions()
         .get::<ConnectInfo<SocketAddr>>()
-        .map(|c| c.0.ip());
+        .map(|c| c.0.ip().to_canonical());
     let Some(peer) = peer else {
         return Source("unknown".into());
     };
-    if edges.trusted_proxies.contains(&peer) {
-        // The last hop the proxy added is the one it saw; what comes
-        // before it is whatever the client claimed.
-        let forwarded = request
+    let mut client = peer;
+    if edges.trusts(peer) {
+        // Walked from the right: each proxy of ours appends the address it
+        // saw, so the first hop that is not ours is the client. What lies
+        // left of it is whatever the client claimed; a hop that cannot be
+        // read ends the walk at the last proxy that could be.
+        let hops: Vec<&str> = request
             .headers()
             .get_all("x-forwarded-for")
             .iter()
             .filter_map(|v| v.to_str().ok())
             .flat_map(|v| v.split(','))
-            .filter_map(|a| a.trim().parse::<IpAddr>().ok())
-            .next_back();
-        if let Some(client) = forwarded {
-            return Source(client.to_string());
+            .map(str::trim)
+            .collect();
+        for hop in hops.iter().rev() {
+            match hop_address(hop) {
+                Some(ip) if edges.trusts(ip) => client = ip,
+                Some(ip) => {
+                    client = ip;
+                    break;
+                }
+                None => break,
+            }
         }
     }
-    Source(peer.to_string())
+    Source(bucket(client))
+}
+
+/// A hop of `X-Forwarded-For`: an address, with or without a port.
+fn hop_address(hop: &str) -> Option<IpAddr> {
+    let address = hop
+        .parse::<IpAddr>()
+        .ok()
+        .or_else(|| hop.parse::<SocketAddr>().ok().map(|a| a.ip()))
+        .or_else(|| {
+            hop.strip_prefix('[')
+                .and_then(|h| h.strip_suffix(']'))
+                .and_then(|h| h.parse().ok())
+        })?;
+    Some(address.to_canonical())
+}
+
+/// The bucket an address is counted in: itself, or for IPv6 its /64, which
+/// one host is usually given whole.
+fn bucket(ip: IpAddr) -> String {
+    match ip {
+        IpAddr::V4(v4) => v4.to_string(),
+        IpAddr::V6(v6) => {
+            let s = v6.segments();
+            let prefix = std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0);
+            format!("{prefix}/64")
+        }
+    }
 }
 
 /// Paths for machines, not browsers: any `Host`.
@@ -150,6 +192,62 @@ fn guarded(mut response: Response) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn source_of(edges: &Edges, peer: &str, forwarded: &[&str]) -> String {
+        let mut request = Request::new(axum::body::Body::empty());
+        request
+            .extensions_mut()
+            .insert(ConnectInfo(peer.parse::<SocketAddr>().unwrap()));
+        for f in forwarded {
+            request
+                .headers_mut()
+                .append("x-forwarded-for", HeaderValue::from_str(f).unwrap());
+        }
+        source(edges, &request).0
+    }
+
+    #[test]
+    fn the_source_is_the_first_hop_that_is_not_ours() {
+        let edges = Edges {
+            hosts: vec![],
+            trusted_proxies: vec!["10.0.0.5".parse().unwrap(), "10.0.0.6".parse().unwrap()],
+        };
+        // Not from a proxy of ours: its claims are ignored.
+        assert_eq!(
+            source_of(&edges, "192.0.2.1:5000", &["203.0.113.9"]),
+            "192.0.2.1"
+        );
+        // A proxy of ours on an IPv6 listener (IPv4-mapped) is still ours.
+        assert_eq!(
+            source_of(&edges, "[::ffff:10.0.0.5]:5000", &["203.0.113.9"]),
+            "203.0.113.9"
+        );
+        // Two proxies of ours; what the client claimed is left of them.
+        assert_eq!(
+            source_of(&edges, "10.0.0.5:1", &["1.2.3.4, 203.0.113.9, 10.0.0.6"]),
+            "203.0.113.9"
+        );
+        // A port, a bracketed IPv6 with a port, on separate header lines.
+        assert_eq!(
+            source_of(&edges, "10.0.0.5:1", &["1.2.3.4", "203.0.113.9:443"]),
+            "203.0.113.9"
+        );
+        assert_eq!(
+            source_of(&edges, "10.0.0.5:1", &["[2001:db8:1:2:3:4:5:6]:443"]),
+            "2001:db8:1:2::/64"
+        );
+        // A hop that cannot be read stops the walk at the proxy: the
+        // client's forged entry to its left is not taken.
+        assert_eq!(
+            source_of(&edges, "10.0.0.5:1", &["1.2.3.4, unknown"]),
+            "10.0.0.5"
+        );
+        // IPv6 clients are counted by their /64.
+        assert_eq!(
+            source_of(&edges, "[2001:db8:1:2::99]:1", &[]),
+            "2001:db8:1:2::/64"
+        );
+    }
 
     #[test]
     fn hosts_are_ip_addresses_localhost_or_named() {

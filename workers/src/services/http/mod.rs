@@ -312,6 +312,7 @@ mod machines;
 mod metrics;
 mod outcome;
 mod pages;
+mod sessions;
 mod status_page;
 
 use actions::*;
@@ -324,4 +325,5 @@ use jobs::*;
 use machines::*;
 use metrics::*;
 use pages::*;
+use sessions::*;
 use status_page::*;
