@@ -26,6 +26,10 @@ pub enum DbError {
         "the Postgres server at {target} answered, but it has no database {name}: create it and apply shepherd's schema with `shepherd migrate`"
     )]
     NoDatabase { target: String, name: String },
+    #[error(
+        "the Postgres server at {target} has no connection left for shepherd ({reason}): every client of it counts against its max_connections. A worker holds at most --db-connections plus one listening connection plus --console-connections (docs/operations.md, \"Connections\"); raise max_connections, lower --db-connections and the --*-concurrency flags, or run fewer processes"
+    )]
+    Full { target: String, reason: String },
     #[error("cannot create database {name}: {reason}")]
     CreateDatabase { name: String, reason: String },
     #[error("migration failed: {0}")]
@@ -92,6 +96,16 @@ fn unreachable(url: &str, e: &sqlx::Error) -> DbError {
             name,
         };
     }
+    // "too many clients already", "remaining connection slots are
+    // reserved": the server is full, which no check of the URL mends.
+    if let Some(db) = e.as_database_error()
+        && db.code().as_deref() == Some("53300")
+    {
+        return DbError::Full {
+            target: describe_url(url),
+            reason: db.message().to_string(),
+        };
+    }
     // The server answered (a role that does not exist, a wrong password,
     // TLS asked of a server without it): starting one would not help.
     if e.as_database_error().is_some() || matches!(e, sqlx::Error::Tls(_)) {
@@ -106,13 +120,27 @@ fn unreachable(url: &str, e: &sqlx::Error) -> DbError {
     }
 }
 
+/// How long a connection nobody uses stays open: a worker at rest gives
+/// back what a burst of work opened, on a server every process shares.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// A pool for `url`. `max_connections` bounds what this process holds.
 pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, DbError> {
+    connect_idle(url, max_connections, IDLE_TIMEOUT).await
+}
+
+/// [`connect`], closing connections unused for `idle`.
+pub async fn connect_idle(
+    url: &str,
+    max_connections: u32,
+    idle: Duration,
+) -> Result<PgPool, DbError> {
     open(
         check_url(url)?.application_name("shepherd"),
         url,
         max_connections,
         Duration::from_secs(10),
+        idle,
     )
     .await
 }
@@ -134,7 +162,14 @@ pub async fn connect_pages(
             "statement_timeout",
             format!("{}ms", statement_timeout.as_millis().max(1)),
         )]);
-    open(options, url, max_connections, Duration::from_secs(3)).await
+    open(
+        options,
+        url,
+        max_connections,
+        Duration::from_secs(3),
+        IDLE_TIMEOUT,
+    )
+    .await
 }
 
 async fn open(
@@ -142,6 +177,7 @@ async fn open(
     url: &str,
     max_connections: u32,
     acquire_timeout: Duration,
+    idle: Duration,
 ) -> Result<PgPool, DbError> {
     // One connection first, alone: a pool retries a refused port until its
     // acquire timeout and then says only that it timed out; this says what
@@ -163,13 +199,15 @@ async fn open(
             let _ = sqlx::Connection::close(conn).await;
         }
     }
-    PgPoolOptions::new()
+    Ok(PgPoolOptions::new()
         .max_connections(max_connections)
+        .min_connections(0)
+        .idle_timeout(Some(idle))
         .acquire_timeout(acquire_timeout)
         .after_release(|conn, _| Box::pin(end_stray_transaction(conn)))
-        .connect_with(options)
-        .await
-        .map_err(|e| unreachable(url, &e))
+        // Checked above: the pool opens a connection when one is asked for,
+        // not one more at start to sit idle.
+        .connect_lazy_with(options))
 }
 
 /// Ends a transaction a connection was returned to the pool inside of.

@@ -692,3 +692,127 @@ async fn json_logs_carry_outcomes_as_fields(pool: PgPool) {
         "{log}"
     );
 }
+
+/// One connection listens for new jobs in a worker, not one per queue: a
+/// job inserted from SQL wakes the worker through it long before its 30 s
+/// poll. With --no-listen the worker holds no listening connection (as
+/// PgBouncer in transaction mode requires) and finds the job by polling.
+#[sqlx::test(migrations = false)]
+async fn one_connection_listens_and_a_worker_can_poll_without_it(pool: PgPool) {
+    let _quiet = TIMED.read().await;
+    let mut c = Cluster::new(pool, 2, Faults::default()).await;
+    migrate(&c).await;
+    c.spawn_worker(&["--max-machines", "2", "--device-creation-rate", "10ms,1"]);
+    c.wait_for(2, 2, Duration::from_secs(60)).await;
+    c.stop_all();
+
+    let db = c.pool.clone();
+    let listening = || {
+        let pool = db.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(
+                "select count(*) from pg_stat_activity
+                 where datname = current_database() and application_name = 'shepherd'
+                   and query like 'LISTEN%'",
+            )
+            .fetch_one(&pool)
+            .await
+            .expect("reading pg_stat_activity")
+        }
+    };
+    for (listen, poll) in [(true, "30s"), (false, "1s")] {
+        let port = format!("127.0.0.1:{}", free_port());
+        let mut args = vec![
+            "worker",
+            "--metrics-listen",
+            &port,
+            "--poll-interval",
+            poll,
+            "--max-machines",
+            "2",
+        ];
+        if !listen {
+            args.push("--no-listen");
+        }
+        let log = std::fs::File::create(c.dir.join(format!("listen-{listen}.log"))).unwrap();
+        let child = c
+            .command(&args)
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        c.workers.push(child);
+        // Started and listening (or not): four queues, one listener.
+        let started = Instant::now();
+        while listening().await != i64::from(listen) && started.elapsed() < Duration::from_secs(20)
+        {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(
+            listening().await,
+            i64::from(listen),
+            "listening connections"
+        );
+
+        // A pass asked for from SQL is taken up: at once when listening
+        // (its poll is 30 s away), within its 1 s poll when not.
+        let before = c
+            .count("select count(*) from shepherd.events where event_type = 'reconcile_started'")
+            .await;
+        sqlx::query("select shepherd.enqueue_reconcile()")
+            .execute(&c.pool)
+            .await
+            .unwrap();
+        let asked = Instant::now();
+        loop {
+            let now = c
+                .count(
+                    "select count(*) from shepherd.events where event_type = 'reconcile_started'",
+                )
+                .await;
+            if now > before {
+                break;
+            }
+            assert!(
+                asked.elapsed() < Duration::from_secs(10),
+                "the pass was not taken up within 10 s (listen: {listen}); logs in {}",
+                c.dir.display()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        c.stop_all();
+    }
+}
+
+/// Postgres's "no connection left" (a server at max_connections, a role at
+/// its limit: SQLSTATE 53300) is named as such, with what a worker holds
+/// and what to do, not taken for a wrong password.
+#[sqlx::test(migrations = false)]
+async fn a_full_postgres_is_named_with_the_next_step(pool: PgPool) {
+    let c = Cluster::new(pool, 1, Faults::default()).await;
+    migrate(&c).await;
+    sqlx::query(
+        "do $$ begin
+             create role shepherd_full_test login connection limit 0;
+         exception when duplicate_object or unique_violation then null;
+         end $$",
+    )
+    .execute(&c.pool)
+    .await
+    .unwrap();
+    let as_full = c
+        .db_url
+        .replacen("://postgres@", "://shepherd_full_test@", 1);
+    assert_ne!(as_full, c.db_url);
+    let out = Command::new(env!("CARGO_BIN_EXE_shepherd"))
+        .args(["status"])
+        .env("DATABASE_URL", &as_full)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("no connection left"), "{stderr}");
+    assert!(stderr.contains("max_connections"), "{stderr}");
+    assert!(!stderr.contains("Check the user, password"), "{stderr}");
+}

@@ -16,12 +16,19 @@ pub struct DatabaseArgs {
         hide_env_values = true
     )]
     pub database_url: String,
+    /// How long a database connection nobody uses stays open
+    #[arg(long, env = "SHEPHERD_DB_IDLE_TIMEOUT", default_value = "30s",
+          value_parser = shepherd::config::parse_duration)]
+    pub db_idle_timeout: std::time::Duration,
 }
 
 impl DatabaseArgs {
     /// Connects without creating or migrating anything.
     pub async fn connect(&self, max_connections: u32) -> anyhow::Result<PgPool> {
-        Ok(shepherd::db::connect(&self.database_url, max_connections).await?)
+        Ok(
+            shepherd::db::connect_idle(&self.database_url, max_connections, self.db_idle_timeout)
+                .await?,
+        )
     }
 
     /// Creates the database when missing, connects, and migrates.

@@ -362,6 +362,7 @@ pub async fn run(args: DemoArgs, stop: Stop) -> anyhow::Result<DemoSummary> {
             poll_interval: Duration::from_millis(250),
             drain_timeout: Duration::from_secs(5),
             job_metrics: Default::default(),
+            listen: true,
         };
         tasks.push(tokio::spawn(runtime::run(
             pool.clone(),

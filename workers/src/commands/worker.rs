@@ -96,11 +96,18 @@ pub struct WorkerArgs {
     /// How often this worker looks for work in flight that no job will end
     #[arg(long, env = "SHEPHERD_SWEEP_INTERVAL", default_value = "30s", value_parser = parse_duration)]
     pub sweep_interval: Duration,
+
+    /// Hold no LISTEN connection: the queues find new jobs by polling every
+    /// --poll-interval only (for PgBouncer in transaction mode, which
+    /// cannot hold a LISTEN)
+    #[arg(long, env = "SHEPHERD_NO_LISTEN")]
+    pub no_listen: bool,
 }
 
-/// Connections a worker holds besides its jobs': a LISTEN connection and a
-/// fetch/acknowledge connection per job kind, with four kinds sharing the
-/// pool, plus the status page, the scheduler and the sweep now and then.
+/// Connections a worker holds besides its jobs': the one LISTEN connection
+/// (four, one per kind, before issue 31), a fetch/acknowledge connection per
+/// job kind, plus the scheduler and the sweep now and then (the status page
+/// has a pool of its own now). Not lowered with the listeners: measure first.
 /// Measured (with three kinds and one fewer): below this a worker's fetches
 /// time out and reconciles stay Queued without a word.
 const CONNECTIONS_BESIDE_JOBS: u32 = 6;
@@ -424,6 +431,7 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
         poll_interval: args.poll_interval,
         drain_timeout: args.drain_timeout,
         job_metrics,
+        listen: !args.no_listen,
     };
     tracing::info!(process = %opts.process_name, scheduler = args.scheduler, "worker starting");
     let sweeper = tokio::spawn(crate::services::sweeper::run(

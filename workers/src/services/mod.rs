@@ -1,5 +1,5 @@
 //! What a long-running process runs until it is stopped: the job runtime
-//! bound to apalis, the scheduler, the sweep, the status page and metrics,
+//! bound to apalis and the one connection that wakes it, the scheduler, the sweep, the status page and metrics,
 //! and the shutdown signal they all watch.
 
 pub mod http;
@@ -7,3 +7,4 @@ pub mod runtime;
 pub mod scheduler;
 pub mod shutdown;
 pub mod sweeper;
+pub mod wakeups;

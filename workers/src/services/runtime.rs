@@ -76,6 +76,9 @@ pub struct RuntimeOptions {
     pub drain_timeout: Duration,
     /// Where job run times are counted (served on /metrics).
     pub job_metrics: JobMetrics,
+    /// Hold one LISTEN connection to wake the queues at once; without it
+    /// (`--no-listen`, behind PgBouncer in transaction mode) they poll.
+    pub listen: bool,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
@@ -141,6 +144,7 @@ struct Shared {
     stop: Stop,
     drain_timeout: Duration,
     job_metrics: JobMetrics,
+    wakeups: super::wakeups::Wakeups,
 }
 
 /// Runs the handler; on shutdown, lets it finish within the drain timeout,
@@ -354,6 +358,7 @@ macro_rules! supervise {
     ($pool:expr, $shared:expr, $opts:expr, $queue:expr, $args:ty, $handler:expr, $concurrency:expr) => {{
         let pool: PgPool = $pool.clone();
         let shared: Shared = $shared.clone();
+        let wakeups = shared.wakeups.clone();
         let opts: RuntimeOptions = $opts.clone();
         async move {
             let mut generation = 0u32;
@@ -365,9 +370,10 @@ macro_rules! supervise {
             loop {
                 let name = format!("{}@{}#{}", $queue, opts.process_name, generation);
                 let began = std::time::Instant::now();
+                // Woken by the process's one listener, and by the clock.
                 let backend = PostgresStorage::<Lenient<$args>>::new(&pool)
                     .with_config(config($queue, &opts))
-                    .with_pubsub()
+                    .poll_with_stream(wakeups.subscribe($queue))
                     .poll_with_interval(opts.poll_interval);
                 let worker = WorkerBuilder::new(name.clone())
                     .backend(backend)
@@ -434,7 +440,16 @@ pub async fn run(pool: PgPool, ctx: Arc<JobContext>, opts: RuntimeOptions, stop:
         stop,
         drain_timeout: opts.drain_timeout,
         job_metrics: opts.job_metrics.clone(),
+        wakeups: super::wakeups::Wakeups::default(),
     };
+    let listener = opts.listen.then(|| {
+        tokio::spawn(
+            shared
+                .wakeups
+                .clone()
+                .listen(pool.clone(), shared.stop.clone()),
+        )
+    });
     // One task per queue worker, not one future joining four: polled
     // together, every wake of one queue polled the others, and apalis
     // starts a fetch whenever a ready worker is polled, so idle queues
@@ -484,5 +499,8 @@ pub async fn run(pool: PgPool, ctx: Arc<JobContext>, opts: RuntimeOptions, stop:
         {
             std::panic::resume_unwind(e.into_panic());
         }
+    }
+    if let Some(listener) = listener {
+        let _ = listener.await;
     }
 }

@@ -1,0 +1,143 @@
+//! One `LISTEN` connection for the whole process, where apalis's own
+//! pubsub holds one per queue worker for life: a job inserted into any
+//! queue wakes that queue's worker at once. The queue workers also poll
+//! every `--poll-interval`, so a notification lost (the listener
+//! reconnecting, a NOTIFY raised by nobody) costs at most that interval,
+//! and a process started with `--no-listen` (behind PgBouncer in
+//! transaction mode, which cannot hold a LISTEN) works by polling alone.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::channel::mpsc;
+use serde::Deserialize;
+use sqlx::PgPool;
+use sqlx::postgres::PgListener;
+
+use super::runtime::Stop;
+
+/// What apalis's insert trigger says of a new job.
+#[derive(Deserialize)]
+struct Inserted {
+    job_type: String,
+}
+
+/// Each queue's wakers; a worker rebuilt after a failure subscribes anew,
+/// and the closed senders of its predecessors are pruned as they are met.
+#[derive(Clone, Default)]
+pub struct Wakeups {
+    queues: Arc<Mutex<HashMap<String, Vec<mpsc::Sender<()>>>>>,
+}
+
+impl Wakeups {
+    /// A stream that yields whenever `queue` has a new job. It never ends
+    /// while the process runs: the registry keeps its sender.
+    pub fn subscribe(&self, queue: &str) -> mpsc::Receiver<()> {
+        // No buffer: one pending wake per sender, and a second is the first.
+        let (tx, rx) = mpsc::channel(0);
+        self.queues
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(queue.to_string())
+            .or_default()
+            .push(tx);
+        rx
+    }
+
+    /// Wakes `queue`'s workers (every queue's with `None`). A worker that
+    /// has a wake pending needs no second one.
+    fn wake(&self, queue: Option<&str>) {
+        let mut queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
+        for (name, senders) in queues.iter_mut() {
+            if queue.is_some_and(|q| q != name) {
+                continue;
+            }
+            senders.retain_mut(|tx| match tx.try_send(()) {
+                Ok(()) => true,
+                Err(e) => !e.is_disconnected(),
+            });
+        }
+    }
+
+    /// Listens until `stop`, reconnecting after a failure with a growing
+    /// wait, and saying so once per outage rather than at every try.
+    pub async fn listen(self, pool: PgPool, stop: Stop) {
+        let mut failures = 0u32;
+        loop {
+            if stop.is_stopping() {
+                return;
+            }
+            let connected = async {
+                let mut listener = PgListener::connect_with(&pool).await?;
+                listener.listen("apalis::job::insert").await?;
+                Ok::<_, sqlx::Error>(listener)
+            };
+            let mut listener = tokio::select! {
+                l = connected => match l {
+                    Ok(l) => l,
+                    Err(e) => {
+                        if failures == 0 {
+                            tracing::warn!(error = %e, "cannot listen for new jobs; the queues poll meanwhile");
+                        }
+                        failures += 1;
+                        let wait = Duration::from_secs(1 << failures.min(5));
+                        tokio::select! {
+                            () = tokio::time::sleep(wait) => continue,
+                            () = stop.clone().wait() => return,
+                        }
+                    }
+                },
+                () = stop.clone().wait() => return,
+            };
+            if failures > 0 {
+                tracing::info!("listening for new jobs again");
+            }
+            // Whatever was inserted while nobody listened is looked for now.
+            self.wake(None);
+            loop {
+                tokio::select! {
+                    n = listener.try_recv() => match n {
+                        Ok(Some(n)) => match serde_json::from_str::<Inserted>(n.payload()) {
+                            Ok(i) => self.wake(Some(&i.job_type)),
+                            Err(_) => self.wake(None),
+                        },
+                        // The connection was lost: sqlx reconnects on the
+                        // next receive; whatever came meanwhile is missed.
+                        Ok(None) => self.wake(None),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "the listening connection failed; reconnecting");
+                            failures = 1;
+                            break;
+                        }
+                    },
+                    () = stop.clone().wait() => return,
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::StreamExt;
+
+    #[tokio::test]
+    async fn a_wake_reaches_its_queue_once_and_closed_workers_are_forgotten() {
+        let w = Wakeups::default();
+        let mut create = w.subscribe("create_device");
+        let mut reconcile = w.subscribe("reconcile");
+        let gone = w.subscribe("reconcile");
+        drop(gone);
+        w.wake(Some("create_device"));
+        w.wake(Some("create_device"));
+        assert_eq!(create.next().await, Some(()));
+        // Two wakes while one was pending are one.
+        assert!(create.try_recv().is_err());
+        assert!(reconcile.try_recv().is_err());
+        w.wake(None);
+        assert_eq!(reconcile.next().await, Some(()));
+        assert_eq!(w.queues.lock().unwrap()["reconcile"].len(), 1);
+    }
+}
