@@ -789,3 +789,76 @@ async fn a_pass_records_who_asked_for_it(pool: PgPool) {
     .unwrap();
     assert_eq!(by.as_deref(), Some("cli:alice"));
 }
+
+/// Our own create's answer is recorded without the capacity lock (it moves
+/// from in flight to managed, the sum every admission counts unchanged), so
+/// assimilations no longer queue behind admissions and each other; a
+/// device not yet counted (an adoption, a manual assimilation) still takes
+/// the lock, and the limit holds either way.
+#[sqlx::test(migrations = false)]
+async fn our_own_creations_are_recorded_without_the_capacity_lock(pool: PgPool) {
+    let w = World::with(pool, 3, config(2, 2)).await;
+    w.reconcile().await;
+    // The creations run; their assimilations wait in the queue.
+    for _ in 0..2 {
+        let ran = w.run_next().await.expect("a creation to run");
+        assert!(
+            matches!(ran, Ran::Create(CreateOutcome::Created { .. })),
+            "{ran:?}"
+        );
+    }
+    // Someone holds the capacity lock (an admission, say) meanwhile.
+    let mut holder = w.pool.acquire().await.unwrap();
+    sqlx::query(
+        "select pg_advisory_lock(pg_catalog.hashtextextended('shepherd/capacity'::text, 0::int8))",
+    )
+    .execute(&mut *holder)
+    .await
+    .unwrap();
+    for _ in 0..2 {
+        let ran = tokio::time::timeout(Duration::from_secs(10), w.run_next())
+            .await
+            .expect("our own creation's assimilation does not wait on the capacity lock")
+            .expect("an assimilation to run");
+        assert!(matches!(ran, Ran::Assimilate(_)), "{ran:?}");
+    }
+    assert_eq!(w.managed().await, 2);
+    assert_eq!(w.in_flight().await, 0);
+    // An assimilation of a device not counted in flight still waits.
+    let device: String =
+        sqlx::query_scalar("select provider_id from shepherd.managed_machines limit 1")
+            .fetch_one(&w.pool)
+            .await
+            .unwrap();
+    sqlx::query("select shepherd.enqueue_assimilate($1::text)")
+        .bind(&device)
+        .execute(&w.pool)
+        .await
+        .unwrap();
+    let skipped = || async {
+        sqlx::query_scalar::<_, i64>(
+            "select count(*) from shepherd.events where event_type = 'assimilation_skipped'",
+        )
+        .fetch_one(&w.pool)
+        .await
+        .expect("counting skipped assimilations")
+    };
+    let (ran, ()) = tokio::join!(w.run_next(), async {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(
+            skipped().await,
+            0,
+            "a manual assimilation went past the capacity lock"
+        );
+        sqlx::query(
+            "select pg_advisory_unlock(pg_catalog.hashtextextended('shepherd/capacity'::text, 0::int8))",
+        )
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    });
+    assert!(matches!(ran, Some(Ran::Assimilate(_))), "{ran:?}");
+    assert_eq!(skipped().await, 1);
+    w.assert_within_limit().await;
+    w.assert_fleet_consistent().await;
+}

@@ -148,14 +148,51 @@ async fn record_machine(
     job_id: &str,
     found: Found,
 ) -> Result<AssimilateOutcome, JobError> {
+    // Our own create's answer is counted in flight since the create: made
+    // managed, it moves from one count to the other in one transaction, and
+    // an admission counting meanwhile sees the same sum either side. It
+    // needs no capacity lock, which every admission and every other
+    // assimilation waits on (issue 31: assimilations serialised on it).
+    // Confirmed under the device's lock; otherwise, the lock as always.
+    if args.created.is_some() {
+        let mut tx = ctx.pool.begin().await?;
+        lock_device(&mut tx, &args.device).await?;
+        let counted: bool = sqlx::query_scalar(
+            "select exists(select 1 from shepherd.unassimilated_devices where device_id = $1)",
+        )
+        .bind(&args.device)
+        .fetch_one(&mut *tx)
+        .await?;
+        if counted {
+            return record_locked(ctx, args, job_id, found, tx, None).await;
+        }
+    }
     let mut tx = ctx.pool.begin().await?;
     let capacity = queue::lock_capacity(&mut tx).await?;
+    lock_device(&mut tx, &args.device).await?;
+    record_locked(ctx, args, job_id, found, tx, Some(capacity)).await
+}
+
+async fn lock_device(conn: &mut sqlx::PgConnection, device: &str) -> Result<(), sqlx::Error> {
     sqlx::query(
         "select pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended($1::text, 0::int8))",
     )
-    .bind(format!("device/{}", args.device))
-    .execute(&mut *tx)
-    .await?;
+    .bind(format!("device/{device}"))
+    .execute(&mut *conn)
+    .await
+    .map(drop)
+}
+
+/// The record, with the device's lock held in `tx`, and the capacity lock
+/// too where `capacity` is given (a machine not yet counted in flight).
+async fn record_locked(
+    ctx: &JobContext,
+    args: &AssimilateArgs,
+    job_id: &str,
+    found: Found,
+    mut tx: sqlx::Transaction<'static, sqlx::Postgres>,
+    capacity: Option<queue::Capacity>,
+) -> Result<AssimilateOutcome, JobError> {
     let (existing, in_flight, owner): (Option<Uuid>, bool, Option<String>) = sqlx::query_as(
         "select (select machine_id from shepherd.managed_machines
                  where provider = $1 and provider_id = $2),
@@ -212,8 +249,11 @@ async fn record_machine(
         hostname: found.hostname,
     })];
     // Counted in flight already when made or adopted; else one more.
-    let used = capacity.managed + capacity.in_flight + u64::from(!in_flight);
-    if capacity.limit.is_limited() && used > capacity.limit.0 {
+    if let Some(capacity) = capacity
+        && let used = capacity.managed + capacity.in_flight + u64::from(!in_flight)
+        && capacity.limit.is_limited()
+        && used > capacity.limit.0
+    {
         tracing::warn!(device = %args.device, limit = capacity.limit.0, used, "a machine of ours takes the cluster past its limit; recorded anyway");
         events.push(NewEvent::new(LimitExceeded {
             device: args.device.clone(),

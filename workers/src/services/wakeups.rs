@@ -17,6 +17,9 @@ use sqlx::postgres::PgListener;
 
 use super::runtime::Stop;
 
+/// Wakes a queue's worker may have pending.
+const WAKES_PENDING: usize = 256;
+
 /// What apalis's insert trigger says of a new job.
 #[derive(Deserialize)]
 struct Inserted {
@@ -34,8 +37,11 @@ impl Wakeups {
     /// A stream that yields whenever `queue` has a new job. It never ends
     /// while the process runs: the registry keeps its sender.
     pub fn subscribe(&self, queue: &str) -> mpsc::Receiver<()> {
-        // No buffer: one pending wake per sender, and a second is the first.
-        let (tx, rx) = mpsc::channel(0);
+        // A wake per new job, as apalis's own listener gives: after a fetch
+        // the worker waits for the next wake (or the poll), so wakes that
+        // were merged would leave jobs waiting. Past the bound they are
+        // dropped; the fetches they would have made find the jobs anyway.
+        let (tx, rx) = mpsc::channel(WAKES_PENDING);
         self.queues
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -45,8 +51,7 @@ impl Wakeups {
         rx
     }
 
-    /// Wakes `queue`'s workers (every queue's with `None`). A worker that
-    /// has a wake pending needs no second one.
+    /// Wakes `queue`'s workers (every queue's with `None`).
     fn wake(&self, queue: Option<&str>) {
         let mut queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
         for (name, senders) in queues.iter_mut() {
@@ -124,7 +129,7 @@ mod tests {
     use futures::StreamExt;
 
     #[tokio::test]
-    async fn a_wake_reaches_its_queue_once_and_closed_workers_are_forgotten() {
+    async fn wakes_reach_their_queue_up_to_a_bound_and_closed_workers_are_forgotten() {
         let w = Wakeups::default();
         let mut create = w.subscribe("create_device");
         let mut reconcile = w.subscribe("reconcile");
@@ -133,9 +138,21 @@ mod tests {
         w.wake(Some("create_device"));
         w.wake(Some("create_device"));
         assert_eq!(create.next().await, Some(()));
-        // Two wakes while one was pending are one.
+        assert_eq!(create.next().await, Some(()));
         assert!(create.try_recv().is_err());
         assert!(reconcile.try_recv().is_err());
+        // Past the bound, wakes are dropped, never blocking the listener.
+        for _ in 0..WAKES_PENDING + 10 {
+            w.wake(Some("create_device"));
+        }
+        let mut pending = 0;
+        while create.try_recv().is_ok() {
+            pending += 1;
+        }
+        assert!(
+            (WAKES_PENDING..=WAKES_PENDING + 1).contains(&pending),
+            "{pending}"
+        );
         w.wake(None);
         assert_eq!(reconcile.next().await, Some(()));
         assert_eq!(w.queues.lock().unwrap()["reconcile"].len(), 1);
