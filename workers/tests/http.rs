@@ -198,7 +198,7 @@ async fn the_status_page_warns_and_tells_live_workers_from_gone(pool: PgPool) {
     let (_, _, page) = server.get("/").await;
     server.stop().await;
     assert!(page.contains("OVER THE LIMIT"), "{page}");
-    assert!(page.contains("NO SUCCESSFUL PASS"), "{page}");
+    assert!(page.contains("NO PASS:"), "{page}");
     assert!(
         page.contains("creation(s) with an unknown outcome"),
         "{page}"
@@ -380,4 +380,126 @@ async fn the_event_log_filters_by_stream_and_type_and_pages(pool: PgPool) {
     assert!(!page.contains("r059"), "{page}");
     assert!(!page.contains("older →"), "{page}");
     server.stop().await;
+}
+
+/// The overview's first line, `shepherd status`'s first line and
+/// `/metrics` say whether anything works: no worker heard from within its
+/// missed heartbeats is red at once, workers without a successful pass for
+/// two of the scheduler's periods are red, and otherwise it says what works.
+#[sqlx::test(migrations = false)]
+async fn the_first_line_says_whether_anything_works(pool: PgPool) {
+    seed(&pool).await;
+    let url = database_url(&pool).await;
+    let first_line = |url: String| async move {
+        let out = tokio::task::spawn_blocking(move || {
+            std::process::Command::new(env!("CARGO_BIN_EXE_shepherd"))
+                .arg("status")
+                .env("DATABASE_URL", url)
+                .output()
+                .expect("shepherd status runs")
+        })
+        .await
+        .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .to_string()
+    };
+    let look = |pool: PgPool| async move {
+        let server = Server::start(pool).await;
+        let (_, _, page) = server.get("/").await;
+        let (_, _, metrics) = server.get("/metrics").await;
+        server.stop().await;
+        (page, metrics)
+    };
+    // A scheduler's passes a minute apart, the last a minute ago; the last
+    // one that succeeded, five minutes ago; one worker process (two
+    // queues) heard from just now.
+    sqlx::query(
+        "insert into shepherd.events (event_id, stream, event_type, schema_version, body, recorded_at)
+         select gen_random_uuid(), 'reconcile/' || r, 'reconcile_started', 1,
+                jsonb_build_object('run', r, 'max_machines', 10, 'chunk_size', 5,
+                                   'requested_by', 'scheduler'),
+                now() - make_interval(secs => 60 * n)
+         from generate_series(1, 4) n, gen_random_uuid() r",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let finished = |ago: &'static str| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query(
+                "insert into shepherd.events (event_id, stream, event_type, schema_version, body, recorded_at)
+                 values (gen_random_uuid(), 'reconcile/' || gen_random_uuid(), 'reconcile_finished', 1,
+                         '{\"run\": \"00000000-0000-0000-0000-000000000000\", \"managed\": 1,
+                           \"in_flight\": 0, \"enqueued\": 0, \"at_limit\": false}',
+                         now() - $1::interval)",
+            )
+            .bind(ago)
+            .execute(&pool)
+            .await
+            .expect("recording a pass")
+        }
+    };
+    finished("5 minutes").await;
+    sqlx::query(
+        "insert into apalis.workers (id, worker_type, storage_name, last_seen) values
+           ('create_device@host-a:1#0', 'create_device', 'x', now()),
+           ('reconcile@host-a:1#0', 'reconcile', 'x', now())",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let (page, metrics) = look(pool.clone()).await;
+    let top = &page[..page.find("<h2>").unwrap_or(page.len())];
+    assert!(top.contains("NO PASS:"), "{top}");
+    assert!(top.contains("1 worker process is running"), "{top}");
+    assert!(metrics.contains("shepherd_workers_alive 1"), "{metrics}");
+    assert!(
+        metrics.contains("shepherd_reconcile_period_seconds 60"),
+        "{metrics}"
+    );
+    let line = first_line(url.clone()).await;
+    assert!(line.starts_with("NO PASS"), "{line}");
+
+    // The worker falls silent past its missed heartbeats (5 s x 12 by
+    // default): red at once, whatever the passes.
+    sqlx::query("update apalis.workers set last_seen = now() - interval '61 seconds'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let (page, metrics) = look(pool.clone()).await;
+    let top = &page[..page.find("<h2>").unwrap_or(page.len())];
+    assert!(top.contains("NO WORKER RUNNING"), "{top}");
+    assert!(metrics.contains("shepherd_workers_alive 0"), "{metrics}");
+    let line = first_line(url.clone()).await;
+    assert!(line.starts_with("NO WORKER"), "{line}");
+
+    // Back, two processes in all, and a pass a moment ago: working.
+    sqlx::raw_sql(
+        "update apalis.workers set last_seen = now();
+         insert into apalis.workers (id, worker_type, storage_name, last_seen)
+         values ('create_device@host-b:2#0', 'create_device', 'x', now())",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    finished("5 seconds").await;
+    let (page, metrics) = look(pool.clone()).await;
+    let top = &page[..page.find("<h2>").unwrap_or(page.len())];
+    assert!(top.contains("Working:"), "{top}");
+    assert!(top.contains("2 worker processes"), "{top}");
+    assert!(
+        !top.contains("NO PASS") && !top.contains("NO WORKER"),
+        "{top}"
+    );
+    assert!(metrics.contains("shepherd_workers_alive 2"), "{metrics}");
+    let line = first_line(url.clone()).await;
+    assert!(
+        line.starts_with("working      2 worker processes"),
+        "{line}"
+    );
 }

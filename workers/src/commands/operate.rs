@@ -29,6 +29,31 @@ fn age(seconds: f64) -> String {
 
 pub fn render_status(o: &Overview) -> String {
     let mut out = String::new();
+    // First: is anything working?
+    let l = o.liveness();
+    let last_pass = l
+        .last_pass_seconds
+        .map_or_else(|| "never".to_string(), |s| format!("{} ago", age(s)));
+    out.push_str(&match l.state {
+        shepherd::fleet::LivenessState::Working => format!(
+            "working      {} worker process{} heard from within {}; last successful pass {last_pass} (every {})\n",
+            l.processes,
+            if l.processes == 1 { "" } else { "es" },
+            age(l.window_seconds),
+            age(l.tick_seconds)
+        ),
+        shepherd::fleet::LivenessState::NoWorker => format!(
+            "NO WORKER    none running: the last was heard from {}; nothing is created, assimilated or deleted until one starts\n",
+            l.last_heard_seconds
+                .map_or_else(|| "over 10 minutes ago".to_string(), |s| format!("{} ago", age(s)))
+        ),
+        shepherd::fleet::LivenessState::NoPass => format!(
+            "NO PASS      {} worker process{} running, but the last successful pass was {last_pass} (passes every {}): no scheduler, or every pass refused\n",
+            l.processes,
+            if l.processes == 1 { "" } else { "es" },
+            age(l.tick_seconds)
+        ),
+    });
     let limit = match o.max_machines {
         Some(0) => "no limit".to_string(),
         Some(n) => n.to_string(),

@@ -26,7 +26,10 @@ async fn an_operator_clicks_through_the_console_in_a_browser(pool: PgPool) {
     let browser = Browser::start().await;
 
     browser.goto(&format!("{}/", server.base)).await;
-    let alarm = browser.text("div.alarm").await;
+    // First of all, whether anything works: no worker runs here.
+    let alive = browser.text("div.alive").await;
+    assert!(alive.contains("NO WORKER RUNNING"), "{alive}");
+    let alarm = browser.text("div.alarm.discrepancy").await;
     assert!(alarm.contains("DISCREPANCY"), "{alarm}");
     assert!(alarm.contains(&fleet.unknown_device.to_string()), "{alarm}");
     let fleet_box = browser.text("table.facts").await;

@@ -418,6 +418,18 @@ impl Figures {
             Unit::Seconds,
             oldest,
         );
+        let liveness = o.liveness();
+        registry.register(
+            "shepherd_workers_alive",
+            "Worker processes heard from within their missed heartbeats (heartbeat x missed_heartbeats)",
+            ConstGauge::new(liveness.processes as i64),
+        );
+        registry.register_with_unit(
+            "shepherd_reconcile_period",
+            "The scheduler's period, as its last passes were spaced (60 s before it has run two)",
+            Unit::Seconds,
+            ConstGauge::new(liveness.tick_seconds),
+        );
         if let Some(at) = o.last_successful_reconcile {
             registry.register_with_unit(
                 "shepherd_last_successful_reconcile_age",

@@ -3,16 +3,12 @@
 //! machines and the recent events.
 
 use maud::{Markup, html};
-use shepherd::fleet::WorkerRow;
+use shepherd::fleet::{LivenessState, WorkerRow};
 
 use super::*;
 
 /// Machines listed on the status page; `/machines` has them all.
 pub(super) const STATUS_MACHINES: usize = 50;
-
-/// Passes older than this without a successful one raise the alarm: ten
-/// periods at the default reconcile rate of one a minute.
-const STALLED_AFTER_SECONDS: i64 = 600;
 
 /// Silent this long, a worker is presumed gone (the default rescue window,
 /// 5 s heartbeats times 12).
@@ -28,6 +24,7 @@ pub(super) fn status_page(
 ) -> Markup {
     html! {
         h1 { "shepherd" }
+        (liveness(o))
         (done.banner())
         p.muted.as-of { "As of " (Time(o.now).to_string()) "; this page updates itself every 5 s while you are not filling in a form or selecting text." }
         (alarms(o, &voice.words))
@@ -56,6 +53,46 @@ pub(super) fn status_page(
     }
 }
 
+/// The page's first line: is anything working? Red within two periods of
+/// the last sign of life.
+fn liveness(o: &Overview) -> Markup {
+    let l = o.liveness();
+    let secs = |s: f64| human_duration(chrono::TimeDelta::seconds(s.max(0.0) as i64));
+    let last_pass = match l.last_pass_seconds {
+        Some(s) => format!("{} ago", secs(s)),
+        None => "never".to_string(),
+    };
+    html! {
+        @match l.state {
+            LivenessState::Working => p.alive.ok role="status" {
+                strong { "Working: " }
+                (l.processes) " worker process" @if l.processes != 1 { "es" }
+                " heard from within " (secs(l.window_seconds))
+                "; the last successful pass " (last_pass)
+                " (passes every " (secs(l.tick_seconds)) ")."
+            },
+            LivenessState::NoWorker => div.alarm.alive role="alert" {
+                strong { "NO WORKER RUNNING: " }
+                @match l.last_heard_seconds {
+                    Some(s) => { "the last was heard from " (secs(s)) " ago" },
+                    None => { "none heard from in the last 10 minutes" },
+                }
+                " (a worker silent for " (secs(l.window_seconds)) " is dead). Nothing is \
+                 created, assimilated or deleted, and jobs wait in the queue, until one starts \
+                 (shepherd worker)."
+            },
+            LivenessState::NoPass => div.alarm.alive role="alert" {
+                strong { "NO PASS: " }
+                (l.processes) " worker process" @if l.processes != 1 { "es are" } @else { " is" }
+                " running, but the last successful pass was " (last_pass)
+                " (passes come every " (secs(l.tick_seconds)) "): no scheduler is running \
+                 (shepherd scheduler, or a worker with --scheduler), or every pass is refused \
+                 (see below)."
+            },
+        }
+    }
+}
+
 fn alarms(o: &Overview, words: &Words) -> Markup {
     let discrepancy = o
         .last_reconcile
@@ -72,12 +109,9 @@ fn alarms(o: &Overview, words: &Words) -> Markup {
         .filter(|l| *l > 0)
         .map(|limit| (o.managed + o.in_flight(), limit))
         .filter(|(used, limit)| *used > *limit as i64);
-    let stalled = o
-        .last_successful_reconcile
-        .filter(|at| (o.now - *at).num_seconds() > STALLED_AFTER_SECONDS && o.paused.is_none());
     html! {
         @if let Some(d) = discrepancy {
-            div.alarm {
+            div.alarm.discrepancy {
                 strong { "DISCREPANCY:" }
                 @if whole_pass_refused {
                     " the provider and shepherd disagree about which machines exist. The last \
@@ -105,13 +139,6 @@ fn alarms(o: &Overview, words: &Words) -> Markup {
                 " " (used) " machines managed or in flight against a limit of " (limit)
                 ". Nothing is admitted until the fleet is back under it (the limit was lowered, \
                  or machines were added by hand)."
-            }
-        }
-        @if let Some(at) = stalled {
-            div.alarm {
-                strong { "NO SUCCESSFUL PASS" }
-                " since " (ago(at, o.now)) ": no scheduler or worker is running passes, or every \
-                 pass is refused (a listing failing, a discrepancy)."
             }
         }
         @if let Some(oldest) = o.unresolved.first() {
