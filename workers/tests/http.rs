@@ -206,7 +206,7 @@ async fn the_status_page_warns_and_tells_live_workers_from_gone(pool: PgPool) {
     assert!(page.contains(&format!("/reservation/{r3}")), "{page}");
     let workers = &page[page.find("<h2>Workers</h2>").unwrap()..];
     let live = workers.find("create_device@h-1#1").unwrap();
-    let gone_note = workers.find("Silent for over a minute").unwrap();
+    let gone_note = workers.find("Silent past their missed heartbeats").unwrap();
     let replaced = workers.find("create_device@h-1#0").unwrap();
     let silent = workers.find("assimilate@h-2#0").unwrap();
     assert!(

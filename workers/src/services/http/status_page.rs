@@ -10,10 +10,6 @@ use super::*;
 /// Machines listed on the status page; `/machines` has them all.
 pub(super) const STATUS_MACHINES: usize = 50;
 
-/// Silent this long, a worker is presumed gone (the default rescue window,
-/// 5 s heartbeats times 12).
-const GONE_AFTER_SECONDS: f64 = 60.0;
-
 pub(super) fn status_page(
     o: &Overview,
     machines: &[ManagedMachine],
@@ -427,7 +423,12 @@ fn queue(o: &Overview) -> Markup {
 }
 
 fn workers(o: &Overview) -> Markup {
-    let (live, gone): (Vec<_>, Vec<_>) = o.workers.iter().partition(|w| is_live(w, &o.workers));
+    // Dead past its missed heartbeats, as the cluster's settings say.
+    let window = o.liveness().window_seconds;
+    let (live, gone): (Vec<_>, Vec<_>) = o
+        .workers
+        .iter()
+        .partition(|w| is_live(w, &o.workers, window));
     html! {
         h2 { "Workers" }
         @if live.is_empty() {
@@ -436,8 +437,8 @@ fn workers(o: &Overview) -> Markup {
             (worker_table(&live))
         }
         @if !gone.is_empty() {
-            p.muted { "Silent for over a minute, or replaced by a later generation of the same \
-                       process (their jobs are handed to live workers):" }
+            p.muted { "Silent past their missed heartbeats, or replaced by a later generation of \
+                       the same process (their jobs are handed to live workers):" }
             (worker_table(&gone))
         }
     }
@@ -445,8 +446,8 @@ fn workers(o: &Overview) -> Markup {
 
 /// A worker is live if it was seen recently and no later generation of the
 /// same process and queue (`kind@host-pid#generation`) replaced it.
-fn is_live(w: &WorkerRow, all: &[WorkerRow]) -> bool {
-    if w.seconds_since_seen > GONE_AFTER_SECONDS {
+fn is_live(w: &WorkerRow, all: &[WorkerRow], window: f64) -> bool {
+    if w.seconds_since_seen > window {
         return false;
     }
     let Some((base, generation)) = w.name.rsplit_once('#') else {
