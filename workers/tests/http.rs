@@ -27,7 +27,7 @@ async fn the_status_page_shows_the_fleet_and_shouts_about_a_discrepancy(pool: Pg
     // The cause is shown, escaped.
     assert!(page.contains("createDevice: no capacity &lt;da11&gt; &amp; retry later (422)"));
     assert!(!page.contains("<da11>"));
-    assert!(page.contains("class=\"alarm\""));
+    assert!(page.contains("class=\"alarm discrepancy\""));
     assert!(page.contains("DISCREPANCY"));
     assert!(page.contains(&format!("href=\"/device/{}\"", fleet.unknown_device)));
     assert!(page.contains(&format!("href=\"/reservation/{}\"", fleet.penalised)));
