@@ -503,3 +503,57 @@ async fn the_first_line_says_whether_anything_works(pool: PgPool) {
         "{line}"
     );
 }
+
+/// What a page shows is what it holds: a reason with a right-to-left
+/// override (U+202E) or a zero-width character shows the mark, never
+/// reorders the text; and an action's banner, which the page keeps in its
+/// address as it reloads, says when the action has been undone since.
+#[sqlx::test(migrations = false)]
+async fn pages_show_marks_and_banners_of_the_present(pool: PgPool) {
+    seed(&pool).await;
+    sqlx::query("select shepherd.pause_creations($1, 'ops:mallory')")
+        .bind("rotate\u{202e}txt.exe\u{200b}")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let server = Server::start(pool.clone()).await;
+    for path in ["/", "/events"] {
+        let (_, _, page) = server.get(path).await;
+        assert!(
+            !page.contains('\u{202e}') && !page.contains('\u{200b}'),
+            "{path}"
+        );
+        assert!(
+            page.contains("rotate[U+202E]txt.exe[U+200B]"),
+            "{path}: {page}"
+        );
+    }
+    let banner = |page: &str| {
+        let at = page.find("class=\"done").map(|i| &page[i..]).unwrap_or("");
+        at[..at.find("</p>").unwrap_or(at.len())].to_string()
+    };
+    let (_, _, page) = server.get("/?done=pause").await;
+    assert!(
+        banner(&page).contains("Creations are paused."),
+        "{}",
+        banner(&page)
+    );
+    let (_, _, page) = server.get("/?done=resume").await;
+    assert!(
+        banner(&page).contains("resumed from here, and are paused again since"),
+        "{}",
+        banner(&page)
+    );
+    sqlx::query("select shepherd.resume_creations('done', 'ops:alice')")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let (_, _, page) = server.get("/?done=pause").await;
+    assert!(
+        banner(&page).contains("paused from here, and are running again since"),
+        "{}",
+        banner(&page)
+    );
+    assert!(!page.contains("Creations are paused."), "{page}");
+    server.stop().await;
+}

@@ -373,3 +373,48 @@ async fn jobs_are_retried_and_cancelled_from_the_command_line(pool: PgPool) {
     assert!(ok, "{err}");
     assert!(out.contains("will run again"), "{out}");
 }
+
+/// `migrate` says what it did: the migrations it applied to a fresh
+/// database, then that it is up to date. A command run where neither
+/// `$USER` nor `$LOGNAME` is set (cron, a bare container) records the uid,
+/// never `cli:unknown`.
+#[sqlx::test(migrations = false)]
+async fn migrate_says_what_it_applied_and_a_nameless_user_is_their_uid(pool: PgPool) {
+    let url = url_of(&pool).await;
+    let run = |args: &'static [&'static str], url: String| {
+        let out = Command::new(env!("CARGO_BIN_EXE_shepherd"))
+            .args(args)
+            .env("DATABASE_URL", url)
+            .env_remove("USER")
+            .env_remove("LOGNAME")
+            .env("SHEPHERD_LOG", "warn")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{args:?}: {out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let first = run(&["migrate"], url.clone());
+    assert!(
+        first.contains("applied") && !first.contains("up to date"),
+        "{first}"
+    );
+    let again = run(&["migrate"], url.clone());
+    assert!(again.contains("is up to date"), "{again}");
+    // A pause needs the cluster's settings: a worker's first start records them.
+    shepherd::cluster::establish(
+        &pool,
+        &shepherd::cluster::ClusterSettings::proposed_by(&Default::default()),
+        &[],
+        "test",
+    )
+    .await
+    .unwrap();
+    run(&["pause", "--reason", "the nightly job"], url);
+    let by: String = sqlx::query_scalar(
+        "select body->>'by' from shepherd.events where event_type = 'creations_paused'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(by.starts_with("cli:uid-"), "{by}");
+}

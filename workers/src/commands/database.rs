@@ -58,13 +58,33 @@ pub fn explain(e: sqlx::Error) -> anyhow::Error {
 }
 
 pub async fn migrate(args: DatabaseArgs) -> anyhow::Result<()> {
-    let pool = args.prepare(2).await?;
-    let applied: i64 = sqlx::query_scalar("select count(*) from shepherd._sqlx_migrations")
-        .fetch_one(&pool)
-        .await?;
-    println!(
-        "database {} is up to date ({applied} shepherd migrations applied)",
-        shepherd::db::describe_url(&args.database_url)
-    );
+    shepherd::db::ensure_database(&args.database_url).await?;
+    let pool = args.connect(2).await?;
+    // The ledger's rows, none before the first migration made it.
+    let count = |pool: PgPool| async move {
+        let exists: bool =
+            sqlx::query_scalar("select to_regclass('shepherd._sqlx_migrations') is not null")
+                .fetch_one(&pool)
+                .await?;
+        if !exists {
+            return Ok::<i64, sqlx::Error>(0);
+        }
+        sqlx::query_scalar("select count(*) from shepherd._sqlx_migrations")
+            .fetch_one(&pool)
+            .await
+    };
+    let before = count(pool.clone()).await?;
+    shepherd::db::migrate(&pool).await?;
+    let after = count(pool.clone()).await?;
+    let target = shepherd::db::describe_url(&args.database_url);
+    if after > before {
+        println!(
+            "database {target}: applied {} shepherd migration{} ({after} in all)",
+            after - before,
+            if after - before == 1 { "" } else { "s" }
+        );
+    } else {
+        println!("database {target} is up to date ({after} shepherd migrations applied)");
+    }
     Ok(())
 }

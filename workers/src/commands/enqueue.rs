@@ -54,10 +54,6 @@ pub struct EnqueueAssimilate {
     device: String,
 }
 
-pub(crate) fn who() -> String {
-    std::env::var("USER").unwrap_or_else(|_| "unknown".into())
-}
-
 pub async fn enqueue(command: EnqueueCommand) -> anyhow::Result<()> {
     match command {
         EnqueueCommand::Reconcile(args) => {
@@ -66,7 +62,7 @@ pub async fn enqueue(command: EnqueueCommand) -> anyhow::Result<()> {
             let id = queue::push_reconcile(
                 &mut tx,
                 &ReconcileArgs {
-                    requested_by: format!("cli:{}", who()),
+                    requested_by: super::cli_user(),
                 },
                 None,
             )
@@ -154,7 +150,7 @@ async fn create(args: EnqueueCreate) -> anyhow::Result<()> {
             manual: true,
             push_jobs: true,
             caused_by: None,
-            requested_by: Some(format!("cli:{}", who())),
+            requested_by: Some(super::cli_user()),
             sinbin_override: args.override_sinbin.clone(),
             units: &units,
         },
@@ -191,7 +187,7 @@ async fn assimilate(args: EnqueueAssimilate) -> anyhow::Result<()> {
         vec![shepherd::events::NewEvent::new(
             shepherd::events::event::AssimilationRequested {
                 device: args.device.clone(),
-                requested_by: format!("cli:{}", who()),
+                requested_by: super::cli_user(),
             },
         )],
     )

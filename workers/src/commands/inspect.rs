@@ -261,7 +261,7 @@ pub async fn views(command: ViewsCommand) -> anyhow::Result<()> {
     let ViewsCommand::Rebuild(args) = command;
     let pool = args.list.db.connect(2).await?;
     let started = std::time::Instant::now();
-    let by = format!("cli:{}", crate::commands::enqueue::who());
+    let by = super::cli_user();
     let report = views::rebuild_by(&pool, args.replace.then_some(by.as_str())).await?;
     if args.list.json {
         println!("{}", serde_json::to_string_pretty(&report)?);

@@ -691,10 +691,7 @@ pub struct ControlArgs {
 }
 
 fn operator() -> String {
-    format!(
-        "cli:{}",
-        std::env::var("USER").unwrap_or_else(|_| "unknown".into())
-    )
+    super::cli_user()
 }
 
 pub async fn pause(args: PauseArgs) -> anyhow::Result<()> {

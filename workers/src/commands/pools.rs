@@ -103,7 +103,7 @@ pub async fn run(command: PoolsCommand) -> anyhow::Result<()> {
 }
 
 fn who() -> String {
-    format!("cli:{}", crate::commands::enqueue::who())
+    super::cli_user()
 }
 
 /// What stands on each pool now, by our records: machines (by their

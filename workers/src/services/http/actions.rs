@@ -348,6 +348,25 @@ pub(super) struct Done {
 }
 
 impl Done {
+    /// The banner, said of the present: an action undone since (the page
+    /// reloads itself every 5 s with its address) says so, rather than
+    /// what is no longer true.
+    pub(super) fn banner_now(&self, paused_now: bool) -> maud::Markup {
+        let undone = match self.done.as_deref() {
+            Some("pause") if !paused_now => {
+                Some("creations were paused from here, and are running again since.")
+            }
+            Some("resume") if paused_now => {
+                Some("creations were resumed from here, and are paused again since.")
+            }
+            _ => None,
+        };
+        match undone {
+            Some(words) => html! { p.done.undone role="status" { "Done, and undone: " (words) } },
+            None => self.banner(),
+        }
+    }
+
     pub(super) fn banner(&self) -> maud::Markup {
         let words = match self.done.as_deref() {
             Some("pause") => "Creations are paused.",

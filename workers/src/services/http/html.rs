@@ -103,7 +103,37 @@ pub(super) fn layout(title: &str, refresh: bool, body: Markup) -> Html<String> {
             }
         }
     };
-    Html(page.into_string())
+    Html(neutral_marks(page.into_string()))
+}
+
+/// The page with every invisible mark that reorders or hides text on screen
+/// (bidirectional controls such as U+202E, zero-width characters) shown as
+/// `[U+202E]`: a reason, a name or a provider's text holding one cannot
+/// make what a page shows read otherwise than what it holds. The pages'
+/// own text has none.
+pub(super) fn neutral_marks(page: String) -> String {
+    let hidden = |c: char| {
+        matches!(
+            c,
+            '\u{061c}'
+                | '\u{200b}'..='\u{200f}'
+                | '\u{202a}'..='\u{202e}'
+                | '\u{2066}'..='\u{2069}'
+                | '\u{feff}'
+        )
+    };
+    if !page.contains(hidden) {
+        return page;
+    }
+    let mut shown = String::with_capacity(page.len() + 16);
+    for c in page.chars() {
+        if hidden(c) {
+            shown.push_str(&format!("[U+{:04X}]", c as u32));
+        } else {
+            shown.push(c);
+        }
+    }
+    shown
 }
 
 /// A page that only says something (an error's explanation).

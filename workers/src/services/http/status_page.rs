@@ -21,7 +21,7 @@ pub(super) fn status_page(
     html! {
         h1 { "shepherd" }
         (liveness(o))
-        (done.banner())
+        (done.banner_now(o.paused.is_some()))
         p.muted.as-of { "As of " (Time(o.now).to_string()) "; this page updates itself every 5 s while you are not filling in a form or selecting text." }
         (alarms(o, &voice.words))
         @match viewer {
