@@ -259,11 +259,25 @@ pub fn migrator() -> sqlx::migrate::Migrator {
 pub async fn migrate(pool: &PgPool) -> Result<(), DbError> {
     apalis_postgres::PostgresStorage::<()>::setup(pool)
         .await
-        .map_err(|e| DbError::Migrate(format!("job queue schema: {e}")))?;
+        .map_err(|e| DbError::Migrate(with_hint(format!("job queue schema: {e}"))))?;
     migrator()
         .run(pool)
         .await
-        .map_err(|e| DbError::Migrate(e.to_string()))
+        .map_err(|e| DbError::Migrate(with_hint(e.to_string())))
+}
+
+/// A migration a role may not run says who may: the least-privilege roles
+/// of deploy/roles.sql run no migrations.
+fn with_hint(message: String) -> String {
+    if message.contains("permission denied") || message.contains("must be owner") {
+        format!(
+            "{message} (this role may not change the schema: run `shepherd migrate` as the \
+             database's owner, then start workers and schedulers with --skip-migrations; \
+             docs/security.md)"
+        )
+    } else {
+        message
+    }
 }
 
 /// Drops and recreates the database named in `url` (the demo's own).

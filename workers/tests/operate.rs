@@ -418,3 +418,46 @@ async fn migrate_says_what_it_applied_and_a_nameless_user_is_their_uid(pool: PgP
     .unwrap();
     assert!(by.starts_with("cli:uid-"), "{by}");
 }
+
+/// A role that may not change the schema, migrating, is told who may and
+/// how to start without migrating; the demo, which has a database of its
+/// own, names its own flag when it cannot reach Postgres.
+#[sqlx::test(migrations = false)]
+async fn refusals_name_the_next_step(pool: PgPool) {
+    let url = url_of(&pool).await;
+    sqlx::query(
+        "do $$ begin
+             create role shepherd_hint_test login;
+         exception when duplicate_object or unique_violation then null;
+         end $$",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let as_role = url.replacen("://postgres@", "://shepherd_hint_test@", 1);
+    assert_ne!(as_role, url);
+    let out = Command::new(env!("CARGO_BIN_EXE_shepherd"))
+        .arg("migrate")
+        .env("DATABASE_URL", &as_role)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("permission denied"), "{stderr}");
+    assert!(stderr.contains("--skip-migrations"), "{stderr}");
+    assert!(stderr.contains("as the database's owner"), "{stderr}");
+
+    let out = Command::new(env!("CARGO_BIN_EXE_shepherd"))
+        .args([
+            "demo",
+            "--database-url",
+            "postgres://postgres@127.0.0.1:1/nowhere",
+        ])
+        .env("DATABASE_URL", &url)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("SHEPHERD_DEMO_DATABASE_URL"), "{stderr}");
+    assert!(stderr.contains("does not read DATABASE_URL"), "{stderr}");
+}

@@ -225,9 +225,30 @@ async fn start_metal(args: &DemoArgs, token: &str) -> anyhow::Result<FakeMetal> 
     .context("cannot start the fake Metal API")
 }
 
+fn demo_database(e: shepherd::db::DbError) -> anyhow::Error {
+    use shepherd::db::DbError;
+    match e {
+        DbError::Unreachable { target, reason } => anyhow::anyhow!(
+            "cannot reach Postgres at {target}: {reason}. Start one (e.g. `docker compose up -d \
+             postgres`, or install the postgresql package), or point the demo at one with \
+             --database-url (SHEPHERD_DEMO_DATABASE_URL; the demo does not read DATABASE_URL)"
+        ),
+        DbError::Refused { target, reason } => anyhow::anyhow!(
+            "the Postgres server at {target} refused the demo's connection: {reason}. Check the \
+             user and password in --database-url (SHEPHERD_DEMO_DATABASE_URL; the demo does not \
+             read DATABASE_URL)"
+        ),
+        other => other.into(),
+    }
+}
+
 pub async fn run(args: DemoArgs, stop: Stop) -> anyhow::Result<DemoSummary> {
     let started = Instant::now();
-    shepherd::db::recreate_database(&args.database_url).await?;
+    // The demo has a database of its own: its failures name its own flag,
+    // not the DATABASE_URL every other command reads.
+    shepherd::db::recreate_database(&args.database_url)
+        .await
+        .map_err(demo_database)?;
     let pool = shepherd::db::connect(&args.database_url, 32).await?;
     shepherd::db::migrate(&pool).await?;
 

@@ -481,6 +481,10 @@ pub struct SchedulerArgs {
     pub metrics_listen: std::net::SocketAddr,
     #[command(flatten)]
     pub console: ConsoleArgs,
+    /// Do not apply migrations at start (run `shepherd migrate` with the
+    /// owner's role instead, and the scheduler with a least-privilege one)
+    #[arg(long, env = "SHEPHERD_SKIP_MIGRATIONS")]
+    pub skip_migrations: bool,
 }
 
 /// The console: its credential, the names it answers, the proxies in front
@@ -577,7 +581,11 @@ fn operator_token(
 
 pub async fn scheduler(args: SchedulerArgs) -> anyhow::Result<()> {
     let operator = operator_token(args.console.operator_token_file.as_deref())?;
-    let pool = args.db.prepare(3).await?;
+    let pool = if args.skip_migrations {
+        args.db.connect(3).await?
+    } else {
+        args.db.prepare(3).await?
+    };
     let listener = tokio::net::TcpListener::bind(args.metrics_listen)
         .await
         .with_context(|| format!("--metrics-listen: cannot listen on {}", args.metrics_listen))?;
