@@ -231,6 +231,47 @@ async fn every_endpoint_answers_as_the_spec_says() {
         .await;
     assert_eq!(device["state"], json!("queued"));
     let d_id = device["id"].as_str().unwrap().to_string();
+    // packet-python 1.44's own default create sends `"tags": {}`, which the
+    // real API took as no tags; a map with entries is refused.
+    let second = list["hardware_reservations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["provisionable"] == json!(true))
+        // The last: the first two are the ones moved and used below.
+        .rfind(|r| r["id"].as_str() != Some(r_id.as_str()))
+        .expect("a second provisionable reservation")
+        .clone();
+    let body = |tags: Value, hostname: &str| {
+        json!({
+            "hostname": hostname,
+            "plan": second["plan"]["slug"],
+            "operating_system": "ubuntu_20_04",
+            "metro": second["facility"]["metro"]["code"],
+            "hardware_reservation_id": second["id"],
+            "tags": tags,
+        })
+    };
+    p.check(
+        CreateDevice,
+        Method::POST,
+        &format!("/projects/{project}/devices"),
+        "/projects/{id}/devices",
+        Some(body(json!({"a": "b"}), "shepherd-python-bad")),
+        422,
+    )
+    .await;
+    let python = p
+        .check(
+            CreateDevice,
+            Method::POST,
+            &format!("/projects/{project}/devices"),
+            "/projects/{id}/devices",
+            Some(body(json!({}), "shepherd-python")),
+            201,
+        )
+        .await;
+    assert_eq!(python["tags"], json!([]));
     p.check(
         FindHardwareReservationById,
         Method::GET,

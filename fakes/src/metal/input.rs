@@ -16,13 +16,34 @@ pub(super) struct CreateDevice {
     pub project_ssh_keys: Option<Vec<String>>,
     pub user_ssh_keys: Option<Vec<String>>,
     pub no_ssh_keys: Option<bool>,
-    /// packngo sends `null` for no tags.
+    /// packngo sends `null` for no tags, and packet-python 1.44's
+    /// `create_device` an empty object, which the real API took as none.
+    #[serde(deserialize_with = "tags")]
     pub tags: Option<Vec<String>>,
     pub description: Option<String>,
     pub userdata: Option<String>,
     pub billing_cycle: Option<String>,
     pub locked: Option<bool>,
     pub always_pxe: Option<bool>,
+}
+
+/// Tags as the API took them from its own clients: a list, `null`, or an
+/// empty object (no tags). Anything else is refused as before.
+fn tags<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Vec<String>>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Tags {
+        List(Vec<String>),
+        Empty(std::collections::BTreeMap<String, serde::de::IgnoredAny>),
+    }
+    match Option::<Tags>::deserialize(d)? {
+        None => Ok(None),
+        Some(Tags::List(list)) => Ok(Some(list)),
+        Some(Tags::Empty(map)) if map.is_empty() => Ok(Some(vec![])),
+        Some(Tags::Empty(_)) => Err(serde::de::Error::custom(
+            "invalid type: map, expected a sequence",
+        )),
+    }
 }
 
 /// The deprecated `facility` input takes one code or a list in order of
