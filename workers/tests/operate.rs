@@ -461,3 +461,38 @@ async fn refusals_name_the_next_step(pool: PgPool) {
     assert!(stderr.contains("SHEPHERD_DEMO_DATABASE_URL"), "{stderr}");
     assert!(stderr.contains("does not read DATABASE_URL"), "{stderr}");
 }
+
+/// A Metal cluster has no pools: `pools set` on one is refused with why,
+/// and nothing is recorded.
+#[sqlx::test(migrations = false)]
+async fn pools_on_a_metal_cluster_are_refused(pool: PgPool) {
+    let w = World::new(pool).await;
+    shepherd::cluster::establish_identity(
+        &w.pool,
+        &shepherd::cluster::Identity {
+            provider: "metal".into(),
+            project: w.fake.project_id().to_string(),
+            device_prefix: "shepherd-".into(),
+        },
+        "test",
+    )
+    .await
+    .unwrap();
+    let (ok, _, stderr) = w
+        .run(&[
+            "pools",
+            "set",
+            "web",
+            "plan=c2-small-x86,site=DAL,count=2,os=ubuntu_24_04_x64_lts",
+            "--reason",
+            "try",
+        ])
+        .await;
+    assert!(!ok, "{stderr}");
+    assert!(stderr.contains("which have no pools"), "{stderr}");
+    let pools: i64 = sqlx::query_scalar("select count(*) from shepherd.pools")
+        .fetch_one(&w.pool)
+        .await
+        .unwrap();
+    assert_eq!(pools, 0);
+}
