@@ -496,3 +496,35 @@ async fn pools_on_a_metal_cluster_are_refused(pool: PgPool) {
         .unwrap();
     assert_eq!(pools, 0);
 }
+
+/// `status` lists the jobs that ended failed or killed with the ids
+/// `shepherd job retry` takes, and the retry works with one of them.
+#[sqlx::test(migrations = false)]
+async fn status_prints_the_ids_job_retry_takes(pool: PgPool) {
+    let w = World::new(pool).await;
+    let id: String = sqlx::query_scalar(
+        "select shepherd.push_job('assimilate', jsonb_build_object('device', gen_random_uuid(), 'manual', true))",
+    )
+    .fetch_one(&w.pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "update apalis.jobs set status = 'Killed', done_at = now(),
+                last_result = '{\"Err\": \"cancelled by test: the disk died\"}'
+         where id = $1",
+    )
+    .bind(&id)
+    .execute(&w.pool)
+    .await
+    .unwrap();
+    let (ok, out, err) = w.run(&["status"]).await;
+    assert!(ok, "{err}");
+    let listed = &out[out.find("jobs that ended failed or killed").expect(&out)..];
+    assert!(listed.contains(&id), "{listed}");
+    assert!(listed.contains("shepherd job retry ID"), "{listed}");
+    assert!(listed.contains("the disk died"), "{listed}");
+    let (ok, _, err) = w
+        .run(&["job", "retry", &id, "--reason", "a new disk"])
+        .await;
+    assert!(ok, "{err}");
+}

@@ -362,8 +362,77 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&overview)?);
     } else {
         print!("{}", render_status(&overview));
+        print!("{}", render_ended(&ended_jobs(&pool).await?));
     }
     Ok(())
+}
+
+/// A job the queue gave up on, or that was killed: what `shepherd job
+/// retry` takes.
+struct EndedJob {
+    id: String,
+    kind: String,
+    state: String,
+    attempts: i32,
+    seconds: f64,
+    error: Option<String>,
+}
+
+/// The newest jobs that ended failed or killed, which an operator may
+/// retry by id.
+async fn ended_jobs(pool: &sqlx::PgPool) -> anyhow::Result<Vec<EndedJob>> {
+    let rows: Vec<(String, String, String, i32, f64, Option<String>)> = sqlx::query_as(
+        "select id, kind, state, attempts,
+                extract(epoch from now() - coalesce(done_at, run_at))::float8,
+                left(coalesce(last_result->>'Err', last_result::text), 200)
+         from shepherd.failed_jobs
+         where kind in ('reconcile', 'create_device', 'assimilate', 'delete_machine')
+           and (state = 'Killed' or attempts >= max_attempts)
+         limit 10",
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(id, kind, state, attempts, seconds, error)| EndedJob {
+            id,
+            kind,
+            state,
+            attempts,
+            seconds,
+            error,
+        })
+        .collect())
+}
+
+fn render_ended(jobs: &[EndedJob]) -> String {
+    if jobs.is_empty() {
+        return String::new();
+    }
+    let mut out = format!(
+        "\njobs that ended failed or killed (newest {}; retry one with: shepherd job retry ID --reason ...)\n",
+        jobs.len()
+    );
+    let mut t = Table::new(&["ID", "KIND", "STATE", "RUNS", "ENDED", "LAST ERROR"]);
+    for j in jobs {
+        t.row(vec![
+            j.id.clone(),
+            j.kind.clone(),
+            if j.state == "Killed" {
+                "cancelled".into()
+            } else {
+                "failed".into()
+            },
+            j.attempts.to_string(),
+            format!("{} ago", age(j.seconds)),
+            j.error
+                .as_deref()
+                .map(|e| shepherd::text::bounded(e, 120))
+                .unwrap_or_default(),
+        ]);
+    }
+    out.push_str(&t.render());
+    out
 }
 
 #[derive(Debug, Args)]
