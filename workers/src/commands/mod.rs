@@ -9,6 +9,7 @@ pub mod fake_metal;
 pub mod inspect;
 pub mod operate;
 pub mod pools;
+pub mod status;
 pub mod worker;
 
 /// Who runs a command, for what the log records (`cli:<name>`): `$USER`,
