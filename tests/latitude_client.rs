@@ -199,6 +199,30 @@ async fn a_429_on_create_was_not_counted_so_it_is_sent_again() {
     assert!(!created.recovered);
     assert_eq!(created.attempts, 2);
     assert_eq!(fake.servers().len(), 1);
+    // Counted as every provider's calls are: the 429 and the hold it asked
+    // for, under the latitude label, for the same alerts as Metal's.
+    let mut registry = prometheus_client::registry::Registry::default();
+    c.metrics().register(&mut registry);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    let created_with = |status: &str| {
+        text.lines().any(|l| {
+            l.starts_with("shepherd_provider_request_duration_seconds_count{")
+                && l.contains(r#"provider="latitude""#)
+                && l.contains(&format!(r#"status="{status}""#))
+                && l.ends_with(" 1")
+        })
+    };
+    assert!(created_with("429") && created_with("201"), "{text}");
+    assert!(
+        text.contains(r#"shepherd_provider_throttled_total{provider="latitude"} 1"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"shepherd_provider_calls_in_flight{provider="latitude"} 0"#),
+        "{text}"
+    );
+    assert!(!c.metrics().latency.minutes().is_empty());
 }
 
 #[tokio::test]

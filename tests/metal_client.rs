@@ -780,13 +780,13 @@ async fn metrics_record_latency_by_endpoint_and_status() {
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
     assert!(text.contains(
-        r#"shepherd_metal_request_duration_seconds_count{endpoint="findProjectHardwareReservations",status="200"} 1"#
+        r#"shepherd_provider_request_duration_seconds_count{provider="metal",endpoint="findProjectHardwareReservations",status="200"} 1"#
     ), "{text}");
     assert!(text.contains(
-        r#"shepherd_metal_request_duration_seconds_count{endpoint="findDeviceById",status="404"} 1"#
+        r#"shepherd_provider_request_duration_seconds_count{provider="metal",endpoint="findDeviceById",status="404"} 1"#
     ), "{text}");
-    assert!(text.contains("shepherd_metal_calls_in_flight 0"));
-    assert!(text.contains("shepherd_metal_calls_waiting 0"));
+    assert!(text.contains(r#"shepherd_provider_calls_in_flight{provider="metal"} 0"#));
+    assert!(text.contains(r#"shepherd_provider_calls_waiting{provider="metal"} 0"#));
     drop(fake);
 }
 

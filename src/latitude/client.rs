@@ -13,6 +13,7 @@ use tokio::sync::Semaphore;
 
 pub use super::error::LatitudeError;
 use super::model::*;
+use crate::metal::discipline::{ClientMetrics, RequestLabels};
 use crate::provider::discipline::{LocalPacer, Pacer, RetrySettings};
 use crate::secret::ApiToken;
 
@@ -37,6 +38,8 @@ pub struct LatitudeConfig {
     pub retry: RetrySettings,
     /// `http://` to another machine is allowed (a fake elsewhere).
     pub allow_plain_http: bool,
+    /// Where its calls are counted (`shepherd_provider_*{provider="latitude"}`).
+    pub metrics: ClientMetrics,
 }
 
 impl LatitudeConfig {
@@ -50,6 +53,7 @@ impl LatitudeConfig {
             page_size: PAGE_SIZE_DEFAULT,
             retry: RetrySettings::default(),
             allow_plain_http: false,
+            metrics: ClientMetrics::for_provider(super::provider::NAME),
         }
     }
 }
@@ -109,6 +113,26 @@ struct Inner {
     slots: Semaphore,
     reads: Arc<dyn Pacer>,
     writes: Arc<dyn Pacer>,
+    metrics: ClientMetrics,
+}
+
+/// Takes one back from a gauge when dropped: a call cancelled while it
+/// waits or talks leaves the count right.
+struct Counted(prometheus_client::metrics::gauge::Gauge<i64, std::sync::atomic::AtomicI64>);
+
+impl Counted {
+    fn new(
+        g: &prometheus_client::metrics::gauge::Gauge<i64, std::sync::atomic::AtomicI64>,
+    ) -> Self {
+        g.inc();
+        Counted(g.clone())
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
 }
 
 impl std::fmt::Debug for LatitudeClient {
@@ -252,12 +276,18 @@ impl LatitudeClient {
                 slots: Semaphore::new(config.parallelism.max(1)),
                 reads,
                 writes,
+                metrics: config.metrics,
             }),
         })
     }
 
     pub fn project(&self) -> &str {
         &self.inner.project
+    }
+
+    /// Where this client's calls are counted.
+    pub fn metrics(&self) -> &ClientMetrics {
+        &self.inner.metrics
     }
 
     // ----- one attempt -----
@@ -297,6 +327,8 @@ impl LatitudeClient {
         } else {
             &self.inner.writes
         };
+        let metrics = &self.inner.metrics;
+        let waiting = Counted::new(&metrics.waiting);
         pacer
             .wait_turn()
             .await
@@ -307,9 +339,25 @@ impl LatitudeClient {
             .acquire()
             .await
             .expect("the semaphore is never closed");
+        drop(waiting);
         fence()
             .await
             .map_err(|reason| LatitudeError::NotSent { call, reason })?;
+        let talking = Counted::new(&metrics.in_flight);
+        let started = std::time::Instant::now();
+        let observe = |status: String| {
+            let seconds = started.elapsed().as_secs_f64();
+            metrics
+                .request_duration
+                .get_or_create(&RequestLabels {
+                    endpoint: call,
+                    status,
+                })
+                .observe(seconds);
+            metrics
+                .latency
+                .record(std::time::SystemTime::now(), seconds);
+        };
         let mut request = self
             .inner
             .http
@@ -344,33 +392,36 @@ impl LatitudeClient {
             }
             Ok((status, headers, Some(body)))
         };
-        let (status, headers, body) =
-            match tokio::time::timeout(self.inner.attempt_timeout, exchange).await {
-                Err(_) => {
-                    return Err(LatitudeError::Transient {
-                        call,
-                        reason: format!(
-                            "no complete answer within {:?}",
-                            self.inner.attempt_timeout
-                        ),
-                    });
-                }
-                // A connection that never opened carried nothing: the one
-                // transport failure that proves a write was not done.
-                Ok(Err(e)) if e.is_connect() => {
-                    return Err(LatitudeError::ConnectFailed {
-                        call,
-                        reason: crate::provider::discipline::describe_transport_error(&e),
-                    });
-                }
-                Ok(Err(e)) => {
-                    return Err(LatitudeError::Transient {
-                        call,
-                        reason: crate::provider::discipline::describe_transport_error(&e),
-                    });
-                }
-                Ok(Ok(v)) => v,
-            };
+        let answered = tokio::time::timeout(self.inner.attempt_timeout, exchange).await;
+        drop(talking);
+        observe(match &answered {
+            Err(_) => "timeout".into(),
+            Ok(Err(_)) => "error".into(),
+            Ok(Ok((status, _, _))) => status.to_string(),
+        });
+        let (status, headers, body) = match answered {
+            Err(_) => {
+                return Err(LatitudeError::Transient {
+                    call,
+                    reason: format!("no complete answer within {:?}", self.inner.attempt_timeout),
+                });
+            }
+            // A connection that never opened carried nothing: the one
+            // transport failure that proves a write was not done.
+            Ok(Err(e)) if e.is_connect() => {
+                return Err(LatitudeError::ConnectFailed {
+                    call,
+                    reason: crate::provider::discipline::describe_transport_error(&e),
+                });
+            }
+            Ok(Err(e)) => {
+                return Err(LatitudeError::Transient {
+                    call,
+                    reason: crate::provider::discipline::describe_transport_error(&e),
+                });
+            }
+            Ok(Ok(v)) => v,
+        };
         let Some(body) = body.filter(|b| b.len() <= MAX_BODY_BYTES) else {
             return Err(LatitudeError::Undecodable {
                 call,
@@ -396,6 +447,12 @@ impl LatitudeClient {
                     .and_then(crate::provider::discipline::provider_wait);
                 // Every caller of this budget waits, not only this one.
                 let wait = asked.unwrap_or(Duration::from_secs(1));
+                metrics.throttled.inc();
+                metrics.held_until.set(
+                    (std::time::SystemTime::now() + wait)
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0.0, |d| d.as_secs_f64()),
+                );
                 if let Err(e) = pacer.hold(wait).await {
                     tracing::warn!(error = %e, "could not share the hold");
                 }

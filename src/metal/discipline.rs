@@ -46,6 +46,10 @@ pub struct RequestLabels {
 /// The API client's Prometheus metrics.
 #[derive(Debug, Clone)]
 pub struct ClientMetrics {
+    /// The provider the client speaks to: every series carries it as its
+    /// `provider` label (`shepherd_provider_*`), so one set of alerts serves
+    /// every provider.
+    pub provider: &'static str,
     pub request_duration: Family<RequestLabels, Histogram>,
     pub in_flight: Gauge<i64, AtomicI64>,
     pub waiting: Gauge<i64, AtomicI64>,
@@ -109,7 +113,15 @@ impl LatencyLog {
 
 impl Default for ClientMetrics {
     fn default() -> Self {
+        ClientMetrics::for_provider(crate::metal::provider::NAME)
+    }
+}
+
+impl ClientMetrics {
+    /// Metrics for a client of `provider` (`metal`, `latitude`).
+    pub fn for_provider(provider: &'static str) -> Self {
         ClientMetrics {
+            provider,
             // 5 ms to ~40 s: from a local fake to a slow listing page.
             request_duration: Family::new_with_constructor(|| {
                 Histogram::new(exponential_buckets(0.005, 2.0, 14))
@@ -121,32 +133,34 @@ impl Default for ClientMetrics {
             latency: LatencyLog::default(),
         }
     }
-}
 
-impl ClientMetrics {
     pub fn register(&self, registry: &mut Registry) {
+        let registry = registry.sub_registry_with_label((
+            std::borrow::Cow::Borrowed("provider"),
+            std::borrow::Cow::Borrowed(self.provider),
+        ));
         registry.register(
-            "shepherd_metal_request_duration_seconds",
-            "Latency of Metal API requests by endpoint and status",
+            "shepherd_provider_request_duration_seconds",
+            "Latency of the provider's API requests by endpoint and status",
             self.request_duration.clone(),
         );
         registry.register(
-            "shepherd_metal_calls_in_flight",
-            "Metal API calls currently being sent or awaited",
+            "shepherd_provider_calls_in_flight",
+            "The provider's API calls currently being sent or awaited",
             self.in_flight.clone(),
         );
         registry.register(
-            "shepherd_metal_calls_waiting",
-            "Metal API calls waiting for a slot or for their turn",
+            "shepherd_provider_calls_waiting",
+            "The provider's API calls waiting for a slot or for their turn",
             self.waiting.clone(),
         );
         registry.register(
-            "shepherd_metal_throttled",
+            "shepherd_provider_throttled",
             "Answers that asked shepherd to slow down (429 or a spent rate-limit budget); each holds every call of the cluster",
             self.throttled.clone(),
         );
         registry.register(
-            "shepherd_metal_hold_until_timestamp_seconds",
+            "shepherd_provider_hold_until_timestamp_seconds",
             "Unix time at which the last hold the provider asked for ends (0: none yet)",
             self.held_until.clone(),
         );

@@ -486,9 +486,11 @@ impl LatitudeArgs {
         pool: &PgPool,
         config: &ProvisionerConfig,
         pools: &[shepherd::provider::pool::Declared],
+        metrics: ClientMetrics,
     ) -> anyhow::Result<shepherd::latitude::provider::LatitudeProvider> {
         let mut client_config = self.client_config()?;
         client_config.attempt_timeout = config.rescue.api_timeout;
+        client_config.metrics = metrics;
         let client = shepherd::latitude::LatitudeClient::for_cluster(
             client_config,
             pool.clone(),

@@ -73,8 +73,8 @@ async fn metrics_read_the_database_at_each_scrape(pool: PgPool) {
             0.0,
         ),
         ("shepherd_jobs{kind=\"assimilate\",state=\"Failed\"}", 0.0),
-        ("shepherd_metal_calls_in_flight", 0.0),
-        ("shepherd_metal_calls_waiting", 0.0),
+        ("shepherd_provider_calls_in_flight{provider=\"metal\"}", 0.0),
+        ("shepherd_provider_calls_waiting{provider=\"metal\"}", 0.0),
     ] {
         assert_eq!(m.get(series), Some(&value), "{series} in:\n{text}");
     }

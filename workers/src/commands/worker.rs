@@ -298,7 +298,8 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
     }
     config.device_prefix = identity.device_prefix;
     let config = Arc::new(config);
-    let client_metrics = ClientMetrics::default();
+    // The API client's figures carry the provider it speaks to.
+    let client_metrics = ClientMetrics::for_provider(args.provider.name());
     let listener = tokio::net::TcpListener::bind(args.metrics_listen)
         .await
         .with_context(|| format!("--metrics-listen: cannot listen on {}", args.metrics_listen))?;
@@ -350,7 +351,10 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
         ),
         ProviderKind::Latitude => JobContext::with_provider(
             pool.clone(),
-            Arc::new(args.latitude.provider(&pool, &config, &pools)?),
+            Arc::new(
+                args.latitude
+                    .provider(&pool, &config, &pools, client_metrics.clone())?,
+            ),
             config.clone(),
             public_key,
         ),
