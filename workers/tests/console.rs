@@ -852,3 +852,43 @@ async fn a_jobs_page_shows_every_run_of_it(pool: PgPool) {
     assert!(said.windows(2).all(|w| w[0] < w[1]), "{table}");
     server.stop().await;
 }
+
+/// On a Latitude.sh cluster a machine is found by its place as operators
+/// name it (`web/3`), and another place finds nothing.
+#[sqlx::test(migrations = false)]
+async fn machines_are_found_by_their_place(pool: PgPool) {
+    shepherd::db::migrate(&pool).await.unwrap();
+    shepherd::cluster::establish_identity(
+        &pool,
+        &shepherd::cluster::Identity {
+            provider: "latitude".into(),
+            project: "proj_places".into(),
+            device_prefix: "shepherd-".into(),
+        },
+        "test",
+    )
+    .await
+    .unwrap();
+    let unit = shepherd::latitude::provider::unit_id("proj_places", "web", 3);
+    append(
+        &pool,
+        vec![
+            shepherd::events::event::MachineAssimilated {
+                machine_id: uuid::Uuid::new_v4(),
+                provider: "latitude".into(),
+                provider_id: "sv_place3".into(),
+                reservation: Some(unit),
+                hostname: Some("shepherd-web-3-aaaaaaaa".into()),
+            }
+            .into(),
+        ],
+    )
+    .await;
+    let server = Server::start(pool.clone()).await;
+    let (status, _, page) = server.get("/machines?q=web/3").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(page.contains("sv_place3"), "{page}");
+    let (_, _, page) = server.get("/machines?q=web/4").await;
+    assert!(!page.contains("sv_place3"), "{page}");
+    server.stop().await;
+}

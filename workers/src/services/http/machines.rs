@@ -1,5 +1,6 @@
 //! `/machines`: the managed machines, paged and searchable by hostname,
-//! device or reservation, for fleets too large for the status page.
+//! device, reservation or place (`web/3`), for fleets too large for the
+//! status page.
 
 use maud::html;
 use serde::Deserialize;
@@ -54,13 +55,28 @@ pub(super) async fn machines_page(
             .replace('_', "\\_");
         format!("%{escaped}%")
     });
+    // A place as operators name it (`web/3`) finds the machine on it: its
+    // unit's id is derived from the cluster's project and the place.
+    let place = match q.as_deref().and_then(|q| q.split_once('/')) {
+        Some((name, index)) => match index.parse::<u32>() {
+            Ok(index) => crate::settings::Recorded::read(&state.pool)
+                .await
+                .ok()
+                .filter(|r| r.provider.as_deref() == Some("latitude"))
+                .and_then(|r| r.project)
+                .map(|project| shepherd::latitude::provider::unit_id(&project, name, index)),
+            Err(_) => None,
+        },
+        None => None,
+    };
     let (total, rows): (i64, Vec<Row>) = {
         let total: i64 = sqlx::query_scalar(
             "select count(*) from shepherd.managed_machines
              where $1::text is null or hostname ilike $1 or provider_id ilike $1
-                   or reservation_id::text ilike $1",
+                   or reservation_id::text ilike $1 or reservation_id = $2",
         )
         .bind(&pattern)
+        .bind(place)
         .fetch_one(&state.pool)
         .await
         .map_err(|e| database_failure("machines", e))?;
@@ -70,13 +86,14 @@ pub(super) async fn machines_page(
              from shepherd.managed_machines m
              left join shepherd.machine_status s on s.provider_id = m.provider_id
              where $1::text is null or m.hostname ilike $1 or m.provider_id ilike $1
-                   or m.reservation_id::text ilike $1
+                   or m.reservation_id::text ilike $1 or m.reservation_id = $4
              order by m.assimilated_at desc, m.machine_id
              limit $2 offset $3",
         )
         .bind(&pattern)
         .bind(PAGE_SIZE)
         .bind((number - 1) * PAGE_SIZE)
+        .bind(place)
         .fetch_all(&state.pool)
         .await
         .map_err(|e| database_failure("machines", e))?;
