@@ -557,3 +557,19 @@ async fn pages_show_marks_and_banners_of_the_present(pool: PgPool) {
     assert!(!page.contains("Creations are paused."), "{page}");
     server.stop().await;
 }
+
+/// A process that speaks to no provider (the scheduler) speaks of the
+/// cluster in its provider's words: places, not reservations, on Latitude.
+#[sqlx::test(migrations = false)]
+async fn a_schedulers_pages_speak_the_clusters_words(pool: PgPool) {
+    seed(&pool).await;
+    let server = Server::start_for_cluster(pool.clone(), "latitude").await;
+    let (_, _, page) = server.get("/").await;
+    server.stop().await;
+    assert!(page.contains("Penalised places"), "{page}");
+    assert!(!page.contains("Penalised reservations"), "{page}");
+    let server = Server::start(pool).await;
+    let (_, _, page) = server.get("/").await;
+    server.stop().await;
+    assert!(page.contains("Penalised reservations"), "{page}");
+}

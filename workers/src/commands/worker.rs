@@ -379,6 +379,7 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
             operator_token: operator.clone(),
             provider: Some(ctx.provider.clone()),
             edges: args.console.edges(),
+            cluster_provider: None,
         },
         http_stop,
     ));
@@ -607,6 +608,11 @@ pub async fn scheduler(args: SchedulerArgs) -> anyhow::Result<()> {
             operator_token: operator.clone(),
             provider: None,
             edges: args.console.edges(),
+            // Read once: a cluster's provider is fixed when it starts.
+            cluster_provider: crate::settings::Recorded::read(&pool)
+                .await
+                .ok()
+                .and_then(|r| r.provider),
         },
         http_stop,
     ));

@@ -55,11 +55,34 @@ impl Server {
         Server::start_edged(pool, credential, None, edges).await
     }
 
+    /// As a scheduler serves it: no provider of its own, the cluster's
+    /// recorded one named.
+    pub async fn start_for_cluster(pool: PgPool, cluster_provider: &str) -> Server {
+        Server::start_served(
+            pool,
+            None,
+            None,
+            Default::default(),
+            Some(cluster_provider.into()),
+        )
+        .await
+    }
+
     pub async fn start_edged(
         pool: PgPool,
         credential: Option<&str>,
         provider: Option<std::sync::Arc<dyn shepherd::provider::Provider>>,
         edges: shepherd_workers::services::http::Edges,
+    ) -> Server {
+        Server::start_served(pool, credential, provider, edges, None).await
+    }
+
+    async fn start_served(
+        pool: PgPool,
+        credential: Option<&str>,
+        provider: Option<std::sync::Arc<dyn shepherd::provider::Provider>>,
+        edges: shepherd_workers::services::http::Edges,
+        cluster_provider: Option<String>,
     ) -> Server {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
@@ -85,6 +108,7 @@ impl Server {
             operator_token: credential.map(shepherd::secret::ApiToken::new),
             provider,
             edges,
+            cluster_provider,
         };
         let task = tokio::spawn(serve(listener, state, handle));
         Server { base, stop, task }

@@ -58,6 +58,9 @@ pub struct HttpState {
     pub provider: Option<std::sync::Arc<dyn shepherd::provider::Provider>>,
     /// The names the pages answer and the proxies trusted to say who asked.
     pub edges: Edges,
+    /// The cluster's provider as recorded, for a process that speaks to
+    /// none (the scheduler): its pages use that provider's words.
+    pub cluster_provider: Option<String>,
 }
 
 impl HttpState {
@@ -71,7 +74,13 @@ impl HttpState {
     /// places and servers on Latitude.sh), with a unit's readable name.
     pub(super) fn voice(&self) -> Voice<'_> {
         Voice {
-            words: Words::named(self.provider.as_ref().map_or("", |p| p.name())),
+            words: Words::named(
+                self.provider
+                    .as_ref()
+                    .map(|p| p.name())
+                    .or(self.cluster_provider.as_deref())
+                    .unwrap_or(""),
+            ),
             state: self,
         }
     }
