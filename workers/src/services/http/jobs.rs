@@ -5,7 +5,7 @@
 use maud::{Markup, html};
 use serde::Deserialize;
 
-use super::outcome::outcome_words;
+use super::outcome::{outcome_now, outcome_words};
 use super::*;
 use shepherd::jobs::{
     ASSIMILATE_QUEUE, CREATE_DEVICE_QUEUE, DELETE_MACHINE_QUEUE, RECONCILE_QUEUE,
@@ -295,7 +295,7 @@ pub(super) async fn jobs_page(
                             td { (Time(j.run_at).to_string()) }
                             td { @if let Some(d) = j.done_at { (Time(d).to_string()) } }
                             td.id { @if let Some(w) = &j.lock_by { (w) } }
-                            td { (outcome_words(j.last_result.as_ref())) }
+                            td { (outcome_now(&j.status, j.lock_by.is_some(), j.last_result.as_ref())) }
                         }
                     }
                 }
@@ -451,7 +451,7 @@ pub(super) async fn job_page(
             tr { th { "Kind" } td { a href={ "/jobs?kind=" (job.job_type) } { (job.job_type) } } }
             tr { th { "State" } td { (job_state(&job.status, job.lock_by.is_some(), job.attempts, job.max_attempts, job.last_result.as_ref())) " " span.muted { "(queue: " (job.status) ")" } } }
             @if job.last_result.is_some() {
-                tr { th { "Outcome" } td { (outcome_words(job.last_result.as_ref())) } }
+                tr { th { "Outcome" } td { (outcome_now(&job.status, job.lock_by.is_some(), job.last_result.as_ref())) } }
             }
             @if let Some(n) = attempt {
                 tr { th { "Attempt" } td { (n) " of this " (if job.job_type == DELETE_MACHINE_QUEUE { "deletion" } else { "creation" }) " (each attempt is a job of its own; below)" } }

@@ -49,6 +49,17 @@ pub(super) fn outcome_words(result: Option<&Value>) -> String {
     }
 }
 
+/// The outcome a job's row shows: a job waiting again (retried by an
+/// operator, or handed back) still carries its last run's result, which
+/// says what was, not what is.
+pub(super) fn outcome_now(status: &str, claimed: bool, result: Option<&Value>) -> String {
+    let words = outcome_words(result);
+    if words.is_empty() || claimed || !matches!(status, "Pending" | "Queued") {
+        return words;
+    }
+    format!("waiting again (its last run: {words})")
+}
+
 /// Fields the outcome's name already says.
 const SAID: [&str; 2] = ["recovered", "already_gone"];
 
@@ -169,6 +180,22 @@ mod tests {
             ),
             "pass finished: managed 3, in flight 0, at limit, enqueued 2"
         );
+    }
+
+    #[test]
+    fn a_job_waiting_again_shows_its_last_run_as_past() {
+        let cancelled = serde_json::json!({"Err": "cancelled by cli:alice: wrong place"});
+        assert_eq!(
+            outcome_now("Pending", false, Some(&cancelled)),
+            "waiting again (its last run: error: cancelled by cli:alice: wrong place)"
+        );
+        assert_eq!(
+            outcome_now("Killed", false, Some(&cancelled)),
+            "error: cancelled by cli:alice: wrong place"
+        );
+        // Claimed: running now, its result is the one being made.
+        assert!(!outcome_now("Queued", true, Some(&cancelled)).starts_with("waiting"));
+        assert_eq!(outcome_now("Pending", false, None), "");
     }
 
     #[test]
