@@ -892,3 +892,60 @@ async fn machines_are_found_by_their_place(pool: PgPool) {
     assert!(!page.contains("sv_place3"), "{page}");
     server.stop().await;
 }
+
+/// A machine the latest pass found missing at the provider is listed as
+/// missing, not by its last sighting ("on, 22 s ago"); once a later pass
+/// finds everything, its sighting shows again.
+#[sqlx::test(migrations = false)]
+async fn a_machine_missing_at_the_provider_is_listed_missing(pool: PgPool) {
+    shepherd::db::migrate(&pool).await.unwrap();
+    let device = uuid::Uuid::new_v4();
+    append(
+        &pool,
+        vec![assimilated(device, uuid::Uuid::new_v4(), "shepherd-gone")],
+    )
+    .await;
+    sqlx::query(
+        "insert into shepherd.machine_status (provider_id, status, seen_at)
+         values ($1, 'active', now() - interval '22 seconds')",
+    )
+    .bind(device.to_string())
+    .execute(&pool)
+    .await
+    .unwrap();
+    let run = uuid::Uuid::new_v4();
+    append(
+        &pool,
+        vec![
+            shepherd::events::event::DiscrepancyFound {
+                run,
+                unknown_devices: vec![],
+                missing_devices: vec![device.to_string()],
+            }
+            .into(),
+        ],
+    )
+    .await;
+    let server = Server::start(pool.clone()).await;
+    let (_, _, page) = server.get("/machines").await;
+    assert!(page.contains("missing at the provider"), "{page}");
+    assert!(!page.contains("active <span"), "{page}");
+    append(
+        &pool,
+        vec![
+            shepherd::events::event::ReconcileFinished {
+                run: uuid::Uuid::new_v4(),
+                managed: 1,
+                in_flight: 0,
+                enqueued: 0,
+                at_limit: false,
+            }
+            .into(),
+        ],
+    )
+    .await;
+    let (_, _, page) = server.get("/machines").await;
+    assert!(!page.contains("missing at the provider"), "{page}");
+    assert!(page.contains("active"), "{page}");
+    server.stop().await;
+}

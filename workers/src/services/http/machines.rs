@@ -28,6 +28,9 @@ struct Row {
     /// The provider's word for it at the last pass that listed it.
     status: Option<String>,
     seen_at: Option<DateTime<Utc>>,
+    /// The latest pass that compared the listing with the managed machines
+    /// found this one missing: its last sighting is no longer its state.
+    missing: bool,
 }
 
 pub(super) async fn machines_page(
@@ -81,8 +84,14 @@ pub(super) async fn machines_page(
         .await
         .map_err(|e| database_failure("machines", e))?;
         let rows = sqlx::query_as(
-            "select m.machine_id, m.provider_id, m.reservation_id, m.hostname, m.assimilated_at,
-                    s.status, s.seen_at
+            "with last as (select event_type, body from shepherd.events
+                           where event_type in ('discrepancy_found', 'reconcile_finished')
+                           order by position desc limit 1)
+             select m.machine_id, m.provider_id, m.reservation_id, m.hostname, m.assimilated_at,
+                    s.status, s.seen_at,
+                    coalesce((select event_type = 'discrepancy_found'
+                                     and body->'missing_devices' ? m.provider_id from last),
+                             false) as missing
              from shepherd.managed_machines m
              left join shepherd.machine_status s on s.provider_id = m.provider_id
              where $1::text is null or m.hostname ilike $1 or m.provider_id ilike $1
@@ -135,6 +144,10 @@ pub(super) async fn machines_page(
                             td { (m.hostname.as_deref().unwrap_or("")) }
                             td {
                                 @match (&m.status, m.seen_at) {
+                                    _ if m.missing => {
+                                        strong { "missing at the provider" }
+                                        @if let Some(at) = m.seen_at { " " span.muted { "(last listed " (ago(at, Utc::now())) ")" } }
+                                    }
                                     (Some(status), Some(at)) => { (status) " " span.muted { (ago(at, Utc::now())) } }
                                     (None, Some(at)) => { span.muted { "listed " (ago(at, Utc::now())) } }
                                     _ => { span.muted { "not listed yet" } }
