@@ -118,6 +118,19 @@ async fn other_live_job(
 pub async fn retry(pool: &PgPool, id: &str, by: &str, reason: &str) -> Result<(), JobActionError> {
     let mut tx = pool.begin().await?;
     let row = lock(&mut tx, id).await?;
+    // A creation that ended in its own words (given up, refused, lost to
+    // another party) did what a creation does: running the row again would
+    // not help. What would is said instead.
+    if row.status == "Done" && row.job_type == CREATE_DEVICE_QUEUE {
+        let unit = row.arg("reservation").unwrap_or_else(|| "its unit".into());
+        return Err(JobActionError::Refused(format!(
+            "job {id} is a creation that ended (given up, refused or lost, as its page says); a \
+             creation is not run again as a job. To have a machine on {unit}: clear the unit's \
+             penalty (shepherd sinbin clear {unit} --reason ...), and the next pass creates \
+             there, or enqueue a creation now (shepherd enqueue create-device --reservation \
+             {unit})"
+        )));
+    }
     if !row.ended() {
         return Err(JobActionError::Refused(format!(
             "job {id} is {}: only a failed or killed job is retried (the queue ran this row {} \

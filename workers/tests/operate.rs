@@ -528,3 +528,73 @@ async fn status_prints_the_ids_job_retry_takes(pool: PgPool) {
         .await;
     assert!(ok, "{err}");
 }
+
+/// A place's penalty is lifted by the place's name (`web/3`), as
+/// `enqueue` and `history` take it; and a creation that ended is not
+/// "retried" as a job: the refusal names the remedies that would put a
+/// machine there.
+#[sqlx::test(migrations = false)]
+async fn places_are_cleared_by_name_and_an_ended_creation_names_its_remedies(pool: PgPool) {
+    let w = World::new(pool).await;
+    shepherd::cluster::establish_identity(
+        &w.pool,
+        &shepherd::cluster::Identity {
+            provider: "latitude".into(),
+            project: "proj_clear".into(),
+            device_prefix: "shepherd-".into(),
+        },
+        "test",
+    )
+    .await
+    .unwrap();
+    let unit = shepherd::latitude::provider::unit_id("proj_clear", "web", 3);
+    let mut tx = w.pool.begin().await.unwrap();
+    shepherd::events::record(
+        &mut tx,
+        vec![shepherd::events::NewEvent::new(
+            shepherd::events::event::ReservationPenalised {
+                reservation: unit,
+                until: chrono::Utc::now() + chrono::TimeDelta::hours(1),
+                cause: "out of stock".into(),
+                class: None,
+                scope: None,
+            },
+        )],
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    let (ok, out, err) = w
+        .run(&["sinbin", "clear", "web/3", "--reason", "stock is back"])
+        .await;
+    assert!(ok, "{err}");
+    assert!(out.contains("penalty of web/3 lifted"), "{out}");
+    let left: i64 = sqlx::query_scalar("select count(*) from shepherd.sinbin")
+        .fetch_one(&w.pool)
+        .await
+        .unwrap();
+    assert_eq!(left, 0);
+
+    let id: String = sqlx::query_scalar(
+        "select shepherd.push_job('create_device', jsonb_build_object(
+             'reservation', $1::uuid, 'request', gen_random_uuid(), 'attempt', 1))",
+    )
+    .bind(unit)
+    .fetch_one(&w.pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "update apalis.jobs set status = 'Done', done_at = now(),
+                last_result = '{\"Ok\": \"GivenUp { class: Permanent, reason: \\\"no stock\\\" }\"}'
+         where id = $1",
+    )
+    .bind(&id)
+    .execute(&w.pool)
+    .await
+    .unwrap();
+    let (ok, _, err) = w.run(&["job", "retry", &id, "--reason", "try again"]).await;
+    assert!(!ok);
+    assert!(err.contains("sinbin clear"), "{err}");
+    assert!(err.contains("enqueue create-device"), "{err}");
+    assert!(!err.contains("only a failed or killed job"), "{err}");
+}

@@ -430,9 +430,10 @@ pub enum SinbinCommand {
 
 #[derive(Debug, Args)]
 pub struct ClearArgs {
-    /// The reservation whose penalty to lift
+    /// The unit whose penalty to lift: a Metal reservation's id, or a
+    /// Latitude.sh place by its name (`web/3`) or its unit id
     #[arg(required_unless_present = "all", conflicts_with = "all")]
-    reservation: Option<Uuid>,
+    reservation: Option<String>,
     /// Lift every active penalty
     #[arg(long)]
     all: bool,
@@ -443,7 +444,11 @@ pub struct ClearArgs {
 pub async fn sinbin_clear(args: ClearArgs) -> anyhow::Result<()> {
     let pool = args.control.db.connect(2).await?;
     match args.reservation {
-        Some(r) => {
+        Some(given) => {
+            let r = match given.parse::<Uuid>() {
+                Ok(id) => id,
+                Err(_) => unit_of_place(&pool, &given).await?,
+            };
             let cleared: bool = sqlx::query_scalar("select shepherd.clear_penalty($1, $2, $3)")
                 .bind(r)
                 .bind(&args.control.reason)
@@ -451,9 +456,9 @@ pub async fn sinbin_clear(args: ClearArgs) -> anyhow::Result<()> {
                 .fetch_one(&pool)
                 .await?;
             if !cleared {
-                bail!("reservation {r} is not in the sinbin");
+                bail!("{given} is not in the sinbin");
             }
-            println!("penalty of reservation {r} lifted");
+            println!("penalty of {given} lifted");
         }
         None => {
             let n: i32 = sqlx::query_scalar("select shepherd.clear_all_penalties($1, $2)")
