@@ -148,27 +148,23 @@ $$;
 revoke execute on all functions in schema shepherd from public;
 
 -- A release before this one granted shepherd_worker every function of
--- shepherd's: what now runs as its owner is taken back at once, not at the
--- next run of deploy/roles.sql.
+-- shepherd's: the operator's, which now run as their owner, are taken back
+-- at once rather than at the next run of deploy/roles.sql.
 do $$
+declare
+    f regprocedure;
 begin
-    if exists (select from pg_catalog.pg_roles where rolname = 'shepherd_worker') then
-        revoke execute on all functions in schema shepherd from shepherd_worker;
-        grant execute on function
-            shepherd.push_job(text, jsonb, timestamptz, integer, text),
-            shepherd.enqueue_reconcile(),
-            shepherd.prune_jobs(interval),
-            shepherd.take_window_slot(text, integer, double precision),
-            shepherd.max_machines(),
-            shepherd.append_event(text, text, jsonb),
-            shepherd.require(boolean, text),
-            shepherd.duration_seconds(text),
-            shepherd.pool_occupancy(text),
-            shepherd.managed_machine(text),
-            shepherd.declare_pool(text, text, text, integer, text, text[], text, text),
-            shepherd.job_args(bytea), shepherd.history(text), shepherd.reservation_history(uuid),
-            shepherd.device_history(text), shepherd.device_history(uuid)
-            to shepherd_worker;
+    if not exists (select from pg_catalog.pg_roles where rolname = 'shepherd_worker') then
+        return;
     end if;
+    for f in
+        select p.oid::regprocedure
+        from pg_catalog.pg_proc p
+        join pg_catalog.pg_namespace n on n.oid = p.pronamespace
+        where n.nspname = 'shepherd' and p.prosecdef
+          and p.proname not in ('declare_pool', 'enqueue_reconcile')
+    loop
+        execute pg_catalog.format('revoke execute on function %s from shepherd_worker', f);
+    end loop;
 end;
 $$;
