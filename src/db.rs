@@ -129,6 +129,15 @@ pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, DbError>
     connect_idle(url, max_connections, IDLE_TIMEOUT).await
 }
 
+/// What every pool's connections say of a slow statement: sqlx writes the
+/// whole statement at WARN by default, which for a migration is pages of
+/// DDL on an operator's terminal. Kept at DEBUG (`--log
+/// sqlx::query=debug` shows them), with the statement's time.
+fn quiet_slow_statements(options: PgConnectOptions) -> PgConnectOptions {
+    use sqlx::ConnectOptions;
+    options.log_slow_statements(log::LevelFilter::Debug, Duration::from_secs(1))
+}
+
 /// [`connect`], closing connections unused for `idle`.
 pub async fn connect_idle(
     url: &str,
@@ -136,7 +145,7 @@ pub async fn connect_idle(
     idle: Duration,
 ) -> Result<PgPool, DbError> {
     open(
-        check_url(url)?.application_name("shepherd"),
+        quiet_slow_statements(check_url(url)?.application_name("shepherd")),
         url,
         max_connections,
         Duration::from_secs(10),
@@ -156,7 +165,7 @@ pub async fn connect_pages(
     max_connections: u32,
     statement_timeout: Duration,
 ) -> Result<PgPool, DbError> {
-    let options = check_url(url)?
+    let options = quiet_slow_statements(check_url(url)?)
         .application_name("shepherd-console")
         .options([(
             "statement_timeout",
