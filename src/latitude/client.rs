@@ -13,7 +13,7 @@ use tokio::sync::Semaphore;
 
 pub use super::error::LatitudeError;
 use super::model::*;
-use crate::metal::discipline::{ClientMetrics, RequestLabels};
+use crate::metal::discipline::{ClientMetrics, Counted};
 use crate::provider::discipline::{LocalPacer, Pacer, RetrySettings};
 use crate::secret::ApiToken;
 
@@ -114,25 +114,6 @@ struct Inner {
     reads: Arc<dyn Pacer>,
     writes: Arc<dyn Pacer>,
     metrics: ClientMetrics,
-}
-
-/// Takes one back from a gauge when dropped: a call cancelled while it
-/// waits or talks leaves the count right.
-struct Counted(prometheus_client::metrics::gauge::Gauge<i64, std::sync::atomic::AtomicI64>);
-
-impl Counted {
-    fn new(
-        g: &prometheus_client::metrics::gauge::Gauge<i64, std::sync::atomic::AtomicI64>,
-    ) -> Self {
-        g.inc();
-        Counted(g.clone())
-    }
-}
-
-impl Drop for Counted {
-    fn drop(&mut self) {
-        self.0.dec();
-    }
 }
 
 impl std::fmt::Debug for LatitudeClient {
@@ -345,19 +326,6 @@ impl LatitudeClient {
             .map_err(|reason| LatitudeError::NotSent { call, reason })?;
         let talking = Counted::new(&metrics.in_flight);
         let started = std::time::Instant::now();
-        let observe = |status: String| {
-            let seconds = started.elapsed().as_secs_f64();
-            metrics
-                .request_duration
-                .get_or_create(&RequestLabels {
-                    endpoint: call,
-                    status,
-                })
-                .observe(seconds);
-            metrics
-                .latency
-                .record(std::time::SystemTime::now(), seconds);
-        };
         let mut request = self
             .inner
             .http
@@ -394,11 +362,12 @@ impl LatitudeClient {
         };
         let answered = tokio::time::timeout(self.inner.attempt_timeout, exchange).await;
         drop(talking);
-        observe(match &answered {
+        let answer = match &answered {
             Err(_) => "timeout".into(),
             Ok(Err(_)) => "error".into(),
             Ok(Ok((status, _, _))) => status.to_string(),
-        });
+        };
+        metrics.observe(call, answer, started.elapsed().as_secs_f64());
         let (status, headers, body) = match answered {
             Err(_) => {
                 return Err(LatitudeError::Transient {

@@ -134,6 +134,15 @@ impl ClientMetrics {
         }
     }
 
+    /// One attempt's answer (its HTTP status, or `timeout` / `error`) and
+    /// how long it took: for the histogram and the console's chart.
+    pub fn observe(&self, endpoint: &'static str, status: String, seconds: f64) {
+        self.request_duration
+            .get_or_create(&RequestLabels { endpoint, status })
+            .observe(seconds);
+        self.latency.record(std::time::SystemTime::now(), seconds);
+    }
+
     pub fn register(&self, registry: &mut Registry) {
         let registry = registry.sub_registry_with_label((
             std::borrow::Cow::Borrowed("provider"),
@@ -191,9 +200,18 @@ impl Drop for Admission {
     }
 }
 
-struct WaitingGuard(Gauge<i64, AtomicI64>);
+/// One more on a gauge while held: a call cancelled while it waits or
+/// talks gives it back. Both providers' clients count with it.
+pub(crate) struct Counted(Gauge<i64, AtomicI64>);
 
-impl Drop for WaitingGuard {
+impl Counted {
+    pub(crate) fn new(gauge: &Gauge<i64, AtomicI64>) -> Self {
+        gauge.inc();
+        Counted(gauge.clone())
+    }
+}
+
+impl Drop for Counted {
     fn drop(&mut self) {
         self.0.dec();
     }
@@ -246,8 +264,7 @@ impl Gate {
     /// turn is never spent by a caller that then waits for a slot: starts stay
     /// at least one interval apart.
     pub(crate) async fn admit(&self, op: Operation) -> Result<Admission, MetalError> {
-        self.metrics.waiting.inc();
-        let waiting = WaitingGuard(self.metrics.waiting.clone());
+        let waiting = Counted::new(&self.metrics.waiting);
         let permit = self
             .slots
             .clone()

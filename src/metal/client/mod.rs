@@ -19,7 +19,7 @@ use uuid::Uuid;
 use super::Operation;
 use super::discipline::{
     API_RATE_DEFAULT, ATTEMPT_TIMEOUT_DEFAULT, ClientMetrics, Gate, LocalPacer,
-    PARALLELISM_DEFAULT, Pacer, RequestLabels, RetrySettings, retry,
+    PARALLELISM_DEFAULT, Pacer, RetrySettings, retry,
 };
 use super::error::{self, MetalError};
 use super::model::*;

@@ -100,17 +100,9 @@ impl MetalClient {
             Ok(Err(_)) => "error".to_string(),
             Err(_) => "timeout".to_string(),
         };
-        self.inner
-            .gate
-            .metrics
-            .request_duration
-            .get_or_create(&RequestLabels {
-                endpoint: call.op.id(),
-                status: status_label,
-            })
-            .observe(started.elapsed().as_secs_f64());
-        self.inner.gate.metrics.latency.record(
-            std::time::SystemTime::now(),
+        self.inner.gate.metrics.observe(
+            call.op.id(),
+            status_label,
             started.elapsed().as_secs_f64(),
         );
         drop(admission);
