@@ -247,6 +247,28 @@ impl Browser {
         .await;
     }
 
+    /// Makes the page a phone's (390 × 844 CSS pixels, touch), or the
+    /// window's again.
+    pub async fn phone(&self, on: bool) {
+        let (cmd, params) = if on {
+            (
+                "Emulation.setDeviceMetricsOverride",
+                serde_json::json!({"width": 390, "height": 844, "deviceScaleFactor": 2, "mobile": true}),
+            )
+        } else {
+            (
+                "Emulation.clearDeviceMetricsOverride",
+                serde_json::json!({}),
+            )
+        };
+        self.call(
+            reqwest::Method::POST,
+            "/goog/cdp/execute",
+            serde_json::json!({"cmd": cmd, "params": params}),
+        )
+        .await;
+    }
+
     /// The computed value of a CSS property of the first element `css`
     /// matches.
     pub async fn style(&self, css: &str, property: &str) -> String {

@@ -13,6 +13,7 @@ use maud::html;
 use serde::Deserialize;
 
 use super::edges::Source;
+use super::fleet_actions::{fleet_action, fleet_forms};
 use super::*;
 use shepherd::jobs::manage::{self, JobActionError};
 use shepherd::jobs::{ReconcileArgs, queue};
@@ -20,13 +21,23 @@ use shepherd::jobs::{ReconcileArgs, queue};
 #[derive(Debug, Default, Deserialize)]
 pub(super) struct ActionForm {
     #[serde(default)]
-    reason: Option<String>,
+    pub(super) reason: Option<String>,
     #[serde(default)]
     reservation: Option<String>,
     #[serde(default)]
-    machine: Option<String>,
+    pub(super) machine: Option<String>,
     #[serde(default)]
     job: Option<String>,
+    /// A pool's name, its new count, and `yes` to confirm deletions.
+    #[serde(default)]
+    pub(super) pool: Option<String>,
+    #[serde(default)]
+    pub(super) count: Option<String>,
+    #[serde(default)]
+    pub(super) confirm: Option<String>,
+    /// A setting's new value (the machine limit).
+    #[serde(default)]
+    pub(super) value: Option<String>,
 }
 
 pub(super) async fn act(
@@ -81,6 +92,11 @@ async fn act_on(
         serde_urlencoded::from_bytes(body)
             .map_err(|e| Failure::BadRequest(format!("the form does not read: {e}")))?
     };
+    if let Some(acted) = fleet_action(state, action, &form, &by).await {
+        let acted = acted?;
+        tracing::info!(action, by, "console action");
+        return see_other(&acted.back, action);
+    }
     let reason = form.reason.unwrap_or_default();
     let pool = &state.pool;
     let mut back = "/".to_string();
@@ -322,22 +338,27 @@ async fn act_on(
         other => {
             return Err(Failure::NotFound(format!(
                 "no action {other:?}: the actions are pause, resume, reconcile, clear-penalty, \
-                 release, retry-job, cancel-job, retry-jobs and cancel-jobs"
+                 release, retry-job, cancel-job, retry-jobs, cancel-jobs, pool-count, limit, \
+                 deprovision, protect, unprotect, pause-deletions and resume-deletions"
             )));
         }
     };
     match done {
         Ok(()) => {
             tracing::info!(action, by, "console action");
-            // The page says what was done (a fixed text per action, never
-            // text from the address).
-            let back = format!("{back}?done={action}");
-            let back = axum::http::HeaderValue::from_str(&back)
-                .map_err(|_| Failure::BadRequest("that job id is not a job id".into()))?;
-            Ok((StatusCode::SEE_OTHER, [(LOCATION, back)]).into_response())
+            see_other(&back, action)
         }
         Err(e) => Err(database_failure("action", e)),
     }
+}
+
+/// Back to the page, which says what was done (a fixed text per action,
+/// never text from the address).
+fn see_other(back: &str, action: &str) -> Result<Response, Failure> {
+    let back = format!("{back}?done={action}");
+    let back = axum::http::HeaderValue::from_str(&back)
+        .map_err(|_| Failure::BadRequest("that job id is not a job id".into()))?;
+    Ok((StatusCode::SEE_OTHER, [(LOCATION, back)]).into_response())
 }
 
 /// What a page says after an action succeeded: `?done=<action>`, mapped
@@ -351,8 +372,14 @@ impl Done {
     /// The banner, said of the present: an action undone since (the page
     /// reloads itself every 5 s with its address) says so, rather than
     /// what is no longer true.
-    pub(super) fn banner_now(&self, paused_now: bool) -> maud::Markup {
+    pub(super) fn banner_now(&self, paused_now: bool, deletions_paused_now: bool) -> maud::Markup {
         let undone = match self.done.as_deref() {
+            Some("pause-deletions") if !deletions_paused_now => {
+                Some("deletions were paused from here, and are running again since.")
+            }
+            Some("resume-deletions") if deletions_paused_now => {
+                Some("deletions were resumed from here, and are paused again since.")
+            }
             Some("pause") if !paused_now => {
                 Some("creations were paused from here, and are running again since.")
             }
@@ -376,6 +403,17 @@ impl Done {
             Some("release") => "The machine is released; a pass is queued to look again.",
             Some("retry-job") => "The job is queued to run again.",
             Some("cancel-job") => "The job is cancelled.",
+            Some("pool-count") => {
+                "The pool's count is changed for every worker; the next pass creates or deletes to match."
+            }
+            Some("limit") => "The machine limit is changed for every worker.",
+            Some("deprovision") => {
+                "The machine is leaving: its deletion job checks the request again, then deletes it."
+            }
+            Some("protect") => "The machine is protected: shepherd does not delete it.",
+            Some("unprotect") => "The machine is no longer protected.",
+            Some("pause-deletions") => "Deletions are paused; creations and passes go on.",
+            Some("resume-deletions") => "Deletions are running again.",
             _ => return html! {},
         };
         html! { p.done role="status" { "Done: " (words) } }
@@ -401,6 +439,7 @@ pub(super) fn action_forms(o: &Overview, who: &str, voice: &Voice) -> maud::Mark
         form.inline method="post" action="/actions/reconcile" {
             button type="submit" { "Enqueue a reconcile pass" }
         }
+        (fleet_forms(o))
         @for p in &o.penalised {
             form.inline method="post" action="/actions/clear-penalty" {
                 input type="hidden" name="reservation" value=(p.reservation_id);

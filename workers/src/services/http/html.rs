@@ -31,9 +31,17 @@ td.n { text-align: right; font-variant-numeric: tabular-nums; }
 .said { font-size: 1.1em; }
 .done { background: #e6f4ea; border: 1px solid #7bb98a; padding: .5em 1em; margin: .8em 0; }
 form.inline { display: inline-block; margin: 0 1em .5em 0; }
+button.danger { color: #a00; }
 @media (max-width: 700px) {
   table { display: block; overflow-x: auto; }
   body { padding: 0 .5em; }
+  table.stack, table.stack tbody, table.stack tr, table.stack td { display: block; width: auto; overflow: visible; }
+  table.stack thead { position: absolute; width: 1px; height: 1px; overflow: hidden; clip-path: inset(50%); }
+  table.stack tr { padding: .5em 0; border-bottom: 1px solid #ccc; }
+  table.stack td { border: none; padding: .1em 0; text-align: left; }
+  table.stack td:empty { display: none; }
+  table.stack td[data-label]::before { content: attr(data-label) ': '; color: #555; font-family: system-ui, sans-serif; }
+  form.inline { display: block; }
 }
 @media (prefers-color-scheme: dark) {
   body { background: #121212; color: #e4e4e4; }
@@ -41,11 +49,13 @@ form.inline { display: inline-block; margin: 0 1em .5em 0; }
   h2, nav.top { border-color: #444; }
   th, td { border-color: #333; }
   thead th, table.facts th { color: #bbb; border-color: #555; }
+  table.stack td[data-label]::before { color: #bbb; }
   .muted, .body .k { color: #aaa; }
   .warn { background: #3a3000; border-color: #8a7a2a; }
   .done { background: #12351d; border-color: #3d7a4d; }
   .ok { color: #7c7; }
   input, button { background: #222; color: #e4e4e4; border: 1px solid #555; }
+  button.danger { color: #f88; }
 }
 ";
 

@@ -276,7 +276,7 @@ pub(super) async fn jobs_page(
                     " " button type="submit" form="bulk" formaction="/actions/cancel-jobs" { "Cancel the ticked" }
                 }
             }
-            table {
+            table.stack {
                 thead { tr {
                     @if may_act { th { span.muted { "✓" } } }
                     th { "Job" } th { "Kind" } th { "State" } th { "Runs" }
@@ -286,16 +286,16 @@ pub(super) async fn jobs_page(
                     @for j in rows {
                         tr {
                             @if may_act {
-                                td { input type="checkbox" name="jobs" value=(j.id) form="bulk" aria-label={ "Tick job " (j.id) }; }
+                                td data-label="Tick" { input type="checkbox" name="jobs" value=(j.id) form="bulk" aria-label={ "Tick job " (j.id) }; }
                             }
-                            td.id { a href={ "/jobs/" (j.id) } { (j.id) } }
-                            td { (j.job_type) }
-                            td { (j.state()) }
-                            td.n { (j.attempts) }
-                            td { (Time(j.run_at).to_string()) }
-                            td { @if let Some(d) = j.done_at { (Time(d).to_string()) } }
-                            td.id { @if let Some(w) = &j.lock_by { (w) } }
-                            td { (outcome_now(&j.status, j.lock_by.is_some(), j.last_result.as_ref())) }
+                            td.id data-label="Job" { a href={ "/jobs/" (j.id) } { (j.id) } }
+                            td data-label="Kind" { (j.job_type) }
+                            td data-label="State" { (j.state()) }
+                            td.n data-label="Runs" { (j.attempts) }
+                            td data-label="Run at" { (Time(j.run_at).to_string()) }
+                            td data-label="Done" { @if let Some(d) = j.done_at { (Time(d).to_string()) } }
+                            td.id data-label="Worker" { @if let Some(w) = &j.lock_by { (w) } }
+                            td data-label="Outcome" { (outcome_now(&j.status, j.lock_by.is_some(), j.last_result.as_ref())) }
                         }
                     }
                 }
@@ -443,6 +443,27 @@ pub(super) async fn job_page(
         .and_then(Value::as_str)
         .and_then(|r| r.parse::<Uuid>().ok());
     let running = job.lock_by.is_some() && matches!(job.status.as_str(), "Queued" | "Running");
+    // A creation that ended without a machine is not run again as a job;
+    // its unit's real remedies are offered instead.
+    let remedy = match unit {
+        Some(unit)
+            if may_act
+                && job.job_type == shepherd::jobs::CREATE_DEVICE_QUEUE
+                && job.status == "Done"
+                && outcome_failed(job.last_result.as_ref()) =>
+        {
+            let penalised: bool = sqlx::query_scalar(
+                "select exists (select 1 from shepherd.sinbin
+                                where reservation_id = $1 and until > now())",
+            )
+            .bind(unit)
+            .fetch_one(&state.pool)
+            .await
+            .map_err(|e| database_failure("job", e))?;
+            Some(Remedy { unit, penalised })
+        }
+        _ => None,
+    };
     let unrecorded = i64::from(job.attempts) - runs.len() as i64;
     let body = html! {
         h1 { a href="/" { "shepherd" } " · " a href="/jobs" { "jobs" } " · " span.id { (job.id) } }
@@ -470,6 +491,9 @@ pub(super) async fn job_page(
         }
         @if may_act {
             (job_actions(&job))
+            @if let Some(remedy) = &remedy {
+                (remedy_forms(remedy, &voice))
+            }
         }
         @if history.len() > 1 || (history.len() == 1 && history[0].job.id != job.id) {
             h2 { "Every attempt of this " (if job.job_type == DELETE_MACHINE_QUEUE { "deletion" } else { "creation" }) }
@@ -532,6 +556,35 @@ pub(super) async fn job_page(
         }
     };
     Ok(page(&format!("shepherd · job {}", job.id), body))
+}
+
+/// The unit of a creation that ended without a machine, and whether a
+/// penalty keeps passes from creating there.
+struct Remedy {
+    unit: Uuid,
+    penalised: bool,
+}
+
+/// What gets a machine onto the unit of a given-up creation: its penalty
+/// cleared (if one is in force), and a pass, which creates on a free unit.
+fn remedy_forms(r: &Remedy, voice: &Voice) -> Markup {
+    let label = voice.label(r.unit).unwrap_or_else(|| r.unit.to_string());
+    html! {
+        h2 { "Remedies" }
+        p.muted { "This creation ended without a machine, and a creation is not run again as a job. "
+            @if r.penalised { "Clear the penalty of " (label) " and enqueue a pass: the pass creates there." }
+            @else { "Enqueue a pass: it creates on " (label) " if the place is still free." } }
+        @if r.penalised {
+            form.inline method="post" action="/actions/clear-penalty" {
+                input type="hidden" name="reservation" value=(r.unit);
+                input name="reason" aria-label="Reason (recorded with the action)" placeholder="why clear" maxlength="1000" required;
+                " " button type="submit" { "Clear the penalty of " (label) }
+            }
+        }
+        form.inline method="post" action="/actions/reconcile" {
+            button type="submit" { "Enqueue a reconcile pass" }
+        }
+    }
 }
 
 /// Retry for a job that ended without success, cancel for one waiting for

@@ -31,6 +31,10 @@ struct Row {
     /// The latest pass that compared the listing with the managed machines
     /// found this one missing: its last sighting is no longer its state.
     missing: bool,
+    /// Scale-in protection: shepherd does not delete it.
+    protected: bool,
+    /// A deletion is pending: it is leaving.
+    leaving: bool,
 }
 
 pub(super) async fn machines_page(
@@ -91,7 +95,10 @@ pub(super) async fn machines_page(
                     s.status, s.seen_at,
                     coalesce((select event_type = 'discrepancy_found'
                                      and body->'missing_devices' ? m.provider_id from last),
-                             false) as missing
+                             false) as missing,
+                    m.protected,
+                    exists (select 1 from shepherd.pending_deletions d
+                            where d.machine_id = m.machine_id) as leaving
              from shepherd.managed_machines m
              left join shepherd.machine_status s on s.provider_id = m.provider_id
              where $1::text is null or m.hostname ilike $1 or m.provider_id ilike $1
@@ -119,30 +126,37 @@ pub(super) async fn machines_page(
     let body = html! {
         h1 { a href="/" { "shepherd" } " · machines" }
         (Done { done: query.done.clone() }.banner())
+        @if actions {
+            p.muted { "Deprovision deletes the machine through its deletion job, which checks the request again first; a protected machine is never deleted by shepherd; release stops managing a machine the provider no longer has." }
+        }
         form method="get" action="/machines" {
             input type="search" name="q" aria-label="Search machines" value=[q.as_deref()] placeholder={ "hostname, " (words.machine) " or " (words.unit) };
             " "
             button type="submit" { "Search" }
         }
-        p.muted { (total) " machine(s)" @if q.is_some() { " matching" } "; page " (number) " of " (pages) "." }
+        p.muted.count { (total) " machine(s)" @if q.is_some() { " matching" } "; page " (number) " of " (pages) "." }
         @if !rows.is_empty() {
-            table {
+            table.stack {
                 thead { tr {
                     th { "Machine" } th { (capital(words.machine)) } th { (capital(words.unit)) } th { "Hostname" } th { "Status (last pass)" } th { "Assimilated" }
-                    @if actions { th { "Release" } }
+                    @if actions { th { "Act (one reason, then a button)" } }
                 } }
                 tbody {
                     @for m in &rows {
                         tr {
-                            td.id { (m.machine_id) }
-                            td { @if super::html::machine_id_ok(&m.provider_id) {
+                            td.id data-label="Machine" { (m.machine_id) }
+                            td data-label=(capital(words.machine)) { @if super::html::machine_id_ok(&m.provider_id) {
                                 a.id href={ "/device/" (m.provider_id) } { (m.provider_id) }
                             } @else {
                                 span.id { (m.provider_id) }
                             } }
-                            td { @if let Some(r) = m.reservation_id { (unit_link(r, &voice)) } }
-                            td { (m.hostname.as_deref().unwrap_or("")) }
-                            td {
+                            td data-label=(capital(words.unit)) { @if let Some(r) = m.reservation_id { (unit_link(r, &voice)) } }
+                            td data-label="Hostname" {
+                                (m.hostname.as_deref().unwrap_or(""))
+                                @if m.protected { " " strong.protected { "protected" } }
+                                @if m.leaving { " " strong.leaving { "leaving" } }
+                            }
+                            td data-label="Status" {
                                 @match (&m.status, m.seen_at) {
                                     _ if m.missing => {
                                         strong { "missing at the provider" }
@@ -153,17 +167,11 @@ pub(super) async fn machines_page(
                                     _ => { span.muted { "not listed yet" } }
                                 }
                             }
-                            td { (Time(m.assimilated_at).to_string()) }
+                            td data-label="Assimilated" { (Time(m.assimilated_at).to_string()) }
                             @if actions {
-                                td {
-                                    // Releasing says the device is gone: shepherd stops
-                                    // managing it and passes stop reporting it missing.
-                                    form.inline method="post" action="/actions/release" {
-                                        input type="hidden" name="machine" value=(m.machine_id);
-                                        input name="reason" aria-label="Reason (recorded with the action)" placeholder="why release" maxlength="1000" required;
-                                        " " button type="submit" { "Release" }
-                                    }
-                                }
+                                // Releasing says the device is gone: shepherd stops
+                                // managing it and passes stop reporting it missing.
+                                td data-label="Act" { (super::fleet_actions::machine_forms(m.machine_id, m.protected)) }
                             }
                         }
                     }

@@ -262,6 +262,10 @@ pub(super) fn database_failure(what: &str, error: sqlx::Error) -> Failure {
     if let sqlx::Error::Database(e) = &error {
         match e.code().as_deref() {
             Some("22023") => return Failure::BadRequest(e.message().to_string()),
+            // The SQL functions' "already": a machine leaving already.
+            Some("23505") if e.constraint().is_none() => {
+                return Failure::Conflict(shepherd::text::bounded(e.message(), 500));
+            }
             // The pages' database role may not do this: a deployment
             // whose console connects as a role that may not operate.
             Some("42501") => {
@@ -315,6 +319,7 @@ mod charts;
 mod credential;
 mod edges;
 mod events;
+mod fleet_actions;
 mod html;
 mod jobs;
 mod machines;

@@ -21,14 +21,14 @@ pub(super) fn status_page(
     html! {
         h1 { "shepherd" }
         (liveness(o))
-        (done.banner_now(o.paused.is_some()))
+        (done.banner_now(o.paused.is_some(), o.deletions_paused.is_some()))
         p.muted.as-of { "As of " (Time(o.now).to_string()) "; this page updates itself every 5 s while you are not filling in a form or selecting text." }
         (alarms(o, &voice.words))
         @match viewer {
             Viewer::Operator(who) => (action_forms(o, who, voice)),
             Viewer::Anonymous => {
                 h2 { "Actions" }
-                p.muted { a href="/login" { "Log in to act" } " (pause, resume, a pass, clear a penalty)." }
+                p.muted { a href="/login" { "Log in to act" } " (pause, resume, a pass, clear a penalty, pool counts, the limit, deletions)." }
             }
             Viewer::ReadOnly => {}
         }
