@@ -674,3 +674,60 @@ pub async fn healthcheck(args: HealthcheckArgs) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Worker {
+        #[command(flatten)]
+        args: WorkerArgs,
+    }
+
+    /// The figure the docs give for a default worker, where they state the
+    /// formula: each doc's sentence with "<N> with the defaults" in the
+    /// `--db-connections` row.
+    fn documented(doc: &str) -> u32 {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/");
+        let text = std::fs::read_to_string(format!("{path}{doc}")).unwrap();
+        let row = text
+            .lines()
+            .find(|l| l.starts_with("| `--db-connections") && l.contains("with the defaults"))
+            .unwrap_or_else(|| panic!("{doc} has no --db-connections row with the defaults"));
+        let before = &row[..row.find(" with the defaults").unwrap()];
+        let digits: String = before
+            .chars()
+            .rev()
+            .take_while(char::is_ascii_digit)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect();
+        digits
+            .parse()
+            .unwrap_or_else(|_| panic!("{doc}: no figure before 'with the defaults': {row}"))
+    }
+
+    /// The connection sizing the docs state is what a default worker
+    /// computes, on either provider.
+    #[test]
+    fn the_docs_state_the_connections_a_default_worker_needs() {
+        for provider in ["metal", "latitude"] {
+            let parsed = Worker::try_parse_from([
+                "shepherd",
+                "--database-url",
+                "postgres://localhost/x",
+                "--provider",
+                provider,
+            ])
+            .unwrap();
+            let needed = parsed.args.connections_needed();
+            for doc in ["operations.md", "configuration.md"] {
+                assert_eq!(documented(doc), needed, "{doc}, {provider}");
+            }
+            assert_eq!(parsed.args.db_connections(), needed.max(16));
+        }
+    }
+}
