@@ -463,13 +463,30 @@ impl LatitudeArgs {
 
     pub fn client_config(&self) -> anyhow::Result<shepherd::latitude::LatitudeConfig> {
         let project = self.latitude_project.clone().context(
-            "LATITUDE_PROJECT (--latitude-project): not set; shepherd needs the project",
+            "LATITUDE_PROJECT (--latitude-project): not set; shepherd needs the project (a \
+             command on a cluster whose worker has started uses the cluster's)",
         )?;
         let mut config =
             shepherd::latitude::LatitudeConfig::new(&self.latitude_api_url, project, self.key()?);
         config.attempt_timeout = self.latitude_api_timeout;
         config.allow_plain_http = self.latitude_allow_plain_http;
         Ok(config)
+    }
+
+    /// These arguments for a command on a cluster: its project the one it
+    /// records when none is given, and one that differs refused, as a
+    /// worker's is, rather than read as the cluster's (every place and
+    /// server would then look foreign, or missing).
+    pub fn for_cluster(&self, recorded: &Recorded) -> anyhow::Result<LatitudeArgs> {
+        let mut args = self.clone();
+        match (&self.latitude_project, &recorded.project) {
+            (Some(given), Some(cluster)) if given != cluster => bail!(
+                "this cluster provisions project {cluster}, and LATITUDE_PROJECT                  (--latitude-project) names {given}: leave it out (the cluster's is used) or                  name {cluster}"
+            ),
+            (None, Some(cluster)) => args.latitude_project = Some(cluster.clone()),
+            _ => {}
+        }
+        Ok(args)
     }
 
     /// A client for this process alone (a command).
@@ -621,7 +638,7 @@ impl ProviderArgs {
             )),
             ProviderKind::Latitude => {
                 let provider = shepherd::latitude::provider::LatitudeProvider::new(
-                    self.latitude.client()?,
+                    self.latitude.for_cluster(&recorded)?.client()?,
                     vec![],
                     prefix,
                 )

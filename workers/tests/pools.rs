@@ -377,6 +377,62 @@ async fn plan_reads_the_pools_through_the_seam(pool: sqlx::PgPool) {
         ]
     );
 
+    // Once a worker has recorded the cluster's provider and project, the
+    // dry run needs neither: the cluster's are used; a project that differs
+    // is refused as a worker's is, not read as the cluster's.
+    shepherd::cluster::establish_identity(
+        &pool,
+        &shepherd::cluster::Identity {
+            provider: "latitude".into(),
+            project: fake.project().to_string(),
+            device_prefix: "shepherd-".into(),
+        },
+        "test",
+    )
+    .await
+    .unwrap();
+    let plan_in_cluster = |project: Option<&str>| {
+        let base_url = fake.base_url();
+        let (url, project) = (url.clone(), project.map(str::to_string));
+        tokio::task::spawn_blocking(move || {
+            let mut command = Command::new(env!("CARGO_BIN_EXE_shepherd"));
+            command
+                .args(["plan", "--json"])
+                .env_remove("LATITUDE_PROJECT")
+                .env_remove("SHEPHERD_PROVIDER")
+                .env("DATABASE_URL", &url)
+                .env("LATITUDE_API_URL", base_url)
+                .env("LATITUDE_API_KEY", KEY)
+                .env("SHEPHERD_LOG", "warn");
+            if let Some(p) = project {
+                command.env("LATITUDE_PROJECT", p);
+            }
+            command.output().unwrap()
+        })
+    };
+    let out = plan_in_cluster(None).await.unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let again: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        again["would_create"].as_array().unwrap().len(),
+        3,
+        "{again}"
+    );
+    let out = plan_in_cluster(Some("proj_other")).await.unwrap();
+    assert!(!out.status.success(), "a plan for another project ran");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("proj_other")
+            && said.contains(fake.project())
+            && said.contains("leave it out"),
+        "{said}"
+    );
+    assert!(out.stdout.is_empty(), "a refused plan printed a report");
+
     // `shepherd status` shows the pools as the last pass recorded them, and
     // which one a penalty for want of stock holds back.
     let mut tx = pool.begin().await.unwrap();
