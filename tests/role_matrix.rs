@@ -726,8 +726,8 @@ async fn forgeries_naming_another_device_no_pool_or_an_ended_request_delete_noth
 /// The names in backticks of docs/security.md's matrix row that begins
 /// with `label`.
 fn documented_functions(label: &str) -> BTreeSet<String> {
-    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/security.md"))
-        .unwrap();
+    let doc =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/security.md")).unwrap();
     let row = doc
         .lines()
         .find(|l| l.starts_with(&format!("| {label} (")))

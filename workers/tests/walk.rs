@@ -498,3 +498,169 @@ async fn a_database_not_ready_says_what_to_do(pool: PgPool) {
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("cannot reach Postgres"), "{err}");
 }
+
+/// The lines of the `sh` block that follows `marker` in a doc.
+fn walked_block(doc: &str, marker: &str) -> Vec<String> {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/");
+    let text = std::fs::read_to_string(format!("{path}{doc}")).unwrap();
+    let after = &text[text
+        .find(marker)
+        .unwrap_or_else(|| panic!("{doc} has no {marker}"))..];
+    let body = after
+        .split_once("```sh\n")
+        .and_then(|(_, rest)| rest.split_once("```"))
+        .unwrap_or_else(|| panic!("{doc}: no sh block after {marker}"))
+        .0;
+    body.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(str::to_string)
+        .collect()
+}
+
+/// docs/security.md's least-privilege Latitude.sh recipe, each line run as
+/// written by `sh` from the repository's root, with the four roles'
+/// connection strings and the Latitude variables exported: the owner
+/// migrates and grants, a worker and a scheduler run as `shepherd_worker`
+/// (the worker declaring the new cluster's pool), the operator lowers the
+/// pool, the reader watches. Lines ending in `&` keep running; before the
+/// first command after them the walk waits for the pool to fill. Each
+/// event is then recorded under the role that did it.
+#[sqlx::test(migrations = false)]
+async fn the_least_privilege_latitude_recipe_works_as_written(pool: PgPool) {
+    let recipe = walked_block("security.md", "<!-- walked: least-privilege latitude -->");
+    assert!(recipe.len() >= 5, "{recipe:?}");
+    let dir = std::env::temp_dir().join(format!("shepherd-recipe-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(dir.join(".ssh")).unwrap();
+    let made = Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", ""])
+        .arg("-f")
+        .arg(dir.join(".ssh/id_ed25519"))
+        .status()
+        .expect("ssh-keygen is missing");
+    assert!(made.success());
+    let port = free_port();
+    let api = format!("http://127.0.0.1:{port}");
+    let owner = database_url(&pool).await;
+    let as_role = |role: &str| {
+        let url = owner.replacen("://postgres@", &format!("://{role}@"), 1);
+        assert_ne!(url, owner, "the test database URL names the postgres user");
+        url
+    };
+    let mut w = Walk {
+        db: owner.clone(),
+        api: api.clone(),
+        dir: dir.clone(),
+        env: vec![
+            ("LATITUDE_API_KEY", KEY.into()),
+            ("LATITUDE_API_URL", api),
+            ("LATITUDE_PROJECT", PROJECT.into()),
+            ("OWNER_URL", owner.clone()),
+            ("WORKER_URL", as_role("shepherd_worker")),
+            ("OPERATOR_URL", as_role("shepherd_operator")),
+            ("READER_URL", as_role("shepherd_reader")),
+        ],
+        children: vec![],
+    };
+    let listen = format!("127.0.0.1:{port}");
+    w.spawn(
+        "fake",
+        &[
+            "fake-latitude",
+            "--listen",
+            &listen,
+            "--stock",
+            "c2-small-x86@DAL=20",
+            "--deploy-delay",
+            "1s",
+        ],
+    );
+    wait_for_port(port).await;
+    // `shepherd` on the path, as an installed one would be.
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_shepherd"))
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    let sh = |line: &str| {
+        let mut c = Command::new("sh");
+        c.arg("-c")
+            .arg(line)
+            .current_dir(root)
+            .env_clear()
+            .env("PATH", &path)
+            .env("HOME", &dir)
+            .env("USER", "operator")
+            .envs(w.env.iter().map(|(k, v)| (*k, v.as_str())))
+            // The walk's impatience, not the recipe's: a pass every 2 s,
+            // and each process its own status port.
+            .env("SHEPHERD_RECONCILE_RATE", "2s,1")
+            .env(
+                "SHEPHERD_METRICS_LISTEN",
+                format!("127.0.0.1:{}", free_port()),
+            )
+            .stdin(Stdio::null());
+        c
+    };
+    let mut started = false;
+    let mut said = vec![];
+    for (n, line) in recipe.iter().enumerate() {
+        if let Some(background) = line.strip_suffix('&') {
+            let log = std::fs::File::create(dir.join(format!("line-{n}.log"))).unwrap();
+            let child = sh(&format!("exec env {}", background.trim()))
+                .stdout(log.try_clone().unwrap())
+                .stderr(log)
+                .spawn()
+                .unwrap();
+            w.children.push(child);
+            started = true;
+            continue;
+        }
+        if started {
+            w.wait_for(3, "the pool filled by the worker's role").await;
+            started = false;
+        }
+        let out = sh(line).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{line}: {}{}; logs in {}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            dir.display()
+        );
+        said.push(String::from_utf8_lossy(&out.stdout).into_owned());
+    }
+    w.wait_for(2, "the pool lowered by the operator's role")
+        .await;
+    assert!(
+        said.iter().any(|s| s.contains("web")),
+        "the reader saw no pool: {said:?}"
+    );
+    // Who did what, as the log's trigger recorded each session's role.
+    let roles: Vec<(String, String)> = sqlx::query_as(
+        "select distinct event_type, role from shepherd.events
+         where event_type in ('pool_declared', 'pool_changed', 'device_created', 'machine_deleted')
+         order by 1, 2",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("reading the events' roles");
+    assert_eq!(
+        roles,
+        [
+            ("device_created", "shepherd_worker"),
+            ("machine_deleted", "shepherd_worker"),
+            ("pool_changed", "shepherd_operator"),
+            ("pool_declared", "shepherd_worker"),
+        ]
+        .map(|(a, b)| (a.to_string(), b.to_string())),
+        "logs in {}",
+        dir.display()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
