@@ -18,6 +18,9 @@ static TIMED: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 
 mod common;
 use common::*;
+#[allow(dead_code)]
+#[path = "web/browser.rs"]
+mod browser;
 
 #[sqlx::test(migrations = false)]
 async fn three_workers_provision_exactly_the_limit(pool: PgPool) {
@@ -815,4 +818,91 @@ async fn a_full_postgres_is_named_with_the_next_step(pool: PgPool) {
     assert!(stderr.contains("no connection left"), "{stderr}");
     assert!(stderr.contains("max_connections"), "{stderr}");
     assert!(!stderr.contains("Check the user, password"), "{stderr}");
+}
+
+/// Every worker killed (SIGKILL: no goodbye), the console a scheduler
+/// serves says so at its top in a real browser, `shepherd status` says so
+/// and its `/metrics` counts no live worker, all within the workers'
+/// missed heartbeats and two of the scheduler's periods, not minutes.
+#[sqlx::test(migrations = false)]
+async fn a_dead_fleet_looks_dead_within_two_periods(pool: PgPool) {
+    let _quiet = TIMED.read().await;
+    let mut c = Cluster::new(pool, 2, Faults::default()).await;
+    migrate(&c).await;
+    c.spawn_plain_worker(&[]);
+    let console = format!("127.0.0.1:{}", free_port());
+    let log = std::fs::File::create(c.dir.join("scheduler.log")).unwrap();
+    let mut scheduler = c
+        .command(&[
+            "scheduler",
+            "--metrics-listen",
+            &console,
+            "--reconcile-rate",
+            "1s,1",
+        ])
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    c.wait_for(2, 2, Duration::from_secs(60)).await;
+    let browser = browser::Browser::start().await;
+    let page = format!("http://{console}/");
+    let started = Instant::now();
+    loop {
+        browser.goto(&page).await;
+        if browser.text("body").await.contains("Working:") {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the console never said the fleet works: {}",
+            browser.text("body").await
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    // Heartbeat 1 s × 3 missed: a worker silent 3 s is dead; passes every
+    // 1 s. Red within that window and two periods, with a second's slack
+    // for the page and the poll.
+    let bound = Duration::from_secs(3 + 2 + 1);
+    signal(&c.workers[0], "KILL");
+    let killed = Instant::now();
+    loop {
+        browser.goto(&page).await;
+        let top = browser
+            .script("var a = document.querySelector('.alive'); return a ? a.textContent : '';")
+            .await;
+        if top.as_str().unwrap().contains("NO WORKER RUNNING") {
+            break;
+        }
+        assert!(
+            killed.elapsed() < bound,
+            "still not red {:?} after every worker was killed: {top}",
+            killed.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let seen = killed.elapsed();
+    // It is the first thing on the page, after the title.
+    let first = browser
+        .script("return document.querySelector('h1').nextElementSibling.className;")
+        .await;
+    assert!(first.as_str().unwrap().contains("alive"), "{first}");
+    let status = c.command(&["status"]).output().unwrap();
+    let said = String::from_utf8_lossy(&status.stdout);
+    assert!(said.contains("NO WORKER"), "{said}");
+    let metrics = reqwest::get(format!("http://{console}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.lines().any(|l| l == "shepherd_workers_alive 0"),
+        "{metrics}"
+    );
+    eprintln!("red {seen:?} after the kill (bound {bound:?})");
+    browser.quit().await;
+    let _ = scheduler.kill();
+    let _ = scheduler.wait();
+    c.stop_all();
 }
