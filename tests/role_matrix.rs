@@ -85,6 +85,7 @@ const WORKER_WRITES: &[&str] = &[
     "shepherd.pending_creations",
     "shepherd.pending_deletions",
     "shepherd.pools",
+    "shepherd.processes",
     "shepherd.sinbin",
     "shepherd.unassimilated_devices",
 ];

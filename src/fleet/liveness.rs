@@ -100,3 +100,94 @@ fn process_of(worker: &str) -> &str {
     let rest = worker.split_once('@').map_or(worker, |(_, r)| r);
     rest.rsplit_once('#').map_or(rest, |(p, _)| p)
 }
+
+/// A worker process, with the queue workers it runs: what the console and
+/// `shepherd status` list.
+#[derive(Debug, Clone, Serialize)]
+pub struct ProcessRow {
+    /// `host:pid`.
+    pub name: String,
+    /// From the process's own record; `None` for a process of a release
+    /// that did not record itself.
+    pub version: Option<String>,
+    pub started_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// Its queues, by name.
+    pub queues: Vec<String>,
+    /// Since its queue workers were last heard from (the most recent).
+    pub seconds_since_seen: f64,
+    /// Heard from within the cluster's missed heartbeats.
+    pub live: bool,
+}
+
+impl Overview {
+    /// The queue workers grouped by their process, most recently heard
+    /// from first.
+    pub fn processes(&self) -> Vec<ProcessRow> {
+        let window = self.liveness().window_seconds;
+        let mut by_name: std::collections::BTreeMap<&str, ProcessRow> = Default::default();
+        for w in &self.workers {
+            let name = process_of(&w.name);
+            let row = by_name.entry(name).or_insert_with(|| {
+                let recorded = self.process_records.iter().find(|p| p.name == name);
+                ProcessRow {
+                    name: name.to_string(),
+                    version: recorded.map(|p| p.version.clone()),
+                    started_at: recorded.map(|p| p.started_at),
+                    queues: vec![],
+                    seconds_since_seen: f64::INFINITY,
+                    live: false,
+                }
+            });
+            if !row.queues.contains(&w.queue) {
+                row.queues.push(w.queue.clone());
+            }
+            row.seconds_since_seen = row.seconds_since_seen.min(w.seconds_since_seen);
+            row.live = row.seconds_since_seen <= window;
+        }
+        let mut rows: Vec<ProcessRow> = by_name.into_values().collect();
+        rows.sort_by(|a, b| a.seconds_since_seen.total_cmp(&b.seconds_since_seen));
+        rows
+    }
+}
+
+/// What a process recorded of itself at start.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct ProcessRecord {
+    pub name: String,
+    pub version: String,
+    pub started_at: chrono::DateTime<chrono::Utc>,
+}
+
+/// Records this process (`host:pid`) and the release it runs, replacing
+/// the row of an earlier process with the same name, and drops the rows
+/// of processes silent for a day.
+pub async fn record_process(
+    pool: &sqlx::PgPool,
+    name: &str,
+    version: &str,
+) -> Result<(), sqlx::Error> {
+    let (host, pid) = name.rsplit_once(':').unwrap_or((name, "0"));
+    let mut tx = pool.begin().await?;
+    sqlx::query(
+        "delete from shepherd.processes p
+         where p.started_at < now() - interval '1 day'
+           and not exists (select 1 from apalis.workers w
+                           where w.id like '%@' || p.name || '#%'
+                             and w.last_seen > now() - interval '1 day')",
+    )
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query(
+        "insert into shepherd.processes (name, host, pid, version, started_at)
+         values ($1, $2, $3, $4, now())
+         on conflict (name) do update set host = excluded.host, pid = excluded.pid,
+             version = excluded.version, started_at = excluded.started_at",
+    )
+    .bind(crate::text::bounded(name, 299))
+    .bind(crate::text::bounded(host, 254))
+    .bind(pid.parse::<i32>().unwrap_or(0))
+    .bind(crate::text::bounded(version, 99))
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await
+}

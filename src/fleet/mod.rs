@@ -3,7 +3,7 @@
 //! the status page and the metrics.
 
 mod liveness;
-pub use liveness::{Liveness, LivenessState};
+pub use liveness::{Liveness, LivenessState, ProcessRecord, ProcessRow, record_process};
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -122,6 +122,8 @@ pub struct Overview {
     /// When the last pass that ended without refusing finished.
     pub last_successful_reconcile: Option<DateTime<Utc>>,
     pub workers: Vec<WorkerRow>,
+    /// What the worker processes recorded of themselves at start.
+    pub process_records: Vec<ProcessRecord>,
     pub paused: Option<Pause>,
     pub events: i64,
     /// The cluster's pools as declared (its desired state).
@@ -258,6 +260,11 @@ pub async fn overview(pool: &PgPool) -> Result<Overview, sqlx::Error> {
         seconds_since_seen,
     })
     .collect();
+    let process_records = sqlx::query_as::<_, ProcessRecord>(
+        "select name, version, started_at from shepherd.processes order by name",
+    )
+    .fetch_all(&mut *tx)
+    .await?;
     let last_run: Option<(String, DateTime<Utc>)> = sqlx::query_as(
         "select stream, recorded_at from shepherd.events where event_type = 'reconcile_started'
          order by position desc limit 1",
@@ -396,6 +403,7 @@ pub async fn overview(pool: &PgPool) -> Result<Overview, sqlx::Error> {
         last_reconcile,
         last_successful_reconcile,
         workers,
+        process_records,
         paused,
         events,
         desired,

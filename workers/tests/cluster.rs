@@ -860,6 +860,12 @@ async fn a_dead_fleet_looks_dead_within_two_periods(pool: PgPool) {
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+    // The worker process listed once, with its release and start.
+    let listed = browser.text("table.workers").await;
+    assert!(
+        listed.contains(env!("CARGO_PKG_VERSION")) && listed.contains("create_device"),
+        "{listed}"
+    );
     // Heartbeat 1 s × 3 missed: a worker silent 3 s is dead; passes every
     // 1 s. Red within that window and two periods, with a second's slack
     // for the page and the poll.

@@ -194,6 +194,15 @@ async fn the_status_page_warns_and_tells_live_workers_from_gone(pool: PgPool) {
     .execute(&pool)
     .await
     .unwrap();
+    // The process h-1 recorded itself at start; h-2 is of a release that
+    // did not.
+    sqlx::query(
+        "insert into shepherd.processes (name, host, pid, version, started_at)
+         values ('h-1', 'h', 1, '9.9.9', now() - interval '2 hours')",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
     let server = Server::start(pool.clone()).await;
     let (_, _, page) = server.get("/").await;
     server.stop().await;
@@ -204,15 +213,23 @@ async fn the_status_page_warns_and_tells_live_workers_from_gone(pool: PgPool) {
         "{page}"
     );
     assert!(page.contains(&format!("/reservation/{r3}")), "{page}");
+    // One row per process, not per queue or generation: its release, its
+    // start and its queues; the silent one below the note.
     let workers = &page[page.find("<h2>Workers</h2>").unwrap()..];
-    let live = workers.find("create_device@h-1#1").unwrap();
+    let workers = &workers[..workers[1..].find("<h2>").map_or(workers.len(), |n| n + 1)];
+    assert_eq!(workers.matches(">h-1<").count(), 1, "{workers}");
+    let live = workers.find(">h-1<").unwrap();
     let gone_note = workers.find("Silent past their missed heartbeats").unwrap();
-    let replaced = workers.find("create_device@h-1#0").unwrap();
-    let silent = workers.find("assimilate@h-2#0").unwrap();
+    let silent = workers.find(">h-2<").unwrap();
+    assert!(live < gone_note && gone_note < silent, "{workers}");
+    let live_row = &workers[live..gone_note];
     assert!(
-        live < gone_note && gone_note < replaced && gone_note < silent,
-        "{workers}"
+        live_row.contains("9.9.9")
+            && live_row.contains("(2h 00m ago)")
+            && live_row.contains("create_device"),
+        "{live_row}"
     );
+    assert!(workers[silent..].contains("not recorded"), "{workers}");
     let recent = &page[page.find("Recent events").unwrap()..];
     assert!(!recent.contains("reconcile_finished"), "{recent}");
     assert!(recent.contains("creation_unresolved"), "{recent}");

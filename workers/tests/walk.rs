@@ -662,5 +662,11 @@ async fn the_least_privilege_latitude_recipe_works_as_written(pool: PgPool) {
         "logs in {}",
         dir.display()
     );
+    // The worker's role recorded its process for the console.
+    let processes: i64 = sqlx::query_scalar("select count(*) from shepherd.processes")
+        .fetch_one(&pool)
+        .await
+        .expect("reading the processes");
+    assert_eq!(processes, 1);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -285,17 +285,30 @@ pub fn render_status(o: &Overview) -> String {
         }
         out.push_str(&t.render());
     }
+    let processes = o.processes();
     out.push_str(&format!(
-        "\nworkers seen in the last 10 minutes ({})\n",
-        o.workers.len()
+        "\nworker processes heard from in the last 10 minutes ({})\n",
+        processes.len()
     ));
-    if !o.workers.is_empty() {
-        let mut t = Table::new(&["WORKER", "QUEUE", "LAST SEEN"]);
-        for w in &o.workers {
+    if !processes.is_empty() {
+        let mut t = Table::new(&[
+            "PROCESS",
+            "RELEASE",
+            "STARTED",
+            "QUEUES",
+            "LAST SEEN",
+            "STATE",
+        ]);
+        for p in &processes {
             t.row(vec![
-                w.name.clone(),
-                w.queue.clone(),
-                format!("{} ago", age(w.seconds_since_seen)),
+                p.name.clone(),
+                p.version.clone().unwrap_or_else(|| "-".into()),
+                p.started_at
+                    .map(|at| at.format("%Y-%m-%d %H:%M:%S").to_string())
+                    .unwrap_or_else(|| "-".into()),
+                p.queues.join(","),
+                format!("{} ago", age(p.seconds_since_seen)),
+                if p.live { "live" } else { "silent (dead)" }.into(),
             ]);
         }
         out.push_str(&t.render());

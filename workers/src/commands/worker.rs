@@ -425,6 +425,16 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
         }
     };
     tracing::info!(key = %key, label = %config.ssh_key_label, "SSH key ensured");
+    // What the console lists beside its queues: host, pid, release, start.
+    if let Err(e) =
+        shepherd::fleet::record_process(&pool, &process_name(), env!("CARGO_PKG_VERSION")).await
+    {
+        tracing::warn!(
+            error = %e,
+            "cannot record this process in shepherd.processes (re-run deploy/roles.sql after \
+             migrating); the console lists it without its release and start"
+        );
+    }
     let opts = RuntimeOptions {
         process_name: process_name(),
         reconcile_concurrency: args.reconcile_concurrency as usize,

@@ -3,7 +3,7 @@
 //! machines and the recent events.
 
 use maud::{Markup, html};
-use shepherd::fleet::{LivenessState, WorkerRow};
+use shepherd::fleet::LivenessState;
 
 use super::*;
 
@@ -424,54 +424,33 @@ fn queue(o: &Overview) -> Markup {
 
 fn workers(o: &Overview) -> Markup {
     // Dead past its missed heartbeats, as the cluster's settings say.
-    let window = o.liveness().window_seconds;
-    let (live, gone): (Vec<_>, Vec<_>) = o
-        .workers
-        .iter()
-        .partition(|w| is_live(w, &o.workers, window));
+    let (live, gone): (Vec<_>, Vec<_>) = o.processes().into_iter().partition(|p| p.live);
     html! {
         h2 { "Workers" }
         @if live.is_empty() {
             p.muted { "None running." }
         } @else {
-            (worker_table(&live))
+            (process_table(&live, o.now))
         }
         @if !gone.is_empty() {
-            p.muted { "Silent past their missed heartbeats, or replaced by a later generation of \
-                       the same process (their jobs are handed to live workers):" }
-            (worker_table(&gone))
+            p.muted { "Silent past their missed heartbeats (their jobs are handed to live workers):" }
+            (process_table(&gone, o.now))
         }
     }
 }
 
-/// A worker is live if it was seen recently and no later generation of the
-/// same process and queue (`kind@host-pid#generation`) replaced it.
-fn is_live(w: &WorkerRow, all: &[WorkerRow], window: f64) -> bool {
-    if w.seconds_since_seen > window {
-        return false;
-    }
-    let Some((base, generation)) = w.name.rsplit_once('#') else {
-        return true;
-    };
-    let generation: u32 = generation.parse().unwrap_or(0);
-    !all.iter().any(|other| {
-        other
-            .name
-            .rsplit_once('#')
-            .is_some_and(|(b, g)| b == base && g.parse::<u32>().unwrap_or(0) > generation)
-    })
-}
-
-fn worker_table(rows: &[&WorkerRow]) -> Markup {
+fn process_table(rows: &[shepherd::fleet::ProcessRow], now: DateTime<Utc>) -> Markup {
     html! {
-        table {
-            thead { tr { th { "Worker" } th { "Queue" } th { "Last seen" } } }
+        table.workers {
+            thead { tr { th { "Process (host:pid)" } th { "Release" } th { "Started" } th { "Queues" } th { "Last heard from" } } }
             tbody {
-                @for w in rows {
+                @for p in rows {
                     tr {
-                        td.id { (w.name) }
-                        td { (w.queue) }
-                        td { (human_duration(chrono::TimeDelta::seconds(w.seconds_since_seen as i64))) " ago" }
+                        td.id { (p.name) }
+                        td { (p.version.as_deref().unwrap_or("not recorded")) }
+                        td { @match p.started_at { Some(at) => (ago(at, now)), None => span.muted { "not recorded" } } }
+                        td { (p.queues.join(", ")) }
+                        td { (human_duration(chrono::TimeDelta::seconds(p.seconds_since_seen as i64))) " ago" }
                     }
                 }
             }
