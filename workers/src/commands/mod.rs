@@ -8,6 +8,7 @@ pub mod fake_latitude;
 pub mod fake_metal;
 pub mod inspect;
 pub mod operate;
+pub mod plan;
 pub mod pools;
 pub mod status;
 pub mod worker;
