@@ -3,7 +3,8 @@
 //! a one-line message and a non-zero exit.
 
 use shepherd_workers::commands::{
-    console, database, demo, enqueue, fake_latitude, fake_metal, inspect, operate, pools, worker,
+    console, database, demo, enqueue, fake_latitude, fake_metal, inspect, operate, pools,
+    scheduler, worker,
 };
 use shepherd_workers::{logging, settings};
 
@@ -35,10 +36,10 @@ enum Command {
     /// Run workers for every job kind (and optionally the scheduler)
     Worker(Box<worker::WorkerArgs>),
     /// Enqueue one Reconcile per period, cluster-wide
-    Scheduler(worker::SchedulerArgs),
+    Scheduler(scheduler::SchedulerArgs),
     /// Exit 0 if this host's worker or scheduler is ready (for container
     /// healthchecks), else 1
-    Healthcheck(worker::HealthcheckArgs),
+    Healthcheck(scheduler::HealthcheckArgs),
     /// Enqueue a manual job
     #[command(subcommand)]
     Enqueue(enqueue::EnqueueCommand),
@@ -137,8 +138,8 @@ fn main() -> ExitCode {
                 Ok(())
             }
             Command::Worker(args) => worker::worker(*args).await,
-            Command::Scheduler(args) => worker::scheduler(args).await,
-            Command::Healthcheck(args) => worker::healthcheck(args).await,
+            Command::Scheduler(args) => scheduler::scheduler(args).await,
+            Command::Healthcheck(args) => scheduler::healthcheck(args).await,
             Command::Enqueue(command) => enqueue::enqueue(command).await,
             Command::Status(args) => operate::status(args).await,
             Command::Console(command) => console::console(command).await,

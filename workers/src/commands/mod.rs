@@ -10,6 +10,7 @@ pub mod inspect;
 pub mod operate;
 pub mod plan;
 pub mod pools;
+pub mod scheduler;
 pub mod status;
 pub mod worker;
 
