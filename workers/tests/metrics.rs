@@ -384,3 +384,41 @@ async fn pools_and_their_stock_show_on_the_page_and_in_metrics(pool: PgPool) {
     server.stop().await;
     promtool_check_metrics(&classic);
 }
+
+/// Every family `/metrics` serves has its row in docs/operations.md's
+/// metrics table, under the name it is served by.
+#[sqlx::test(migrations = false)]
+async fn every_served_family_is_in_the_operations_table(pool: PgPool) {
+    seed(&pool).await;
+    let server = Server::start(pool.clone()).await;
+    let (status, _, text) = server.get("/metrics").await;
+    server.stop().await;
+    assert_eq!(status, StatusCode::OK);
+    let doc = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../docs/operations.md"
+    ))
+    .unwrap();
+    // Each name in backticks in a row's first cell (one row may name
+    // several families).
+    let documented: std::collections::BTreeSet<&str> = doc
+        .lines()
+        .filter_map(|l| l.strip_prefix("| "))
+        .filter_map(|l| l.split(" |").next())
+        .flat_map(|cell| cell.split('`').skip(1).step_by(2))
+        .collect();
+    let served: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert!(served.len() >= 20, "{text}");
+    let missing: Vec<&&str> = served
+        .iter()
+        .filter(|name| !documented.contains(**name))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "families served but not in docs/operations.md's table: {missing:?}"
+    );
+}
