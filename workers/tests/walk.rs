@@ -219,7 +219,7 @@ async fn the_readmes_latitude_path_works_as_written(pool: PgPool) {
             page.contains(&format!("href=\"/device/{}\"", ids[0])),
             "{page}"
         );
-        if page.matches("<td>on <span").count() == 4 {
+        if page.matches("data-label=\"Status\">on <span").count() == 4 {
             break;
         }
         assert!(

@@ -149,7 +149,8 @@ struct Counts {
     in_flight: i64,
     penalised: i64,
     pending_jobs: i64,
-    /// The last pass saw nothing in flight, had room, and found nothing to do.
+    /// The last pass saw nothing in flight, had room, and found nothing to
+    /// do, and no deletion has happened or is pending since.
     last_pass_idle: bool,
 }
 
@@ -162,9 +163,15 @@ async fn counts(pool: &PgPool) -> Result<Counts, sqlx::Error> {
     )
     .fetch_one(pool)
     .await?;
+    // Idle after the last deletion: a failed server deleted after the last
+    // pass leaves a place that pass could not see free yet.
     let last_pass_idle: Option<bool> = sqlx::query_scalar(
         "select (body->>'enqueued')::bigint = 0 and (body->>'in_flight')::bigint = 0
                 and not (body->>'at_limit')::bool
+                and not exists (select 1 from shepherd.pending_deletions)
+                and position > coalesce((select max(position) from shepherd.events
+                                         where event_type in ('deletion_requested', 'machine_deleted',
+                                                              'machine_lost', 'machine_released')), 0)
          from shepherd.events
          where event_type = 'reconcile_finished' order by position desc limit 1",
     )
