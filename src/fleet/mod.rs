@@ -2,6 +2,7 @@
 //! pass would do. Read-only; shared by `shepherd status`, `shepherd plan`,
 //! the status page and the metrics.
 
+pub mod cost;
 mod liveness;
 pub use liveness::{Liveness, LivenessState, ProcessRecord, ProcessRow, record_process};
 

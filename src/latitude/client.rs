@@ -22,6 +22,9 @@ mod servers;
 pub const BASE_URL_DEFAULT: &str = "https://api.latitude.sh";
 /// The size the official tools use; the API documents no maximum.
 pub const PAGE_SIZE_DEFAULT: u32 = 100;
+/// The currency prices are read in where a plan gives several: the API
+/// does not say which one the account is billed in.
+pub const PREFERRED_CURRENCY: &str = "USD";
 const MAX_PAGES: u32 = 10_000;
 /// Readings of a listing that keeps changing under its reader before the
 /// listing is given up as unreadable.
@@ -493,6 +496,16 @@ impl LatitudeClient {
 
     /// How much of `plan` `site` has now, from `GET /plans`.
     pub async fn stock(&self, plan: &str, site: &str) -> Result<Stock, LatitudeError> {
+        Ok(self.offer(plan, site).await?.0)
+    }
+
+    /// The plan's stock at the site and one server's price there, from one
+    /// read of the plan (the price in USD where the answer has it).
+    pub async fn offer(
+        &self,
+        plan: &str,
+        site: &str,
+    ) -> Result<(Stock, Option<Price>), LatitudeError> {
         let plans: Envelope<Vec<Plan>> = self
             .read("get-plans", "/plans", &[("filter[slug]", plan.to_string())])
             .await?;
@@ -500,7 +513,9 @@ impl LatitudeClient {
             .data
             .iter()
             .find(|p| p.attributes.slug.as_deref() == Some(plan))
-            .map_or(Stock::Unavailable, |p| p.stock(site)))
+            .map_or((Stock::Unavailable, None), |p| {
+                (p.stock(site), p.price(site, PREFERRED_CURRENCY))
+            }))
     }
 
     /// The id of the project's key with this public key, created under

@@ -180,6 +180,10 @@ pub struct PlanRegion {
     pub locations: Option<Locations>,
     #[serde(default)]
     pub stock_level: Option<String>,
+    /// `{USD|BRL: {hour, month, year}}`, each figure nullable; read as
+    /// it comes and judged by [`Plan::price`].
+    #[serde(default)]
+    pub pricing: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -192,6 +196,8 @@ pub struct PlanAttributes {
 
 pub type Plan = Resource<PlanAttributes>;
 
+pub use crate::provider::Price;
+
 /// How much of a plan a site has, as far as the answer says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub enum Stock {
@@ -203,7 +209,44 @@ pub enum Stock {
     Some(Option<u32>),
 }
 
+/// The most an hour of one server may cost before the figure is taken for
+/// nonsense rather than a price (a decimal point lost, a field confused).
+const MAX_PRICE_PER_HOUR: f64 = 10_000.0;
+
 impl Plan {
+    /// The plan's price at `site`: the pricing of the region (a country)
+    /// that offers the site, in `currency` when the answer has it, else in
+    /// its only currency. `None` when the answer gives no hourly price that
+    /// is a finite figure from 0 to 10,000, or only several other
+    /// currencies: never a guess.
+    pub fn price(&self, site: &str, currency: &str) -> Option<Price> {
+        let region = self.attributes.regions.iter().find(|r| {
+            r.locations
+                .as_ref()
+                .is_some_and(|l| l.available.iter().any(|s| s.eq_ignore_ascii_case(site)))
+        })?;
+        let pricing = region.pricing.as_ref()?.as_object()?;
+        let (code, figures) = match pricing.get_key_value(currency) {
+            Some(found) => found,
+            None if pricing.len() == 1 => pricing.iter().next()?,
+            None => return None,
+        };
+        let code_ok = code.len() == 3 && code.bytes().all(|b| b.is_ascii_uppercase());
+        let figure = |name: &str| {
+            figures
+                .get(name)
+                .and_then(serde_json::Value::as_f64)
+                .filter(|f| f.is_finite() && (0.0..=MAX_PRICE_PER_HOUR * 24.0 * 366.0).contains(f))
+        };
+        let hour = figure("hour").filter(|h| *h <= MAX_PRICE_PER_HOUR)?;
+        code_ok.then(|| Price {
+            currency: code.clone(),
+            hour,
+            month: figure("month"),
+            year: figure("year"),
+        })
+    }
+
     pub fn stock(&self, site: &str) -> Stock {
         let Some(locations) = self
             .attributes
@@ -370,6 +413,33 @@ mod tests {
             )
             .unwrap();
             assert_eq!(s.condition(), condition, "{status}");
+        }
+    }
+
+    #[test]
+    fn a_price_is_the_sites_region_in_the_currency_asked_or_none() {
+        let plan: Plan = serde_json::from_str(
+            r#"{"id":"plan_1","type":"plans","attributes":{"slug":"c2","regions":[
+                {"name":"United States","locations":{"available":["DAL"]},
+                 "pricing":{"USD":{"hour":0.33,"month":199,"year":2149},"BRL":{"hour":1.8}}},
+                {"name":"Brazil","locations":{"available":["SAO"]},"pricing":{"BRL":{"hour":1.7,"month":null}}},
+                {"name":"Chile","locations":{"available":["SCL"]},"pricing":{"USD":{"hour":"0.5"}}},
+                {"name":"Mexico","locations":{"available":["MEX"]},"pricing":{"USD":{"hour":1e9}}},
+                {"name":"Japan","locations":{"available":["TYO"]},"pricing":{"usd":{"hour":0.4}}},
+                {"name":"Germany","locations":{"available":["FRA"]}}]}}"#,
+        )
+        .unwrap();
+        let dal = plan.price("DAL", "USD").unwrap();
+        assert_eq!((dal.currency.as_str(), dal.hour), ("USD", 0.33));
+        assert_eq!((dal.month, dal.year), (Some(199.0), Some(2149.0)));
+        assert_eq!(plan.price("dal", "BRL").unwrap().hour, 1.8);
+        // Its only currency, when the one asked for is not there.
+        let sao = plan.price("SAO", "USD").unwrap();
+        assert_eq!((sao.currency.as_str(), sao.hour, sao.month), ("BRL", 1.7, None));
+        // A string, an absurd figure, a currency that is no code, none at
+        // all, a site not offered: no price.
+        for site in ["SCL", "MEX", "TYO", "FRA", "LAX"] {
+            assert_eq!(plan.price(site, "USD"), None, "{site}");
         }
     }
 

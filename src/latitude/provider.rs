@@ -422,12 +422,13 @@ impl LatitudeProvider {
             .filter(|d| !d.removed)
             .map(|d| &d.pool)
             .collect();
-        let mut stock: BTreeMap<(&str, &str), Stock> = BTreeMap::new();
+        let mut stock: BTreeMap<(&str, &str), (Stock, Option<crate::provider::Price>)> =
+            BTreeMap::new();
         for p in &live {
             if let std::collections::btree_map::Entry::Vacant(slot) =
                 stock.entry((p.plan.as_str(), p.site.as_str()))
             {
-                slot.insert(self.client.stock(&p.plan, &p.site).await?);
+                slot.insert(self.client.offer(&p.plan, &p.site).await?);
             }
         }
         let mut inventory = Inventory {
@@ -438,7 +439,8 @@ impl LatitudeProvider {
             let Some(p) = live.iter().find(|p| p.name == report.name) else {
                 continue;
             };
-            let level = stock[&(p.plan.as_str(), p.site.as_str())];
+            let (level, price) = stock[&(p.plan.as_str(), p.site.as_str())].clone();
+            report.price = price;
             let in_stock = matches!(level, Stock::Some(_));
             report.stock = Some(PoolStock {
                 offered: level != Stock::Unavailable,
@@ -472,6 +474,7 @@ impl LatitudeProvider {
             .pools
             .iter()
             .map(|d| PoolReport {
+                price: None,
                 name: d.pool.name.clone(),
                 plan: d.pool.plan.clone(),
                 site: d.pool.site.clone(),

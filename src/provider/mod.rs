@@ -142,7 +142,31 @@ pub struct PoolReport {
     /// The stock, when the pass read it (a pass at the limit does not).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stock: Option<PoolStock>,
+    /// One server's price, read with the stock (absent before 2026-12-06,
+    /// when the stock was not read, or when the provider gave none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub price: Option<Price>,
 }
+
+/// What the provider says one server of a plan at a site costs, in one
+/// currency (an account is billed in one; figures are never mixed).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Price {
+    /// ISO 4217, e.g. `USD`.
+    pub currency: String,
+    /// Per hour, as hourly billing charges it.
+    pub hour: f64,
+    /// Per month and per year, where the provider gives them (monthly and
+    /// yearly billing).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub month: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub year: Option<f64>,
+}
+
+/// Hours in a month as a monthly figure is estimated from an hourly price
+/// (365 × 24 / 12).
+pub const HOURS_PER_MONTH: f64 = 730.0;
 
 /// The provider's stock of a pool's plan at its site.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]

@@ -45,6 +45,12 @@ pub fn one_of_each() -> Vec<Event> {
                 machines: 3,
                 removed: false,
                 dormant: 1,
+                price: Some(shepherd::provider::Price {
+                    currency: "USD".into(),
+                    hour: 0.33,
+                    month: Some(198.0),
+                    year: None,
+                }),
             }],
             listing: Some(shepherd::provider::ListingCost {
                 scope: "servers whose hostname starts with shepherd-".into(),

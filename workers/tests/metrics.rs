@@ -251,6 +251,12 @@ async fn pools_and_their_stock_show_on_the_page_and_in_metrics(pool: PgPool) {
         removed: false,
         // As many dormant as failed: the page and the gauge show both.
         dormant: failed,
+        price: Some(shepherd::provider::Price {
+            currency: "USD".into(),
+            hour: 0.5,
+            month: None,
+            year: None,
+        }),
     };
     let counted = |in_stock, count| {
         Some(PoolStock {
@@ -339,9 +345,25 @@ async fn pools_and_their_stock_show_on_the_page_and_in_metrics(pool: PgPool) {
         "{page}"
     );
 
+    // Priced: each pool's machines at 0.50 USD, the failed one's part
+    // wasted, and the fleet's sum said once above the table.
+    assert!(
+        table.contains("<td class=\"n\">1.50 USD <strong>(0.50 USD wasted)</strong><br><span class=\"muted\">0.50 USD a server</span></td>"),
+        "{table}"
+    );
+    assert!(
+        page.contains("<strong>Cost: 2.50 USD per hour</strong>, about 1825.00 USD a month at hourly rates (an estimate); <strong>0.50 USD per hour</strong> on surplus and failed machines."),
+        "{page}"
+    );
+
     let (_, _, classic) = server.get("/metrics").await;
     let m = samples(&classic);
     for (series, value) in [
+        ("shepherd_pool_cost_per_hour{pool=\"web\",currency=\"USD\"}", 1.5),
+        ("shepherd_pool_wasted_cost_per_hour{pool=\"web\",currency=\"USD\"}", 0.5),
+        ("shepherd_pool_cost_per_hour{pool=\"cold\",currency=\"USD\"}", 0.0),
+        ("shepherd_fleet_cost_per_hour{currency=\"USD\"}", 2.5),
+        ("shepherd_fleet_wasted_cost_per_hour{currency=\"USD\"}", 0.5),
         (
             "shepherd_pool_places{pool=\"web\",plan=\"c2-small-x86\",site=\"DAL\"}",
             4.0,

@@ -62,6 +62,9 @@ pub struct Weather {
     /// semantics are not documented, so a client must survive both an API
     /// that ignores them and one that reads them as an exact match.
     pub hostname_operators: HostnameOperators,
+    /// Whether plan answers carry their prices (`pricing`); without them a
+    /// client knows no price.
+    pub plan_prices: bool,
 }
 
 /// See [`Weather::hostname_operators`].
@@ -83,6 +86,7 @@ impl Default for Weather {
             listing_lag_ms: 0,
             plan_counts: true,
             hostname_operators: HostnameOperators::Honoured,
+            plan_prices: true,
         }
     }
 }
@@ -598,7 +602,7 @@ impl World {
                         })
                     },
                     "stock_level": level,
-                    "pricing": {"USD": {"hour": 0.33, "month": 199.0, "year": 2149.0}},
+                    "pricing": if self.weather.plan_prices { list_price(&p.slug) } else { Value::Null },
                 }],
             }
         })
@@ -652,4 +656,22 @@ fn fingerprint(key: &str) -> String {
         .map(|b| format!("{b:02x}"))
         .collect::<Vec<_>>()
         .join(":")
+}
+
+/// What the fake charges for a server of `slug`, in USD (hour, month,
+/// year): a plan it knows by its own figure, any other by its size class,
+/// so that every plan it sells has a price. Made-up figures of the real
+/// service's order; the month is 600 hours' worth and the year ten months'.
+pub fn list_price(slug: &str) -> Value {
+    let hour = match slug {
+        "c2-small-x86" => 0.33,
+        "c2-medium-x86" => 0.62,
+        "c3-large-x86" => 1.28,
+        "s3-large-x86" => 1.71,
+        s if s.contains("small") => 0.40,
+        s if s.contains("large") => 1.50,
+        _ => 0.80,
+    };
+    let month = (hour * 600.0_f64).round();
+    json!({"USD": {"hour": hour, "month": month, "year": month * 10.0}})
 }

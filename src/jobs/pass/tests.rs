@@ -112,6 +112,7 @@ fn a_pass_takes_no_more_of_a_scope_than_its_stock_and_none_of_a_penalised_one() 
         }),
         machines: 0,
         removed: false,
+        price: None,
     };
     let inventory = Inventory {
         // Counted 2, counted 5 but penalised, in stock without a count.

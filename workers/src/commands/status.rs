@@ -8,6 +8,7 @@ use shepherd::fleet::{self, Overview};
 
 use crate::commands::database::DatabaseArgs;
 use crate::commands::operate::listing_words;
+use shepherd::fleet::cost::money;
 use crate::table::Table;
 
 #[derive(Debug, Args)]
@@ -220,6 +221,7 @@ pub fn render_status(o: &Overview) -> String {
             crate::table::human_duration(o.now - seen.surveyed_at)
         ));
         out.push_str(&render_pools(&seen.pools, true));
+        out.push_str(&fleet_cost_line(seen));
         if let Some(l) = &seen.listing {
             out.push_str(&format!(
                 "listed: {}
@@ -316,11 +318,34 @@ pub fn render_status(o: &Overview) -> String {
     out
 }
 
+/// What the fleet costs, as the last pass priced it: per hour, per month
+/// (an estimate: hourly billing over an average month), what of it is
+/// wasted, and the pools the provider gave no price for.
+pub(crate) fn fleet_cost_line(seen: &fleet::PoolsSeen) -> String {
+    let mut out = String::new();
+    for f in seen.fleet_cost() {
+        out.push_str(&format!(
+            "cost: {}/h, about {}/month at hourly rates; wasted on surplus and failed machines: {}/h\n",
+            money(f.per_hour, &f.currency),
+            money(f.per_month(), &f.currency),
+            money(f.wasted_per_hour, &f.currency),
+        ));
+    }
+    let unpriced = seen.unpriced();
+    if !unpriced.is_empty() {
+        out.push_str(&format!(
+            "cost unknown for pool(s) {}: the provider gave no price with their stock\n",
+            unpriced.join(", ")
+        ));
+    }
+    out
+}
+
 /// One line per pool: declared, standing, and the provider's stock.
 /// (`shepherd plan` shows the sinbin's hold in its skipped places instead.)
 pub(crate) fn render_pools(pools: &[fleet::PoolState], with_hold: bool) -> String {
     let mut headers = vec![
-        "POOL", "PLAN", "SITE", "MACHINES", "PLACES", "FAILED", "STOCK",
+        "POOL", "PLAN", "SITE", "MACHINES", "PLACES", "FAILED", "STOCK", "COST/H",
     ];
     if with_hold {
         headers.push("HELD BACK");
@@ -354,6 +379,16 @@ pub(crate) fn render_pools(pools: &[fleet::PoolState], with_hold: bool) -> Strin
                 Some(s) if !s.offered => "not offered".into(),
                 Some(s) if !s.in_stock => "none".into(),
                 Some(s) => s.count.map_or_else(|| "in stock".into(), |n| n.to_string()),
+            },
+            match shepherd::fleet::cost::pool_cost(r) {
+                Some(c) if c.wasted_per_hour > 0.0 => format!(
+                    "{} ({} wasted)",
+                    money(c.per_hour, &c.currency),
+                    money(c.wasted_per_hour, &c.currency)
+                ),
+                Some(c) => money(c.per_hour, &c.currency),
+                None if r.stock.is_none() => "not read".into(),
+                None => "no price given".into(),
             },
         ];
         if with_hold {

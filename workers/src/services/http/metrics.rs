@@ -35,6 +35,17 @@ pub(super) struct PoolLabels {
     pub(super) site: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct PoolCostLabels {
+    pub(super) pool: String,
+    pub(super) currency: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct CurrencyLabel {
+    pub(super) currency: String,
+}
+
 /// Outcomes counted over the whole log.
 #[derive(sqlx::FromRow)]
 pub(super) struct Outcomes {
@@ -238,6 +249,47 @@ impl Figures {
                 "shepherd_pool_held_back",
                 "1 while a create refused for want of stock holds the pool's free places back",
                 held,
+            );
+            // Cost, from the prices read with the stock; a pool the
+            // provider gave no price for has no series (not a 0).
+            let pool_cost = Family::<PoolCostLabels, Gauge<f64, AtomicU64>>::default();
+            let pool_wasted = Family::<PoolCostLabels, Gauge<f64, AtomicU64>>::default();
+            for c in seen.costs() {
+                let labels = PoolCostLabels {
+                    pool: c.pool.clone(),
+                    currency: c.currency.clone(),
+                };
+                pool_cost.get_or_create(&labels).set(c.per_hour);
+                pool_wasted.get_or_create(&labels).set(c.wasted_per_hour);
+            }
+            let fleet_cost = Family::<CurrencyLabel, Gauge<f64, AtomicU64>>::default();
+            let fleet_wasted = Family::<CurrencyLabel, Gauge<f64, AtomicU64>>::default();
+            for f in seen.fleet_cost() {
+                let labels = CurrencyLabel {
+                    currency: f.currency.clone(),
+                };
+                fleet_cost.get_or_create(&labels).set(f.per_hour);
+                fleet_wasted.get_or_create(&labels).set(f.wasted_per_hour);
+            }
+            registry.register(
+                "shepherd_pool_cost_per_hour",
+                "What each pool's machines cost per hour at the provider's price, as the last pass saw them",
+                pool_cost,
+            );
+            registry.register(
+                "shepherd_pool_wasted_cost_per_hour",
+                "Of that, what its surplus and failed machines cost per hour",
+                pool_wasted,
+            );
+            registry.register(
+                "shepherd_fleet_cost_per_hour",
+                "What every priced pool's machines cost per hour, per currency",
+                fleet_cost,
+            );
+            registry.register(
+                "shepherd_fleet_wasted_cost_per_hour",
+                "Of that, what surplus and failed machines cost per hour",
+                fleet_wasted,
             );
         }
 

@@ -4,6 +4,7 @@
 
 use maud::{Markup, html};
 use shepherd::fleet::LivenessState;
+use shepherd::fleet::cost::money;
 
 use super::*;
 
@@ -286,10 +287,22 @@ fn surveyed_pools(o: &Overview) -> Markup {
         @if let Some(l) = &seen.listing {
             p.muted.listing { "Listed " (crate::commands::operate::listing_words(l)) "." }
         }
+        @for f in seen.fleet_cost() {
+            p.cost {
+                strong { "Cost: " (money(f.per_hour, &f.currency)) " per hour" }
+                ", about " (money(f.per_month(), &f.currency)) " a month at hourly rates (an estimate)"
+                @if f.wasted_per_hour > 0.0 { "; " strong { (money(f.wasted_per_hour, &f.currency)) " per hour" } " on surplus and failed machines" }
+                "."
+            }
+        }
+        @let unpriced = seen.unpriced();
+        @if !unpriced.is_empty() {
+            p.warn { "No price for pool(s) " (unpriced.join(", ")) ": the provider gave none with their stock, so the cost above leaves them out." }
+        }
         table.pools {
             thead { tr {
                 th { "Pool" } th { "Plan" } th { "Site" } th { "Machines" } th { "Places" }
-                th { "Failed" } th { "Stock" } th { "Held back" }
+                th { "Failed" } th { "Stock" } th { "Held back" } th { "Cost per hour" }
             } }
             tbody {
                 @for p in &seen.pools {
@@ -321,6 +334,15 @@ fn surveyed_pools(o: &Overview) -> Markup {
                         @match p.held_until {
                             Some(until) => td { "out of stock until " (Time(until).to_string()) },
                             None => td.muted { "no" },
+                        }
+                        @match shepherd::fleet::cost::pool_cost(r) {
+                            Some(c) => td.n {
+                                (money(c.per_hour, &c.currency))
+                                @if c.wasted_per_hour > 0.0 { " " strong { "(" (money(c.wasted_per_hour, &c.currency)) " wasted)" } }
+                                br; span.muted { (money(c.server_per_hour, &c.currency)) " a server" }
+                            },
+                            None if r.stock.is_none() => td.muted { "not read" },
+                            None => td { strong { "no price given" } },
                         }
                     }
                 }
