@@ -200,3 +200,68 @@ pub async fn establish(db: &PgPool, flags: &[Pool], by: &str) -> Result<Establis
         differences,
     })
 }
+
+/// What stands on each pool now, by our records: machines (by their
+/// hostnames), machines leaving, and creations in flight (by their places).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Occupancy {
+    pub machines: u32,
+    pub leaving: u32,
+    pub creating: u32,
+}
+
+impl Occupancy {
+    /// Everything of the pool that is billed or about to be: machines
+    /// standing (leaving ones too) and creations in flight.
+    pub fn billed(&self) -> u32 {
+        self.machines + self.creating
+    }
+}
+
+/// Each pool's [`Occupancy`], the hostnames read with the cluster's
+/// `prefix`.
+pub async fn occupancy(
+    conn: &mut PgConnection,
+    prefix: &str,
+    rows: &[PoolRow],
+) -> Result<std::collections::BTreeMap<String, Occupancy>, sqlx::Error> {
+    let pools: Vec<Pool> = rows.iter().map(PoolRow::pool).collect();
+    let machines: Vec<(Option<String>, bool)> = sqlx::query_as(
+        "select m.hostname, exists(select 1 from shepherd.pending_deletions d
+                                   where d.machine_id = m.machine_id)
+         from shepherd.managed_machines m
+         union all
+         select hostname, false from shepherd.unassimilated_devices",
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    let places: Vec<Option<String>> =
+        sqlx::query_scalar("select place from shepherd.pending_creations")
+            .fetch_all(&mut *conn)
+            .await?;
+    let mut out: std::collections::BTreeMap<String, Occupancy> = rows
+        .iter()
+        .map(|r| (r.name.clone(), Occupancy::default()))
+        .collect();
+    for (hostname, leaving) in machines {
+        let Some(named) = hostname
+            .as_deref()
+            .and_then(|h| crate::latitude::pools::parse(prefix, &pools, h))
+        else {
+            continue;
+        };
+        if let Some(o) = out.get_mut(&named.pool.name) {
+            o.machines += 1;
+            o.leaving += u32::from(leaving);
+        }
+    }
+    for place in places.into_iter().flatten() {
+        if let Some(o) = place
+            .split_once('/')
+            .and_then(|(name, _)| out.get_mut(name))
+        {
+            o.creating += 1;
+        }
+    }
+    Ok(out)
+}

@@ -16,6 +16,8 @@ use sqlx::PgPool;
 
 #[path = "latitude_provisioning/lost_answers.rs"]
 mod lost_answers;
+#[path = "latitude_provisioning/spend_cap.rs"]
+mod spend_cap;
 
 #[sqlx::test(migrations = false)]
 async fn pools_are_kept_full_through_the_seam(db: PgPool) {

@@ -58,7 +58,10 @@ pub fn pool_cost(r: &PoolReport) -> Option<PoolCost> {
 
 impl PoolsSeen {
     pub fn costs(&self) -> Vec<PoolCost> {
-        self.pools.iter().filter_map(|p| pool_cost(&p.report)).collect()
+        self.pools
+            .iter()
+            .filter_map(|p| pool_cost(&p.report))
+            .collect()
     }
 
     /// The fleet's cost per currency (one, as an account is billed in one).
@@ -100,7 +103,13 @@ mod tests {
     use super::*;
     use crate::provider::Price;
 
-    fn report(name: &str, taken: u32, machines: u32, failed: u32, price: Option<f64>) -> PoolReport {
+    fn report(
+        name: &str,
+        taken: u32,
+        machines: u32,
+        failed: u32,
+        price: Option<f64>,
+    ) -> PoolReport {
         PoolReport {
             name: name.into(),
             plan: "c2-small-x86".into(),

@@ -137,6 +137,8 @@ pub struct Overview {
     /// The scheduler's period as its last passes were spaced; `None` before
     /// it has run two.
     pub tick_seconds: Option<f64>,
+    /// The spend cap and what the fleet costs against it; `None`: no cap.
+    pub spend_cap: Option<crate::jobs::spend::CapState>,
 }
 
 impl Overview {
@@ -266,6 +268,7 @@ pub async fn overview(pool: &PgPool) -> Result<Overview, sqlx::Error> {
     )
     .fetch_all(&mut *tx)
     .await?;
+    let spend_cap = crate::jobs::spend::CapState::read(&mut tx).await?;
     let last_run: Option<(String, DateTime<Utc>)> = sqlx::query_as(
         "select stream, recorded_at from shepherd.events where event_type = 'reconcile_started'
          order by position desc limit 1",
@@ -405,6 +408,7 @@ pub async fn overview(pool: &PgPool) -> Result<Overview, sqlx::Error> {
         last_successful_reconcile,
         workers,
         process_records,
+        spend_cap,
         paused,
         events,
         desired,

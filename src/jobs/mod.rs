@@ -18,6 +18,7 @@ pub mod pass;
 pub mod place;
 pub mod queue;
 pub mod reconcile;
+pub mod spend;
 pub mod sweep;
 
 use std::sync::Arc;

@@ -130,13 +130,23 @@ pub async fn lock_capacity(conn: &mut PgConnection) -> Result<Capacity, StoreErr
 }
 
 /// Why a reservation was not admitted.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Refusal {
-    Paused { by: String, reason: String },
-    AtLimit { limit: MachineLimit },
+    Paused {
+        by: String,
+        reason: String,
+    },
+    AtLimit {
+        limit: MachineLimit,
+    },
     AlreadyPending,
     AlreadyManaged,
-    Penalised { until: DateTime<Utc>, cause: String },
+    Penalised {
+        until: DateTime<Utc>,
+        cause: String,
+    },
+    /// The spend cap holds it back.
+    SpendCap(super::spend::Held),
 }
 
 impl std::fmt::Display for Refusal {
@@ -155,6 +165,7 @@ impl std::fmt::Display for Refusal {
                 f,
                 "it is penalised until {until} ({cause}); override the sinbin with a reason to create anyway"
             ),
+            Refusal::SpendCap(held) => held.fmt(f),
         }
     }
 }
@@ -246,6 +257,9 @@ pub async fn admit(
         })
         .collect();
 
+    // Read after the capacity lock: what the fleet costs cannot move under
+    // it, as its size cannot.
+    let mut spend = super::spend::Guard::read(conn).await?;
     let mut room = capacity.room;
     let mut admitted = Vec::new();
     let mut refused = Vec::new();
@@ -281,6 +295,17 @@ pub async fn admit(
                     limit: capacity.limit,
                 },
             ));
+        } else if let Some(Err(held)) = spend.as_mut().map(|g| {
+            g.admit(
+                how.units
+                    .iter()
+                    .find(|u| u.unit == reservation)
+                    .and_then(|u| u.place.as_deref())
+                    .and_then(|place| place.split_once('/'))
+                    .map(|(pool, _)| pool),
+            )
+        }) {
+            refused.push((reservation, Refusal::SpendCap(held)));
         } else {
             room = room.map(|r| r - 1);
             admitted.push((reservation, request));

@@ -435,7 +435,10 @@ mod tests {
         assert_eq!(plan.price("dal", "BRL").unwrap().hour, 1.8);
         // Its only currency, when the one asked for is not there.
         let sao = plan.price("SAO", "USD").unwrap();
-        assert_eq!((sao.currency.as_str(), sao.hour, sao.month), ("BRL", 1.7, None));
+        assert_eq!(
+            (sao.currency.as_str(), sao.hour, sao.month),
+            ("BRL", 1.7, None)
+        );
         // A string, an absurd figure, a currency that is no code, none at
         // all, a site not offered: no price.
         for site in ["SCL", "MEX", "TYO", "FRA", "LAX"] {

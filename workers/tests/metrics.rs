@@ -359,9 +359,18 @@ async fn pools_and_their_stock_show_on_the_page_and_in_metrics(pool: PgPool) {
     let (_, _, classic) = server.get("/metrics").await;
     let m = samples(&classic);
     for (series, value) in [
-        ("shepherd_pool_cost_per_hour{pool=\"web\",currency=\"USD\"}", 1.5),
-        ("shepherd_pool_wasted_cost_per_hour{pool=\"web\",currency=\"USD\"}", 0.5),
-        ("shepherd_pool_cost_per_hour{pool=\"cold\",currency=\"USD\"}", 0.0),
+        (
+            "shepherd_pool_cost_per_hour{pool=\"web\",currency=\"USD\"}",
+            1.5,
+        ),
+        (
+            "shepherd_pool_wasted_cost_per_hour{pool=\"web\",currency=\"USD\"}",
+            0.5,
+        ),
+        (
+            "shepherd_pool_cost_per_hour{pool=\"cold\",currency=\"USD\"}",
+            0.0,
+        ),
         ("shepherd_fleet_cost_per_hour{currency=\"USD\"}", 2.5),
         ("shepherd_fleet_wasted_cost_per_hour{currency=\"USD\"}", 0.5),
         (

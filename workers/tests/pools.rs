@@ -633,3 +633,107 @@ fn a_latitude_worker_whose_create_could_outlast_its_rescue_window_is_refused() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The spend cap as an operator meets it: set like any setting (a bad
+/// value refused with the grammar), named with the fleet's cost on
+/// `status` and `pools list`, and `held: spend cap` where it holds every
+/// creation a pool lacks; `none` lifts it.
+#[sqlx::test(migrations = false)]
+async fn the_spend_cap_is_set_and_named_where_it_holds(pool: sqlx::PgPool) {
+    shepherd::db::migrate(&pool).await.unwrap();
+    shepherd::cluster::establish(
+        &pool,
+        &shepherd::cluster::ClusterSettings::proposed_by(&Default::default()),
+        &[],
+        "test",
+    )
+    .await
+    .unwrap();
+    let url = common::database_url(&pool).await;
+    let (ok, _, err) = cli(
+        &url,
+        &[
+            "pools",
+            "set",
+            "web",
+            &format!("plan=c2-small-x86,site=DAL,count=3,os={OS}"),
+            "--reason",
+            "launch",
+        ],
+    )
+    .await;
+    assert!(ok, "{err}");
+    // A pass priced the pool: 0.33 USD a server, none standing yet.
+    let mut tx = pool.begin().await.unwrap();
+    shepherd::events::record(
+        &mut tx,
+        vec![shepherd::events::NewEvent::new(PoolsSurveyed {
+            run: Uuid::new_v4(),
+            pools: vec![shepherd::provider::PoolReport {
+                name: "web".into(),
+                plan: "c2-small-x86".into(),
+                site: "DAL".into(),
+                scope: "c2-small-x86@DAL".into(),
+                count: 3,
+                taken: 0,
+                failed: 0,
+                machines: 0,
+                removed: false,
+                dormant: 0,
+                stock: None,
+                price: Some(shepherd::provider::Price {
+                    currency: "USD".into(),
+                    hour: 0.33,
+                    month: None,
+                    year: None,
+                }),
+            }],
+            listing: None,
+        })],
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    let (ok, _, err) = cli(
+        &url,
+        &["settings", "set", "spend_cap", "twelve", "--reason", "x"],
+    )
+    .await;
+    assert!(
+        !ok && err.contains("spend_cap is an amount per hour above 0"),
+        "{err}"
+    );
+    let (ok, _, err) = cli(
+        &url,
+        &[
+            "settings",
+            "set",
+            "spend_cap",
+            "0.20",
+            "--reason",
+            "a tight month",
+        ],
+    )
+    .await;
+    assert!(ok, "{err}");
+    for args in [&["status"][..], &["pools", "list"][..]] {
+        let (ok, out, err) = cli(&url, args).await;
+        assert!(ok, "{args:?}: {err}");
+        assert!(
+            out.contains("spend cap    0.20 USD/h; the fleet costs 0.00 USD/h"),
+            "{args:?}: {out}"
+        );
+        assert!(
+            out.contains("HELD         held: spend cap: the fleet costs 0.00 USD/h, and one more server of pool web at 0.33 USD/h would take it past the cap of 0.20 USD/h"),
+            "{args:?}: {out}"
+        );
+    }
+    let (ok, _, err) = cli(
+        &url,
+        &["settings", "set", "spend_cap", "none", "--reason", "paid"],
+    )
+    .await;
+    assert!(ok, "{err}");
+    let (_, out, _) = cli(&url, &["status"]).await;
+    assert!(!out.contains("spend cap"), "{out}");
+}

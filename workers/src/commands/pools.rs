@@ -106,61 +106,17 @@ fn who() -> String {
     super::cli_user()
 }
 
-/// What stands on each pool now, by our records: machines (by their
-/// hostnames), machines leaving, and creations in flight (by their places).
-#[derive(Debug, Clone, Default, serde::Serialize)]
-pub struct Occupancy {
-    pub machines: u32,
-    pub leaving: u32,
-    pub creating: u32,
-}
+pub use shepherd::pools::Occupancy;
 
 async fn occupancy(
     pool: &sqlx::PgPool,
     rows: &[PoolRow],
 ) -> anyhow::Result<BTreeMap<String, Occupancy>> {
     let prefix = crate::settings::Recorded::read(pool).await?.prefix();
-    let pools: Vec<Pool> = rows.iter().map(PoolRow::pool).collect();
-    let machines: Vec<(Option<String>, bool)> = sqlx::query_as(
-        "select m.hostname, exists(select 1 from shepherd.pending_deletions d
-                                   where d.machine_id = m.machine_id)
-         from shepherd.managed_machines m
-         union all
-         select hostname, false from shepherd.unassimilated_devices",
-    )
-    .fetch_all(pool)
-    .await
-    .map_err(explain)?;
-    let places: Vec<Option<String>> =
-        sqlx::query_scalar("select place from shepherd.pending_creations")
-            .fetch_all(pool)
-            .await
-            .map_err(explain)?;
-    let mut out: BTreeMap<String, Occupancy> = rows
-        .iter()
-        .map(|r| (r.name.clone(), Occupancy::default()))
-        .collect();
-    for (hostname, leaving) in machines {
-        let Some(named) = hostname
-            .as_deref()
-            .and_then(|h| shepherd::latitude::pools::parse(&prefix, &pools, h))
-        else {
-            continue;
-        };
-        if let Some(o) = out.get_mut(&named.pool.name) {
-            o.machines += 1;
-            o.leaving += u32::from(leaving);
-        }
-    }
-    for place in places.into_iter().flatten() {
-        if let Some(o) = place
-            .split_once('/')
-            .and_then(|(name, _)| out.get_mut(name))
-        {
-            o.creating += 1;
-        }
-    }
-    Ok(out)
+    let mut conn = pool.acquire().await?;
+    shepherd::pools::occupancy(&mut conn, &prefix, rows)
+        .await
+        .map_err(explain)
 }
 
 async fn read_rows(pool: &sqlx::PgPool) -> anyhow::Result<Vec<PoolRow>> {
@@ -222,6 +178,14 @@ async fn list(args: ListArgs) -> anyhow::Result<()> {
         ]);
     }
     print!("{}", t.render());
+    let overview = shepherd::fleet::overview(&pool).await.map_err(explain)?;
+    if let Some(seen) = &overview.pools {
+        print!("{}", crate::commands::status::fleet_cost_line(seen));
+    }
+    print!(
+        "{}",
+        crate::commands::status::spend_cap_line(overview.spend_cap.as_ref())
+    );
     Ok(())
 }
 

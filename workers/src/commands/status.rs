@@ -8,8 +8,8 @@ use shepherd::fleet::{self, Overview};
 
 use crate::commands::database::DatabaseArgs;
 use crate::commands::operate::listing_words;
-use shepherd::fleet::cost::money;
 use crate::table::Table;
+use shepherd::fleet::cost::money;
 
 #[derive(Debug, Args)]
 pub struct StatusArgs {
@@ -67,6 +67,7 @@ pub fn render_status(o: &Overview) -> String {
         o.pending_creations,
         o.unassimilated_devices
     ));
+    out.push_str(&spend_cap_line(o.spend_cap.as_ref()));
     if let Some(age_s) = o.oldest_in_flight_seconds {
         out.push_str(&format!(
             "             oldest in flight for {}\n",
@@ -314,6 +315,25 @@ pub fn render_status(o: &Overview) -> String {
             ]);
         }
         out.push_str(&t.render());
+    }
+    out
+}
+
+/// The spend cap, what the fleet costs against it, and whether it holds
+/// creations back (`held: spend cap`).
+pub(crate) fn spend_cap_line(cap: Option<&shepherd::jobs::spend::CapState>) -> String {
+    let Some(c) = cap else {
+        return String::new();
+    };
+    let currency = c.currency.as_deref().unwrap_or("(no price read yet)");
+    let mut out = format!(
+        "spend cap    {} {currency}/h; the fleet costs {} {currency}/h by our records ({:.0}%)\n",
+        format_args!("{:.2}", c.cap),
+        format_args!("{:.2}", c.spent),
+        100.0 * c.spent / c.cap
+    );
+    if let Some(held) = &c.held {
+        out.push_str(&format!("HELD         {held}\n"));
     }
     out
 }

@@ -293,6 +293,23 @@ impl Figures {
             );
         }
 
+        if let Some(c) = &o.spend_cap {
+            let cap = Family::<CurrencyLabel, Gauge<f64, AtomicU64>>::default();
+            cap.get_or_create(&CurrencyLabel {
+                currency: c.currency.clone().unwrap_or_default(),
+            })
+            .set(c.cap);
+            registry.register(
+                "shepherd_spend_cap_per_hour",
+                "The cluster's spend_cap: what the fleet may cost per hour (absent when none is set)",
+                cap,
+            );
+            registry.register(
+                "shepherd_spend_cap_held",
+                "1 while the spend cap holds back every creation a pool lacks, else 0",
+                ConstGauge::new(i64::from(c.held.is_some())),
+            );
+        }
         registry.register(
             "shepherd_machines_managed",
             "Machines shepherd manages",

@@ -200,7 +200,17 @@ fn fleet(o: &Overview, words: &Words) -> Markup {
                         ": " (oldest.last_error.as_deref().unwrap_or("")) ")" } } }
             }
             tr { th { "Creations" }
-                @if o.paused.is_some() { td { strong { "paused" } } } @else { td.ok { "running" } }
+                @if o.paused.is_some() { td { strong { "paused" } } }
+                @else if o.spend_cap.as_ref().is_some_and(|c| c.held.is_some()) { td { strong { "held: spend cap" } } }
+                @else { td.ok { "running" } }
+            }
+            @if let Some(c) = &o.spend_cap {
+                @let currency = c.currency.as_deref().unwrap_or("");
+                tr { th { "Spend cap" } td {
+                    (money(c.cap, currency)) " per hour; the fleet costs " (money(c.spent, currency))
+                    " " span.muted { "(" (format!("{:.0}", 100.0 * c.spent / c.cap)) " %, machines and creations in flight by our records)" }
+                    @if let Some(held) = &c.held { br; strong { (held) } }
+                } }
             }
             @if !o.desired.is_empty() || !o.leaving.is_empty() {
                 tr { th { "Deletions" }
