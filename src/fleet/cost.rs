@@ -93,6 +93,31 @@ impl PoolsSeen {
     }
 }
 
+/// What creating (`delta` > 0) or deleting (< 0) servers of `plan` at
+/// `site` does to the bill, as Infracost says it of a plan: "+3 ×
+/// c2-small-x86 @ DAL at 0.33 USD/h: +0.99 USD/h, +722.70 USD/month".
+pub fn change_words(
+    plan: &str,
+    site: &str,
+    delta: i64,
+    price: Option<&crate::provider::Price>,
+) -> String {
+    match price {
+        Some(p) => {
+            let hour = delta as f64 * p.hour;
+            format!(
+                "{delta:+} × {plan} @ {site} at {:.2} {cur}/h: {hour:+.2} {cur}/h, {:+.2} {cur}/month (at hourly rates, an estimate)",
+                p.hour,
+                hour * HOURS_PER_MONTH,
+                cur = p.currency
+            )
+        }
+        None => format!(
+            "{delta:+} × {plan} @ {site}: no price read for it yet (a pass reads it with the stock)"
+        ),
+    }
+}
+
 /// An amount with its currency, to the cent.
 pub fn money(amount: f64, currency: &str) -> String {
     format!("{amount:.2} {currency}")
@@ -162,5 +187,19 @@ mod tests {
         assert!((fleet[0].wasted_per_hour - 1.0).abs() < 1e-9, "{fleet:?}");
         assert_eq!(seen.unpriced(), ["gpu"]);
         assert_eq!(money(4.32, "USD"), "4.32 USD");
+        let price = crate::provider::Price {
+            currency: "USD".into(),
+            hour: 0.33,
+            month: None,
+            year: None,
+        };
+        assert_eq!(
+            change_words("c2-small-x86", "DAL", 3, Some(&price)),
+            "+3 × c2-small-x86 @ DAL at 0.33 USD/h: +0.99 USD/h, +722.70 USD/month (at hourly rates, an estimate)"
+        );
+        assert!(
+            change_words("c2", "DAL", -2, Some(&price)).contains("-0.66 USD/h, -481.80 USD/month")
+        );
+        assert!(change_words("c2", "DAL", 1, None).contains("no price"));
     }
 }

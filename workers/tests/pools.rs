@@ -339,6 +339,11 @@ async fn plan_reads_the_pools_through_the_seam(pool: sqlx::PgPool) {
     for place in ["web/0", "web/1", "web/2"] {
         assert!(report.contains(&format!("-> place {place}")), "{report}");
     }
+    // And what they would add to the bill, at the fake's price.
+    assert!(
+        report.contains("cost of pool web: +3 × c2-small-x86 @ DAL at 0.33 USD/h: +0.99 USD/h, +722.70 USD/month"),
+        "{report}"
+    );
     assert!(
         report.contains("(cold/0)") && report.contains("out of stock in its site"),
         "{report}"
@@ -736,4 +741,39 @@ async fn the_spend_cap_is_set_and_named_where_it_holds(pool: sqlx::PgPool) {
     assert!(ok, "{err}");
     let (_, out, _) = cli(&url, &["status"]).await;
     assert!(!out.contains("spend cap"), "{out}");
+
+    // A change says what it adds to the bill, as the last pass priced it.
+    let (ok, out, err) = cli(
+        &url,
+        &["pools", "set", "web", "count=5", "--reason", "grow"],
+    )
+    .await;
+    assert!(ok, "{err}");
+    assert!(
+        out.contains(
+            "cost: +5 × c2-small-x86 @ DAL at 0.33 USD/h: +1.65 USD/h, +1204.50 USD/month"
+        ),
+        "{out}"
+    );
+    let dir = std::env::temp_dir().join(format!("shepherd-cost-{}", Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("pools.txt");
+    std::fs::write(
+        &file,
+        format!("name=web,plan=c2-small-x86,site=DAL,count=2,os={OS}\n"),
+    )
+    .unwrap();
+    let (ok, out, err) = cli(
+        &url,
+        &["pools", "apply", file.to_str().unwrap(), "--dry-run"],
+    )
+    .await;
+    assert!(ok, "{err}");
+    assert!(
+        out.contains(
+            "would create 2: +2 × c2-small-x86 @ DAL at 0.33 USD/h: +0.66 USD/h, +481.80 USD/month"
+        ),
+        "{out}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
 }

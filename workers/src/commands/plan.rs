@@ -204,6 +204,33 @@ pub fn render_plan(
             None => out.push_str(&format!("  {r}  -> {}\n", config.hostname(*r))),
         }
     }
+    // What the pass would add to or take off the bill, per pool, at the
+    // prices read with the stock: creations by their places' pools,
+    // deletions by theirs.
+    for report in &plan.pools {
+        let created = plan
+            .would_create
+            .iter()
+            .filter_map(|r| plan.labels.get(r))
+            .filter(|label| label.split_once('/').is_some_and(|(p, _)| p == report.name))
+            .count() as i64;
+        let deleted = plan
+            .would_delete
+            .iter()
+            .filter(|d| d.pool == report.name)
+            .count() as i64;
+        let delta = created - deleted;
+        if delta == 0 {
+            continue;
+        }
+        let change = shepherd::fleet::cost::change_words(
+            &report.plan,
+            &report.site,
+            delta,
+            report.price.as_ref(),
+        );
+        out.push_str(&format!("cost of pool {}: {change}\n", report.name));
+    }
     let header = if words.unit == "place" {
         "SKIPPED PLACE"
     } else {

@@ -119,6 +119,29 @@ async fn occupancy(
         .map_err(explain)
 }
 
+/// One server's price by plan and site, as the last pass read it.
+type Prices = BTreeMap<(String, String), shepherd::provider::Price>;
+
+async fn prices(pool: &sqlx::PgPool) -> anyhow::Result<Prices> {
+    let mut conn = pool.acquire().await?;
+    Ok(shepherd::jobs::spend::last_survey(&mut conn)
+        .await
+        .map_err(explain)?
+        .into_iter()
+        .filter_map(|r| r.price.map(|p| ((r.plan, r.site.to_uppercase()), p)))
+        .collect())
+}
+
+/// What a change of `delta` servers of `plan` at `site` does to the bill.
+fn cost_change(prices: &Prices, plan: &str, site: &str, delta: i64) -> String {
+    if delta == 0 {
+        return String::new();
+    }
+    let site = site.to_uppercase();
+    let price = prices.get(&(plan.to_string(), site.clone()));
+    shepherd::fleet::cost::change_words(plan, &site, delta, price)
+}
+
 async fn read_rows(pool: &sqlx::PgPool) -> anyhow::Result<Vec<PoolRow>> {
     let mut conn = pool.acquire().await?;
     shepherd::pools::read(&mut conn).await.map_err(explain)
@@ -233,10 +256,24 @@ async fn set(args: SetArgs) -> anyhow::Result<()> {
     tx.commit().await?;
     match done {
         Change::Unchanged => println!("pool {} is as asked already (nothing recorded)", args.name),
-        done => println!(
-            "pool {} {done}: {} of {} in {} ({}), for every worker",
-            args.name, spec.count, spec.plan, spec.site, spec.operating_system
-        ),
+        done => {
+            println!(
+                "pool {} {done}: {} of {} in {} ({}), for every worker",
+                args.name, spec.count, spec.plan, spec.site, spec.operating_system
+            );
+            // What it adds or saves, against what stands now.
+            let standing = occupancy(&pool, &read_rows(&pool).await?).await?;
+            let have = standing.get(&args.name).map_or(0, Occupancy::billed);
+            let change = cost_change(
+                &prices(&pool).await?,
+                &spec.plan,
+                &spec.site,
+                i64::from(spec.count) - i64::from(have),
+            );
+            if !change.is_empty() {
+                println!("cost: {change}");
+            }
+        }
     }
     Ok(())
 }
@@ -328,8 +365,9 @@ async fn apply(args: ApplyArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let standing = |name: &str| occupied.get(name).cloned().unwrap_or_default();
+    let prices = prices(&pool).await?;
     for step in &steps {
-        println!("{}", describe(step, &standing));
+        println!("{}", describe(step, &standing, &rows, &prices));
     }
     if args.dry_run {
         println!("(a dry run: nothing was changed)");
@@ -362,15 +400,29 @@ async fn apply(args: ApplyArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn describe(step: &Step, standing: &dyn Fn(&str) -> Occupancy) -> String {
+fn describe(
+    step: &Step,
+    standing: &dyn Fn(&str) -> Occupancy,
+    rows: &[PoolRow],
+    prices: &Prices,
+) -> String {
     let effect = |name: &str, count: u32| {
         let o = standing(name);
         let have = o.machines + o.creating;
+        let (plan, site) = match step {
+            Step::Declare(p) | Step::Change { to: p, .. } => (p.plan.clone(), p.site.clone()),
+            Step::Remove(_) => rows
+                .iter()
+                .find(|r| r.name == name)
+                .map(|r| (r.plan.clone(), r.site.clone()))
+                .unwrap_or_default(),
+        };
+        let cost = cost_change(prices, &plan, &site, i64::from(count) - i64::from(have));
         if have < count {
-            format!("would create {}", count - have)
+            format!("would create {}: {cost}", count - have)
         } else if have > count {
             format!(
-                "would delete {} (failed first, then not ready, then newest; protected never)",
+                "would delete {} (failed first, then not ready, then newest; protected never): {cost}",
                 have - count
             )
         } else {

@@ -365,11 +365,12 @@ pub(crate) fn fleet_cost_line(seen: &fleet::PoolsSeen) -> String {
 /// (`shepherd plan` shows the sinbin's hold in its skipped places instead.)
 pub(crate) fn render_pools(pools: &[fleet::PoolState], with_hold: bool) -> String {
     let mut headers = vec![
-        "POOL", "PLAN", "SITE", "MACHINES", "PLACES", "FAILED", "STOCK", "COST/H",
+        "POOL", "PLAN", "SITE", "MACHINES", "PLACES", "FAILED", "STOCK",
     ];
     if with_hold {
         headers.push("HELD BACK");
     }
+    headers.push("COST/H");
     let mut t = Table::new(&headers);
     for p in pools {
         let r = &p.report;
@@ -400,16 +401,6 @@ pub(crate) fn render_pools(pools: &[fleet::PoolState], with_hold: bool) -> Strin
                 Some(s) if !s.in_stock => "none".into(),
                 Some(s) => s.count.map_or_else(|| "in stock".into(), |n| n.to_string()),
             },
-            match shepherd::fleet::cost::pool_cost(r) {
-                Some(c) if c.wasted_per_hour > 0.0 => format!(
-                    "{} ({} wasted)",
-                    money(c.per_hour, &c.currency),
-                    money(c.wasted_per_hour, &c.currency)
-                ),
-                Some(c) => money(c.per_hour, &c.currency),
-                None if r.stock.is_none() => "not read".into(),
-                None => "no price given".into(),
-            },
         ];
         if with_hold {
             row.push(
@@ -418,6 +409,16 @@ pub(crate) fn render_pools(pools: &[fleet::PoolState], with_hold: bool) -> Strin
                     .unwrap_or_else(|| "no".into()),
             );
         }
+        row.push(match shepherd::fleet::cost::pool_cost(r) {
+            Some(c) if c.wasted_per_hour > 0.0 => format!(
+                "{} ({} wasted)",
+                money(c.per_hour, &c.currency),
+                money(c.wasted_per_hour, &c.currency)
+            ),
+            Some(c) => money(c.per_hour, &c.currency),
+            None if r.stock.is_none() => "not read".into(),
+            None => "no price given".into(),
+        });
         t.row(row);
     }
     t.render()
