@@ -3,6 +3,7 @@
 //! the status page and the metrics.
 
 pub mod cost;
+pub mod ledger;
 mod liveness;
 pub use liveness::{Liveness, LivenessState, ProcessRecord, ProcessRow, record_process};
 

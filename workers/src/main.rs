@@ -3,7 +3,7 @@
 //! a one-line message and a non-zero exit.
 
 use shepherd_workers::commands::{
-    console, database, demo, enqueue, fake_latitude, fake_metal, inspect, operate, pools,
+    console, cost, database, demo, enqueue, fake_latitude, fake_metal, inspect, operate, pools,
     scheduler, worker,
 };
 use shepherd_workers::{logging, settings};
@@ -75,6 +75,8 @@ enum Command {
     /// The cluster's pools (Latitude.sh): list, set, remove, apply a file, plan
     #[command(subcommand)]
     Pools(pools::PoolsCommand),
+    /// Machine-hours and cost per pool and day, from the event log
+    Cost(cost::CostArgs),
     /// The console's sessions: list them, or end them all
     #[command(subcommand)]
     Console(console::ConsoleCommand),
@@ -143,6 +145,7 @@ fn main() -> ExitCode {
             Command::Enqueue(command) => enqueue::enqueue(command).await,
             Command::Status(args) => operate::status(args).await,
             Command::Console(command) => console::console(command).await,
+            Command::Cost(args) => cost::cost(args).await,
             Command::Plan(args) => operate::plan(*args).await,
             Command::History(of) => operate::history(of).await,
             Command::Job(command) => operate::job(command).await,

@@ -777,3 +777,171 @@ async fn the_spend_cap_is_set_and_named_where_it_holds(pool: sqlx::PgPool) {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `shepherd cost` against a ledger counted by hand: a pool filled with
+/// three machines, shrunk by one, one replaced the next day, its price
+/// changed at noon of the second day, every event at a known time.
+#[sqlx::test(migrations = false)]
+async fn the_ledger_matches_the_hours_counted_by_hand(pool: sqlx::PgPool) {
+    shepherd::db::migrate(&pool).await.unwrap();
+    sqlx::query(
+        "select shepherd.set_pool('web', 'c2-small-x86', 'DAL', 3, $1, '{}', 'launch', 'cli:test')",
+    )
+    .bind(OS)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let survey = |hour: f64| {
+        serde_json::json!({"run": Uuid::new_v4(), "pools": [{
+            "name": "web", "plan": "c2-small-x86", "site": "DAL", "scope": "c2-small-x86@DAL",
+            "count": 3, "taken": 3, "failed": 0, "machines": 3, "dormant": 0,
+            "price": {"currency": "USD", "hour": hour}}]})
+    };
+    let created = |device: &str, hostname: &str| {
+        serde_json::json!({"reservation": Uuid::new_v4(), "device": device, "hostname": hostname,
+                           "witness": "shepherd-witness:x", "recovered": false})
+    };
+    let deleted = |device: &str| {
+        serde_json::json!({"machine_id": Uuid::new_v4(), "provider": "latitude",
+                           "provider_id": device, "reservation": null,
+                           "request": Uuid::new_v4(), "already_gone": false})
+    };
+    let events = [
+        (
+            "reconcile/a",
+            "pools_surveyed",
+            survey(0.5),
+            "2026-11-01 00:00",
+        ),
+        (
+            "device/sv_1",
+            "device_created",
+            created("sv_1", "shepherd-web-0-aaaa"),
+            "2026-11-01 01:00",
+        ),
+        (
+            "device/sv_2",
+            "device_created",
+            created("sv_2", "shepherd-web-1-bbbb"),
+            "2026-11-01 01:00",
+        ),
+        (
+            "device/sv_3",
+            "device_created",
+            created("sv_3", "shepherd-web-2-cccc"),
+            "2026-11-01 02:00",
+        ),
+        (
+            "device/sv_3",
+            "machine_deleted",
+            deleted("sv_3"),
+            "2026-11-01 06:00",
+        ),
+        // The same price again is no change.
+        (
+            "reconcile/b",
+            "pools_surveyed",
+            survey(0.5),
+            "2026-11-01 12:00",
+        ),
+        (
+            "device/sv_2",
+            "machine_deleted",
+            deleted("sv_2"),
+            "2026-11-02 03:00",
+        ),
+        (
+            "device/sv_4",
+            "device_created",
+            created("sv_4", "shepherd-web-1-dddd"),
+            "2026-11-02 03:30",
+        ),
+        (
+            "reconcile/c",
+            "pools_surveyed",
+            survey(0.6),
+            "2026-11-02 12:00",
+        ),
+    ];
+    for (stream, kind, body, at) in events {
+        sqlx::query(
+            "insert into shepherd.events (event_id, stream, event_type, schema_version, body, recorded_at)
+             values (gen_random_uuid(), $1, $2, 1, $3, ($4 || ':00+00')::timestamptz)",
+        )
+        .bind(stream)
+        .bind(kind)
+        .bind(body)
+        .bind(at)
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    // The view: each machine's span, in its pool.
+    let spans: Vec<(String, Option<String>, f64)> = sqlx::query_as(
+        "select provider_id, pool, hours::float8 from shepherd.machine_hours
+         where ended_at is not null order by provider_id",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        spans,
+        [
+            ("sv_2".to_string(), Some("web".to_string()), 26.0),
+            ("sv_3".to_string(), Some("web".to_string()), 4.0)
+        ]
+    );
+    // By hand, to 2026-11-03 00:00:
+    //   day 1: sv_1 23 h, sv_2 23 h, sv_3 4 h = 50 h at 0.50 = 25.00
+    //   day 2: before noon at 0.50: sv_1 12 h, sv_2 3 h, sv_4 8.5 h = 23.5 h = 11.75
+    //          after noon at 0.60:  sv_1 12 h, sv_4 12 h = 24 h = 14.40
+    //          47.5 h, 26.15
+    let url = common::database_url(&pool).await;
+    let (ok, out, err) = cli(
+        &url,
+        &["cost", "--since", "2d", "--until", "2026-11-03T00:00:00Z"],
+    )
+    .await;
+    assert!(ok, "{err}");
+    let lines: Vec<Vec<&str>> = out
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert!(
+        lines.contains(&vec!["2026-11-01", "web", "50.00", "25.00", "USD", "0.00"]),
+        "{out}"
+    );
+    assert!(
+        lines.contains(&vec!["2026-11-02", "web", "47.50", "26.15", "USD", "0.00"]),
+        "{out}"
+    );
+    assert!(
+        out.contains("total: 97.50 machine-hours, 51.15 USD"),
+        "{out}"
+    );
+    // One pool only, and as JSON.
+    let (ok, out, err) = cli(
+        &url,
+        &[
+            "cost",
+            "--since",
+            "1d",
+            "--until",
+            "2026-11-03T00:00:00Z",
+            "--pool",
+            "web",
+            "--json",
+        ],
+    )
+    .await;
+    assert!(ok, "{err}");
+    let json: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let days = json["days"].as_array().unwrap();
+    assert_eq!(days.len(), 1, "{json}");
+    assert!(
+        (days[0]["cost"].as_f64().unwrap() - 26.15).abs() < 1e-9,
+        "{json}"
+    );
+    let (ok, _, err) = cli(&url, &["cost", "--since", "soon"]).await;
+    assert!(!ok && err.contains("soon"), "{err}");
+}

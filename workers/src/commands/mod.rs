@@ -1,6 +1,7 @@
 //! One-shot commands: each runs, prints, and exits with a status.
 
 pub mod console;
+pub mod cost;
 pub mod database;
 pub mod demo;
 pub mod enqueue;
