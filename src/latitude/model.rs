@@ -74,6 +74,9 @@ pub struct Slugged {
     pub slug: Option<String>,
     #[serde(default)]
     pub name: Option<String>,
+    /// A server's plan only: `hourly`, `monthly` or `yearly`.
+    #[serde(default)]
+    pub billing: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]

@@ -174,6 +174,12 @@ impl LatitudeProvider {
             condition: s.condition(),
             created_at: s.created_at(),
             status: s.attributes.status.clone(),
+            billing: s
+                .attributes
+                .plan
+                .as_ref()
+                .and_then(|p| p.billing.as_deref())
+                .and_then(crate::provider::Billing::from_word),
         }
     }
 }

@@ -53,6 +53,8 @@ pub fn machine(d: &Device) -> Machine {
             .state
             .and_then(|s| serde_json::to_value(s).ok())
             .and_then(|v| v.as_str().map(str::to_string)),
+        // A hardware reservation is paid for when reserved.
+        billing: None,
     }
 }
 

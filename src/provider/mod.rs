@@ -42,6 +42,52 @@ pub struct Machine {
     /// The provider's own word for its state (Metal `active`, Latitude
     /// `on`, `deploying`, `failed_deployment`, ...), shown beside it.
     pub status: Option<String>,
+    /// How the provider bills it, where it says (Latitude's
+    /// `plan.billing`); `None`: unknown, or a Metal reservation, paid for.
+    pub billing: Option<Billing>,
+}
+
+/// How a server is billed. Latitude.sh: `hourly`, `monthly`, `yearly`;
+/// billing only moves up (hourly → monthly → yearly).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Billing {
+    Hourly,
+    Monthly,
+    Yearly,
+}
+
+impl Billing {
+    /// The provider's word, any case; `None` for one never seen.
+    pub fn from_word(word: &str) -> Option<Billing> {
+        match word.to_ascii_lowercase().as_str() {
+            "hourly" => Some(Billing::Hourly),
+            "monthly" => Some(Billing::Monthly),
+            "yearly" | "annual" | "annually" => Some(Billing::Yearly),
+            _ => None,
+        }
+    }
+
+    /// When a term paid in advance that began at `start` ends, if the
+    /// billing is by term; hourly is not.
+    pub fn term_end(
+        self,
+        start: chrono::DateTime<chrono::Utc>,
+    ) -> Option<chrono::DateTime<chrono::Utc>> {
+        match self {
+            Billing::Hourly => None,
+            Billing::Monthly => start.checked_add_months(chrono::Months::new(1)),
+            Billing::Yearly => start.checked_add_months(chrono::Months::new(12)),
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Billing::Hourly => "hourly",
+            Billing::Monthly => "monthly",
+            Billing::Yearly => "yearly",
+        }
+    }
 }
 
 /// What a provider's word for a machine's state means for shepherd, over

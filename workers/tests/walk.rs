@@ -280,7 +280,7 @@ async fn the_readmes_latitude_path_works_as_written(pool: PgPool) {
     );
     let history = w.ok(&["history", "device", &ids[0]]);
     assert!(history.contains("device_created"), "{history}");
-    // Shrink: the two newest go.
+    // Shrink: two go (nearest their next billed hour first).
     let changed = w.ok(&[
         "pools",
         "set",

@@ -491,6 +491,7 @@ async fn create_server(
 struct UpdateAttributes {
     hostname: Option<String>,
     tags: Option<Vec<String>>,
+    billing: Option<String>,
 }
 
 async fn update_server(
@@ -521,6 +522,25 @@ async fn update_server(
             );
         }
         world.servers[index].tags = tags.clone();
+    }
+    if let Some(billing) = a.billing {
+        // Billing only moves up: hourly, then monthly, then yearly.
+        let rank = |b: &str| ["hourly", "monthly", "yearly"].iter().position(|x| *x == b);
+        match (rank(&world.servers[index].billing), rank(&billing)) {
+            (Some(from), Some(to)) if to >= from => world.servers[index].billing = billing,
+            _ => {
+                return error_with(
+                    422,
+                    "VALIDATION_ERROR",
+                    "Validation Error",
+                    &format!(
+                        "billing {billing:?}: hourly, monthly or yearly, and it can only go up"
+                    ),
+                    Some("/data/attributes/billing"),
+                    json!({}),
+                );
+            }
+        }
     }
     if let Some(hostname) = a.hostname {
         world.servers[index].hostname = hostname;

@@ -36,6 +36,8 @@ pub(super) struct Server {
     pub hidden_until: Option<Instant>,
     /// Listings show it from then on (they lag behind creates).
     pub listed_from: Instant,
+    /// `hourly`, `monthly` or `yearly` (`plan.billing`); only moves up.
+    pub billing: String,
 }
 
 /// A deleted server the listings still show, as it last was, until
@@ -307,6 +309,7 @@ impl World {
             by_other,
             hidden_until: None,
             listed_from: now + lag,
+            billing: "hourly".into(),
         });
         self.servers.len() - 1
     }
@@ -498,7 +501,7 @@ impl World {
             "id": format!("plan_{}", s.plan.replace('-', "")),
             "name": s.plan.replace('-', "."),
             "slug": s.plan,
-            "billing": "hourly",
+            "billing": s.billing,
         });
         let specs = json!({
             "cpu": "Intel Xeon E-2186G CPU @ 3.80GHz (6 cores)",

@@ -56,6 +56,10 @@ pub struct Member {
     /// Managed by an operator's adoption, not proven ours by a witness:
     /// among equals, what shepherd made is kept over what it adopted.
     pub adopted: bool,
+    /// How the provider bills it: a monthly or yearly one is kept as
+    /// surplus until its term ends, an hourly one nearest its next billed
+    /// hour goes first among equals.
+    pub billing: Option<crate::provider::Billing>,
 }
 
 /// A pool as declared, and its members.
@@ -125,6 +129,8 @@ pub enum Guard {
     Protected,
     Unhealthy,
     Budget,
+    /// Paid for to the end of a monthly or yearly term.
+    Prepaid,
 }
 
 impl Guard {
@@ -134,6 +140,7 @@ impl Guard {
             Guard::Protected => "protected",
             Guard::Unhealthy => "unhealthy",
             Guard::Budget => "budget",
+            Guard::Prepaid => "prepaid",
         }
     }
 }
@@ -169,10 +176,30 @@ pub struct Plan {
 pub fn plan(targets: &[Target], used: &HashMap<String, u32>, policy: &Policy) -> Plan {
     let mut out = Plan::default();
     for t in targets {
-        let surplus = surplus::candidates(t);
+        let surplus = surplus::candidates(t, policy.now);
         let repair = repair::candidates(t, &surplus.chosen, policy);
         let mut wanted: Vec<Decision> = surplus.chosen;
         let mut held: Vec<Held> = vec![];
+        if !surplus.prepaid.is_empty() {
+            let until = match surplus.prepaid.iter().max().expect("not empty") {
+                _ if surplus.prepaid.contains(&None) => "a date the provider did not give".into(),
+                Some(until) => until.format("%Y-%m-%d %H:%M UTC").to_string(),
+                None => "a date the provider did not give".into(),
+            };
+            held.push(Held {
+                pool: t.pool.clone(),
+                guard: Guard::Prepaid,
+                count: surplus.prepaid.len() as u32,
+                message: format!(
+                    "{} machines beyond the pool's count of {} are paid for to the end of their \
+                     monthly or yearly terms (the last on {}): they stay until then; to delete one \
+                     sooner, deprovision it (shepherd machines deprovision)",
+                    surplus.prepaid.len(),
+                    t.count,
+                    until
+                ),
+            });
+        }
         if surplus.protected > 0 {
             held.push(Held {
                 pool: t.pool.clone(),

@@ -1,24 +1,64 @@
 //! Surplus: a pool with more machines than its count (lowered, removed, or
 //! two machines on one place) sheds the extra ones, chosen by the policy:
-//! failed first, then not yet ready, then the newest; a protected machine
-//! never.
+//! failed first, then not yet ready; among equals, the hourly machine
+//! nearest its next billed hour (the least paid time thrown away), then
+//! the newest. A protected machine never goes, and a healthy one paid for
+//! to the end of a monthly or yearly term stays until the term ends.
 
 use std::cmp::Reverse;
 
-use super::{Cause, Decision, Target};
+use chrono::{DateTime, Utc};
+
+use super::{Cause, Decision, Member, Target};
+use crate::provider::{Billing, Condition};
 
 pub struct Surplus {
     pub chosen: Vec<Decision>,
     /// Protected machines the policy would have taken.
     pub protected: u32,
+    /// When the terms of the prepaid machines it would have taken end
+    /// (`None`: not known).
+    pub prepaid: Vec<Option<DateTime<Utc>>>,
 }
 
-pub fn candidates(t: &Target) -> Surplus {
+/// Seconds until an hourly machine's next billed hour begins (a machine
+/// of unknown age or billing: an hour, the most).
+fn to_next_billed_hour(m: &Member, now: DateTime<Utc>) -> i64 {
+    match (m.billing, m.created_at) {
+        (Some(Billing::Hourly), Some(created)) if created <= now => {
+            3600 - (now - created).num_seconds().rem_euclid(3600)
+        }
+        _ => 3600,
+    }
+}
+
+/// Whether a healthy machine is paid for to the end of a term, and when
+/// that term ends (`Some(None)`: a term of unknown start, kept all the
+/// same: no positive evidence that it is over). A failed machine is not
+/// kept for it.
+fn prepaid_until(m: &Member, now: DateTime<Utc>) -> Option<Option<DateTime<Utc>>> {
+    if m.health == Condition::Failed {
+        return None;
+    }
+    let billing = m.billing?;
+    let Some(created) = m.created_at else {
+        return (billing != Billing::Hourly).then_some(None);
+    };
+    let mut end = billing.term_end(created)?;
+    // Terms renew: the one running now.
+    while end <= now {
+        end = billing.term_end(end)?;
+    }
+    Some(Some(end))
+}
+
+pub fn candidates(t: &Target, now: DateTime<Utc>) -> Surplus {
     let mut active: Vec<_> = t.members.iter().filter(|m| !m.leaving).collect();
     let over = active.len().saturating_sub(t.count as usize);
     let mut out = Surplus {
         chosen: vec![],
         protected: 0,
+        prepaid: vec![],
     };
     if over == 0 {
         return out;
@@ -26,8 +66,10 @@ pub fn candidates(t: &Target) -> Surplus {
     active.sort_by_key(|m| {
         (
             m.protected,
+            prepaid_until(m, now).is_some(),
             m.health,
             !m.adopted,
+            to_next_billed_hour(m, now),
             Reverse(m.created_at),
             Reverse(m.index),
         )
@@ -40,6 +82,10 @@ pub fn candidates(t: &Target) -> Surplus {
     for m in active.into_iter().take(over) {
         if m.protected {
             out.protected += 1;
+            continue;
+        }
+        if let Some(until) = prepaid_until(m, now) {
+            out.prepaid.push(until);
             continue;
         }
         out.chosen.push(Decision {

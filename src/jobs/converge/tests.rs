@@ -19,6 +19,7 @@ fn member(index: u32, health: Health, age_minutes: i64) -> Member {
         protected: false,
         leaving: false,
         adopted: false,
+        billing: None,
     }
 }
 
@@ -256,5 +257,84 @@ fn among_equals_what_was_adopted_goes_before_what_shepherd_made() {
     // newest would otherwise.
     members[0].adopted = true;
     let p = plan(&[target(1, members)], &HashMap::new(), &policy());
+    assert_eq!(chosen(&p), vec![(0, Cause::Surplus)]);
+}
+
+/// Among equals, the hourly machine nearest its next billed hour goes
+/// first: the least paid time is thrown away.
+#[test]
+fn among_equals_the_hourly_machine_nearest_its_next_billed_hour_goes() {
+    let now = policy().now;
+    let hourly = |index: u32, minutes_into_hour: i64, hours: i64| Member {
+        billing: Some(crate::provider::Billing::Hourly),
+        created_at: Some(now - TimeDelta::hours(hours) - TimeDelta::minutes(minutes_into_hour)),
+        ..member(index, Health::Ready, 0)
+    };
+    // 10, 55 and 30 minutes into their current billed hours: the one at 55
+    // (5 minutes left) goes, though it is neither the newest nor the oldest.
+    let p = plan(
+        &[target(
+            2,
+            vec![hourly(0, 10, 5), hourly(1, 55, 2), hourly(2, 30, 0)],
+        )],
+        &HashMap::new(),
+        &Policy { now, ..policy() },
+    );
+    assert_eq!(chosen(&p), vec![(1, Cause::Surplus)]);
+    // A failed machine still goes before any healthy one.
+    let mut failed = hourly(3, 0, 1);
+    failed.health = Health::Failed;
+    let p = plan(
+        &[target(2, vec![hourly(0, 10, 5), hourly(1, 55, 2), failed])],
+        &HashMap::new(),
+        &Policy { now, ..policy() },
+    );
+    assert_eq!(chosen(&p), vec![(3, Cause::Surplus)]);
+}
+
+/// A healthy machine paid for to the end of a monthly or yearly term is
+/// not surplus before its term ends: held back, with the date, and an
+/// hourly one goes instead; a failed prepaid one is not kept for it.
+#[test]
+fn a_prepaid_machine_stays_to_the_end_of_its_term() {
+    let now = policy().now;
+    let billed = |index: u32, billing, days: i64| Member {
+        billing: Some(billing),
+        created_at: Some(now - TimeDelta::days(days)),
+        ..member(index, Health::Ready, 0)
+    };
+    use crate::provider::Billing::{Hourly, Monthly, Yearly};
+    // Count 1 of three: the monthly (10 days into its month) and the yearly
+    // stay; the hourly goes; one more is wanted gone and held back.
+    let p = plan(
+        &[target(
+            1,
+            vec![
+                billed(0, Monthly, 10),
+                billed(1, Hourly, 1),
+                billed(2, Yearly, 40),
+            ],
+        )],
+        &HashMap::new(),
+        &Policy { now, ..policy() },
+    );
+    assert_eq!(chosen(&p), vec![(1, Cause::Surplus)]);
+    let held: Vec<_> = p
+        .held
+        .iter()
+        .filter(|h| h.guard == Guard::Prepaid)
+        .collect();
+    assert_eq!(held.len(), 1, "{p:?}");
+    assert_eq!(held[0].count, 1, "{held:?}");
+    assert!(held[0].message.contains("deprovision"), "{held:?}");
+    // Its month over (renewed 5 days ago), it is still paid for to the end
+    // of the next one; a failed one is let go.
+    let mut broken = billed(0, Monthly, 10);
+    broken.health = Health::Failed;
+    let p = plan(
+        &[target(1, vec![broken, billed(1, Monthly, 35)])],
+        &HashMap::new(),
+        &Policy { now, ..policy() },
+    );
     assert_eq!(chosen(&p), vec![(0, Cause::Surplus)]);
 }

@@ -492,6 +492,7 @@ pub fn targets(
             protected,
             leaving: fleet.leaving.contains(&machine_id),
             adopted: !ours.contains(&d.id),
+            billing: d.billing,
         });
     }
     out.retain(|t| !t.members.is_empty() || !t.removed);

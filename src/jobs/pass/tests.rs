@@ -10,6 +10,7 @@ fn device(id: Uuid, witness: Option<&str>) -> Machine {
         condition: crate::provider::Condition::Ready,
         created_at: None,
         status: None,
+        billing: None,
     }
 }
 
