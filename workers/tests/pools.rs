@@ -721,6 +721,16 @@ async fn the_spend_cap_is_set_and_named_where_it_holds(pool: sqlx::PgPool) {
     )
     .await;
     assert!(ok, "{err}");
+    let (_, listed, _) = cli(&url, &["pools", "list"]).await;
+    let row: Vec<&str> = listed
+        .lines()
+        .find(|l| l.starts_with("web "))
+        .unwrap_or_else(|| panic!("{listed}"))
+        .split_whitespace()
+        .collect();
+    // No machine stands yet: it costs nothing, in the currency it is
+    // priced in.
+    assert_eq!(row[8..10], ["0.00", "USD"], "{listed}");
     for args in [&["status"][..], &["pools", "list"][..]] {
         let (ok, out, err) = cli(&url, args).await;
         assert!(ok, "{args:?}: {err}");

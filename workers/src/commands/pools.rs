@@ -175,10 +175,28 @@ async fn list(args: ListArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let mut t = Table::new(&[
-        "POOL", "PLAN", "SITE", "OS", "COUNT", "MACHINES", "CREATING", "LEAVING", "CHANGED",
+        "POOL", "PLAN", "SITE", "OS", "COUNT", "MACHINES", "CREATING", "LEAVING", "COST/H",
+        "CHANGED",
     ]);
+    let prices = prices(&pool).await?;
     for r in rows {
         let o = &occupied[&r.name];
+        // Machines standing and creations in flight are billed; what is
+        // leaving is priced apart (paid for, on its way out).
+        let cost = match prices.get(&(r.plan.clone(), r.site.to_uppercase())) {
+            Some(p) => {
+                let mut cell =
+                    shepherd::fleet::cost::money(f64::from(o.billed()) * p.hour, &p.currency);
+                if o.leaving > 0 {
+                    cell.push_str(&format!(
+                        " ({} leaving)",
+                        shepherd::fleet::cost::money(f64::from(o.leaving) * p.hour, &p.currency)
+                    ));
+                }
+                cell
+            }
+            None => "no price".into(),
+        };
         t.row(vec![
             if r.removed {
                 format!("{} (removed)", r.name)
@@ -192,6 +210,7 @@ async fn list(args: ListArgs) -> anyhow::Result<()> {
             o.machines.to_string(),
             o.creating.to_string(),
             o.leaving.to_string(),
+            cost,
             format!(
                 "{} by {}: {}",
                 r.updated_at.format("%Y-%m-%d %H:%M:%S"),
