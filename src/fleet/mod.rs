@@ -581,6 +581,11 @@ pub async fn plan(
                 max_unhealthy_percent: l.max_unhealthy_percent,
                 ready_deadline: l.ready_deadline,
                 now: chrono::Utc::now(),
+                prices: plan
+                    .pools
+                    .iter()
+                    .filter_map(|r| r.price.clone().map(|p| (r.name.clone(), p)))
+                    .collect(),
             },
         );
         plan.would_delete = decided

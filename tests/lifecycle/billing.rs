@@ -52,9 +52,19 @@ async fn a_prepaid_machine_is_kept_to_the_end_of_its_term(db: PgPool) {
     assert_eq!(prepaid["held"], 1, "{prepaid}");
     let said = prepaid["message"].as_str().unwrap();
     assert!(
-        said.contains("monthly or yearly terms") && said.contains("deprovision"),
+        said.contains("paid for to the end of monthly or yearly terms")
+            && said.contains("deprovision"),
         "{said}"
     );
+    // The yearly one is held (the monthly one is the one the count keeps),
+    // valued at the fake's 1980 USD a year: nearly the whole year remains.
+    let worth: f64 = said
+        .split("worth about ")
+        .nth(1)
+        .and_then(|w| w.split(' ').next())
+        .and_then(|w| w.parse().ok())
+        .unwrap_or_else(|| panic!("{said}"));
+    assert!((1975.0..=1980.0).contains(&worth), "{said}");
     // The next pass keeps it still.
     round(&w).await;
     assert!(w.fake.servers().iter().any(|s| s.id == monthly));

@@ -89,6 +89,9 @@ pub struct Policy {
     /// creation was recorded, and was never ready, is replaced.
     pub ready_deadline: Duration,
     pub now: DateTime<Utc>,
+    /// Each pool's price as the last pass read it, to say what a prepaid
+    /// machine kept still holds of its term.
+    pub prices: std::collections::BTreeMap<String, crate::provider::Price>,
 }
 
 /// Why a machine is to be deleted.
@@ -181,24 +184,7 @@ pub fn plan(targets: &[Target], used: &HashMap<String, u32>, policy: &Policy) ->
         let mut wanted: Vec<Decision> = surplus.chosen;
         let mut held: Vec<Held> = vec![];
         if !surplus.prepaid.is_empty() {
-            let until = match surplus.prepaid.iter().max().expect("not empty") {
-                _ if surplus.prepaid.contains(&None) => "a date the provider did not give".into(),
-                Some(until) => until.format("%Y-%m-%d %H:%M UTC").to_string(),
-                None => "a date the provider did not give".into(),
-            };
-            held.push(Held {
-                pool: t.pool.clone(),
-                guard: Guard::Prepaid,
-                count: surplus.prepaid.len() as u32,
-                message: format!(
-                    "{} machines beyond the pool's count of {} are paid for to the end of their \
-                     monthly or yearly terms (the last on {}): they stay until then; to delete one \
-                     sooner, deprovision it (shepherd machines deprovision)",
-                    surplus.prepaid.len(),
-                    t.count,
-                    until
-                ),
-            });
+            held.push(prepaid_held(t, &surplus.prepaid, policy));
         }
         if surplus.protected > 0 {
             held.push(Held {
@@ -232,6 +218,59 @@ pub fn plan(targets: &[Target], used: &HashMap<String, u32>, policy: &Policy) ->
         out.held.extend(held);
     }
     out
+}
+
+/// What keeping prepaid surplus says: how many, until when, and what
+/// their remaining terms are worth at the pool's price (an estimate:
+/// the term's price spread evenly over it).
+fn prepaid_held(t: &Target, prepaid: &[surplus::Prepaid], policy: &Policy) -> Held {
+    let unknown_end = prepaid.iter().any(|p| p.until.is_none());
+    let until = match prepaid.iter().filter_map(|p| p.until).max() {
+        Some(until) if !unknown_end => until.format("%Y-%m-%d %H:%M UTC").to_string(),
+        _ => "a date the provider did not give".into(),
+    };
+    let price = policy.prices.get(&t.pool);
+    let mut value = 0.0;
+    let mut valued = 0;
+    for p in prepaid {
+        let (Some(until), Some(price)) = (p.until, price) else {
+            continue;
+        };
+        let (term_price, months) = match p.billing {
+            crate::provider::Billing::Monthly => (price.month, 1),
+            crate::provider::Billing::Yearly => (price.year, 12),
+            crate::provider::Billing::Hourly => (None, 0),
+        };
+        let (Some(term_price), Some(start)) = (
+            term_price,
+            until.checked_sub_months(chrono::Months::new(months)),
+        ) else {
+            continue;
+        };
+        let whole = (until - start).num_seconds().max(1) as f64;
+        let left = (until - policy.now).num_seconds().max(0) as f64;
+        value += term_price * left / whole;
+        valued += 1;
+    }
+    let worth = match price {
+        Some(p) if valued == prepaid.len() => format!(
+            "; what remains of their terms is worth about {} (paid, not refunded)",
+            crate::fleet::cost::money(value, &p.currency)
+        ),
+        _ => String::new(),
+    };
+    Held {
+        pool: t.pool.clone(),
+        guard: Guard::Prepaid,
+        count: prepaid.len() as u32,
+        message: format!(
+            "{} machine(s) beyond the pool's count of {}, paid for to the end of monthly or \
+             yearly terms (the last ends {until}){worth}: kept until then; to delete one \
+             sooner, deprovision it (shepherd machines deprovision)",
+            prepaid.len(),
+            t.count,
+        ),
+    }
 }
 
 #[cfg(test)]

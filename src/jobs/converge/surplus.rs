@@ -16,9 +16,16 @@ pub struct Surplus {
     pub chosen: Vec<Decision>,
     /// Protected machines the policy would have taken.
     pub protected: u32,
-    /// When the terms of the prepaid machines it would have taken end
-    /// (`None`: not known).
-    pub prepaid: Vec<Option<DateTime<Utc>>>,
+    /// The prepaid machines it would have taken.
+    pub prepaid: Vec<Prepaid>,
+}
+
+/// A machine paid for to the end of a term, kept as surplus until then.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Prepaid {
+    pub billing: Billing,
+    /// When its term ends (`None`: not known).
+    pub until: Option<DateTime<Utc>>,
 }
 
 /// Seconds until an hourly machine's next billed hour begins (a machine
@@ -85,7 +92,10 @@ pub fn candidates(t: &Target, now: DateTime<Utc>) -> Surplus {
             continue;
         }
         if let Some(until) = prepaid_until(m, now) {
-            out.prepaid.push(until);
+            out.prepaid.push(Prepaid {
+                billing: m.billing.unwrap_or(Billing::Monthly),
+                until,
+            });
             continue;
         }
         out.chosen.push(Decision {

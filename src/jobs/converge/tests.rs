@@ -31,6 +31,7 @@ fn policy() -> Policy {
         max_unhealthy_percent: 40,
         ready_deadline: Duration::from_secs(1800),
         now: Utc::now(),
+        prices: Default::default(),
     }
 }
 
@@ -327,6 +328,33 @@ fn a_prepaid_machine_stays_to_the_end_of_its_term() {
     assert_eq!(held.len(), 1, "{p:?}");
     assert_eq!(held[0].count, 1, "{held:?}");
     assert!(held[0].message.contains("deprovision"), "{held:?}");
+    // With the pool's prices, what remains of the kept term is valued.
+    let mut priced = Policy { now, ..policy() };
+    priced.prices.insert(
+        "web".into(),
+        crate::provider::Price {
+            currency: "USD".into(),
+            hour: 0.33,
+            month: Some(300.0),
+            year: Some(3600.0),
+        },
+    );
+    let p = plan(
+        &[target(0, vec![billed(0, Monthly, 10)])],
+        &HashMap::new(),
+        &priced,
+    );
+    let held = &p.held[0];
+    assert_eq!(held.guard, Guard::Prepaid, "{p:?}");
+    // 10 days into a month of 28 to 31: about two thirds of 300 USD left.
+    let worth: f64 = held
+        .message
+        .split("worth about ")
+        .nth(1)
+        .and_then(|w| w.split(' ').next())
+        .and_then(|w| w.parse().ok())
+        .unwrap_or_else(|| panic!("{}", held.message));
+    assert!((190.0..=215.0).contains(&worth), "{}", held.message);
     // Its month over (renewed 5 days ago), it is still paid for to the end
     // of the next one; a failed one is let go.
     let mut broken = billed(0, Monthly, 10);

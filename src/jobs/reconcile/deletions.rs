@@ -48,6 +48,13 @@ pub(super) async fn converge(
     .bind(period)
     .fetch_all(&mut *conn)
     .await?;
+    // The prices the passes read, to value what a prepaid machine kept
+    // still holds of its term.
+    let prices = crate::jobs::spend::last_survey(&mut conn)
+        .await?
+        .into_iter()
+        .filter_map(|r| r.price.map(|p| (r.name, p)))
+        .collect();
     drop(conn);
     let used = used
         .into_iter()
@@ -63,6 +70,7 @@ pub(super) async fn converge(
             max_unhealthy_percent: l.max_unhealthy_percent,
             ready_deadline: l.ready_deadline,
             now: chrono::Utc::now(),
+            prices,
         },
     );
     let mut events: Vec<NewEvent> = vec![];
