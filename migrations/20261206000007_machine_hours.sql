@@ -2,14 +2,20 @@
 -- recorded it (its creation seen, or its adoption) to when it recorded it
 -- gone (deleted, lost or released), or still running. The pool is the one
 -- whose hostnames it carries. What `shepherd cost` folds into machine-hours
--- and cost per pool and day (docs/cost.md, docs/sql.md).
+-- and cost per pool and day (docs/cost.md, docs/sql.md). One span per
+-- device: a machine released and adopted again later counts from its first
+-- start to its first end.
 create view shepherd.machine_hours as
 with began as (
-    select stream, min(recorded_at) as started_at,
+    -- A creation is recorded on its unit's stream; the machine's own
+    -- stream is its device's.
+    select case when event_type = 'device_created' then 'device/' || (body->>'device')
+                else stream end as stream,
+           min(recorded_at) as started_at,
            min(body->>'hostname') as hostname
     from shepherd.events
     where event_type in ('device_created', 'adoption_requested', 'machine_assimilated')
-    group by stream
+    group by 1
 ), ended as (
     select stream, min(recorded_at) as ended_at
     from shepherd.events

@@ -225,6 +225,16 @@ pub async fn occupancy(
     prefix: &str,
     rows: &[PoolRow],
 ) -> Result<std::collections::BTreeMap<String, Occupancy>, sqlx::Error> {
+    Ok(standing(conn, prefix, rows).await?.0)
+}
+
+/// [`occupancy`], and how many machines of ours (managed, or made and not
+/// yet assimilated) no pool's hostnames name.
+pub async fn standing(
+    conn: &mut PgConnection,
+    prefix: &str,
+    rows: &[PoolRow],
+) -> Result<(std::collections::BTreeMap<String, Occupancy>, u32), sqlx::Error> {
     let pools: Vec<Pool> = rows.iter().map(PoolRow::pool).collect();
     let machines: Vec<(Option<String>, bool)> = sqlx::query_as(
         "select m.hostname, exists(select 1 from shepherd.pending_deletions d
@@ -243,16 +253,21 @@ pub async fn occupancy(
         .iter()
         .map(|r| (r.name.clone(), Occupancy::default()))
         .collect();
+    let mut strays = 0;
     for (hostname, leaving) in machines {
         let Some(named) = hostname
             .as_deref()
             .and_then(|h| crate::latitude::pools::parse(prefix, &pools, h))
         else {
+            strays += 1;
             continue;
         };
-        if let Some(o) = out.get_mut(&named.pool.name) {
-            o.machines += 1;
-            o.leaving += u32::from(leaving);
+        match out.get_mut(&named.pool.name) {
+            Some(o) => {
+                o.machines += 1;
+                o.leaving += u32::from(leaving);
+            }
+            None => strays += 1,
         }
     }
     for place in places.into_iter().flatten() {
@@ -263,5 +278,5 @@ pub async fn occupancy(
             o.creating += 1;
         }
     }
-    Ok(out)
+    Ok((out, strays))
 }

@@ -52,14 +52,16 @@ pub async fn ledger(
     .fetch_all(db)
     .await?;
     // Each pool's price changes, oldest first (a survey that repeats the
-    // last price is no change).
+    // last price is no change, and one without prices, a pass that did not
+    // read the stock, changes none).
     let changes: Vec<(DateTime<Utc>, String, Option<serde_json::Value>)> = sqlx::query_as(
         "select recorded_at, name, price from (
              select e.recorded_at, e.position, p->>'name' as name, p->'price' as price,
                     lag(p->'price') over (partition by p->>'name' order by e.position) as before,
                     row_number() over (partition by p->>'name' order by e.position) as n
              from shepherd.events e, jsonb_array_elements(e.body->'pools') p
-             where e.event_type = 'pools_surveyed' and e.recorded_at < $1) x
+             where e.event_type = 'pools_surveyed' and e.recorded_at < $1
+               and jsonb_typeof(p->'price') = 'object') x
          where n = 1 or price is distinct from before
          order by position",
     )

@@ -217,7 +217,7 @@ pub async fn overview(pool: &PgPool) -> Result<Overview, sqlx::Error> {
     )
     .fetch_optional(&mut *tx)
     .await?;
-    let pools = surveyed.and_then(|(version, body, surveyed_at)| {
+    let mut pools = surveyed.and_then(|(version, body, surveyed_at)| {
         match Event::decode("pools_surveyed", version, body) {
             Ok(Event::PoolsSurveyed(e)) => Some(PoolsSeen {
                 surveyed_at,
@@ -238,6 +238,22 @@ pub async fn overview(pool: &PgPool) -> Result<Overview, sqlx::Error> {
             _ => None,
         }
     });
+    // A pass that did not read the stock (at the limit, or after a
+    // discrepancy) recorded no prices: each pool's last known one stands,
+    // if it was read for the plan and site the pool has.
+    if let Some(seen) = pools.as_mut()
+        && seen.pools.iter().any(|p| p.report.price.is_none())
+    {
+        let known = crate::jobs::spend::last_prices(&mut tx).await?;
+        for p in seen.pools.iter_mut().filter(|p| p.report.price.is_none()) {
+            if let Some((plan, site, price)) = known.get(&p.report.name)
+                && *plan == p.report.plan
+                && site.eq_ignore_ascii_case(&p.report.site)
+            {
+                p.report.price = Some(price.clone());
+            }
+        }
+    }
     let queue = sqlx::query_as::<_, (String, String, i64, Option<f64>)>(
         "select kind, state, jobs, extract(epoch from oldest_age)::float8 from shepherd.queue_depth",
     )

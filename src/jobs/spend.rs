@@ -102,17 +102,46 @@ pub async fn last_survey(conn: &mut PgConnection) -> Result<Vec<PoolReport>, sql
     })
 }
 
+/// How many of the latest surveys the last known prices are looked for in:
+/// a pass that did not read the stock (one at the limit, one that found a
+/// discrepancy) records none, and a removed pool's are no longer read; a
+/// price older than this many passes is no price.
+const SURVEYS_LOOKED_AT: i64 = 500;
+
+/// Each pool's last known price, by pool, with the plan and site it was
+/// read for (a price read before the pool changed plan or site is not its
+/// price).
+pub async fn last_prices(
+    conn: &mut PgConnection,
+) -> Result<BTreeMap<String, (String, String, Price)>, sqlx::Error> {
+    let rows: Vec<(String, String, String, serde_json::Value)> = sqlx::query_as(
+        "select distinct on (p->>'name') p->>'name', p->>'plan', p->>'site', p->'price'
+         from (select position, body from shepherd.events
+               where event_type = 'pools_surveyed'
+               order by position desc limit $1) e,
+              jsonb_array_elements(e.body->'pools') p
+         where jsonb_typeof(p->'price') = 'object'
+           and p->>'name' is not null and p->>'plan' is not null and p->>'site' is not null
+         order by p->>'name', e.position desc",
+    )
+    .bind(SURVEYS_LOOKED_AT)
+    .fetch_all(&mut *conn)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .filter_map(|(name, plan, site, price)| {
+            let price: Price = serde_json::from_value(price).ok()?;
+            (price.hour > 0.0 && price.hour.is_finite()).then_some((name, (plan, site, price)))
+        })
+        .collect())
+}
+
 impl Guard {
     /// `None` when no cap is set.
     pub async fn read(conn: &mut PgConnection) -> Result<Option<Guard>, sqlx::Error> {
         let Some(cap) = cap(conn).await? else {
             return Ok(None);
         };
-        let prices: BTreeMap<String, Price> = last_survey(conn)
-            .await?
-            .into_iter()
-            .filter_map(|r| r.price.map(|p| (r.name, p)))
-            .collect();
         let prefix: Option<String> = sqlx::query_scalar(
             "select value #>> '{}' from shepherd.cluster_settings where key = 'device_prefix'",
         )
@@ -121,7 +150,19 @@ impl Guard {
         let prefix =
             prefix.unwrap_or_else(|| crate::config::ProvisionerConfig::default().device_prefix);
         let rows = crate::pools::read(conn).await?;
-        let standing = crate::pools::occupancy(conn, &prefix, &rows).await?;
+        // A pool's price only if it was read for the plan and site the pool
+        // has now.
+        let prices: BTreeMap<String, Price> = last_prices(conn)
+            .await?
+            .into_iter()
+            .filter(|(name, (plan, site, _))| {
+                rows.iter().any(|r| {
+                    &r.name == name && &r.plan == plan && r.site.eq_ignore_ascii_case(site)
+                })
+            })
+            .map(|(name, (_, _, price))| (name, price))
+            .collect();
+        let (standing, strays) = crate::pools::standing(conn, &prefix, &rows).await?;
         let mut guard = Guard {
             cap,
             prices,
@@ -132,6 +173,13 @@ impl Guard {
             guard.prices.values().map(|p| p.currency.as_str()).collect();
         if currencies.len() > 1 {
             guard.blocked = Some(Held::Currencies);
+        }
+        // Machines of ours no pool's hostnames name (adopted ones, say)
+        // cost money too, at no price shepherd knows.
+        if strays > 0 {
+            guard.blocked.get_or_insert(Held::NoPrice {
+                pool: format!("({strays} machine(s) of ours in no pool)"),
+            });
         }
         for (pool, o) in &standing {
             if o.billed() == 0 {

@@ -241,7 +241,8 @@ impl Plan {
                 .and_then(serde_json::Value::as_f64)
                 .filter(|f| f.is_finite() && (0.0..=MAX_PRICE_PER_HOUR * 24.0 * 366.0).contains(f))
         };
-        let hour = figure("hour").filter(|h| *h <= MAX_PRICE_PER_HOUR)?;
+        // A 0 is no price: a plan not sold by the hour would read as free.
+        let hour = figure("hour").filter(|h| *h > 0.0 && *h <= MAX_PRICE_PER_HOUR)?;
         code_ok.then(|| Price {
             currency: code.clone(),
             hour,
@@ -428,6 +429,7 @@ mod tests {
                 {"name":"Brazil","locations":{"available":["SAO"]},"pricing":{"BRL":{"hour":1.7,"month":null}}},
                 {"name":"Chile","locations":{"available":["SCL"]},"pricing":{"USD":{"hour":"0.5"}}},
                 {"name":"Mexico","locations":{"available":["MEX"]},"pricing":{"USD":{"hour":1e9}}},
+                {"name":"Peru","locations":{"available":["LIM"]},"pricing":{"USD":{"hour":0}}},
                 {"name":"Japan","locations":{"available":["TYO"]},"pricing":{"usd":{"hour":0.4}}},
                 {"name":"Germany","locations":{"available":["FRA"]}}]}}"#,
         )
@@ -444,7 +446,7 @@ mod tests {
         );
         // A string, an absurd figure, a currency that is no code, none at
         // all, a site not offered: no price.
-        for site in ["SCL", "MEX", "TYO", "FRA", "LAX"] {
+        for site in ["SCL", "MEX", "LIM", "TYO", "FRA", "LAX"] {
             assert_eq!(plan.price(site, "USD"), None, "{site}");
         }
     }

@@ -74,11 +74,21 @@ impl Billing {
         self,
         start: chrono::DateTime<chrono::Utc>,
     ) -> Option<chrono::DateTime<chrono::Utc>> {
-        match self {
-            Billing::Hourly => None,
-            Billing::Monthly => start.checked_add_months(chrono::Months::new(1)),
-            Billing::Yearly => start.checked_add_months(chrono::Months::new(12)),
-        }
+        self.term_end_after(start, 1)
+    }
+
+    /// The end of the `terms`-th term from `start`, counted from `start`.
+    pub fn term_end_after(
+        self,
+        start: chrono::DateTime<chrono::Utc>,
+        terms: u32,
+    ) -> Option<chrono::DateTime<chrono::Utc>> {
+        let months: u32 = match self {
+            Billing::Hourly => return None,
+            Billing::Monthly => 1,
+            Billing::Yearly => 12,
+        };
+        start.checked_add_months(chrono::Months::new(months.checked_mul(terms)?))
     }
 
     pub fn as_str(self) -> &'static str {

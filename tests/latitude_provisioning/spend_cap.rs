@@ -133,3 +133,34 @@ async fn without_a_price_nothing_is_created_under_a_cap(db: PgPool) {
     let pass = w.pass().await;
     assert_eq!(pass.enqueued.len(), 2, "{pass:?}");
 }
+
+/// A pass at the limit reads no stock and records no price: the cap goes
+/// on counting at the last prices read, and the fleet's cost still shows,
+/// rather than everything reading as unpriced (which would hold every
+/// creation, and silence the cost and its alert).
+#[sqlx::test(migrations = false)]
+async fn the_last_known_price_stands_through_passes_that_read_none(db: PgPool) {
+    let w = World::new(db, 2, vec![pool("web", "DAL", 4)]).await;
+    set_cap(&w, "10").await;
+    let first = w.pass().await;
+    assert_eq!(first.enqueued.len(), 2, "{first:?}");
+    drain_with(&w.pool, &w.ctx).await;
+    let at_limit = w.pass().await;
+    assert!(at_limit.at_limit, "{at_limit:?}");
+    let last = w.last_pools().await;
+    assert!(
+        last[0].price.is_none(),
+        "a pass at the limit read a price: {last:?}"
+    );
+    let o = shepherd::fleet::overview(&w.pool).await.unwrap();
+    let cost = o.pools.expect("the survey").fleet_cost();
+    assert!((cost[0].per_hour - 0.66).abs() < 1e-9, "{cost:?}");
+    let cap = o.spend_cap.expect("the cap");
+    assert!((cap.spent - 0.66).abs() < 1e-9, "{cap:?}");
+    // Room again: a creation by hand is judged at the last price.
+    sqlx::query("select shepherd.change_setting('max_machines', '10', 'room', 'cli:test')")
+        .execute(&w.pool)
+        .await
+        .unwrap();
+    assert_eq!(admit_by_hand(&w, "web/2").await, None);
+}

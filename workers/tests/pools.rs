@@ -790,7 +790,9 @@ async fn the_spend_cap_is_set_and_named_where_it_holds(pool: sqlx::PgPool) {
 
 /// `shepherd cost` against a ledger counted by hand: a pool filled with
 /// three machines, shrunk by one, one replaced the next day, its price
-/// changed at noon of the second day, every event at a known time.
+/// changed at noon of the second day, every event at a known time and on
+/// the stream it is recorded on (a creation on its unit's; a survey of a
+/// pass that read no stock carries no price and changes none).
 #[sqlx::test(migrations = false)]
 async fn the_ledger_matches_the_hours_counted_by_hand(pool: sqlx::PgPool) {
     shepherd::db::migrate(&pool).await.unwrap();
@@ -824,19 +826,19 @@ async fn the_ledger_matches_the_hours_counted_by_hand(pool: sqlx::PgPool) {
             "2026-11-01 00:00",
         ),
         (
-            "device/sv_1",
+            "reservation/00000000-0000-0000-0000-000000000001",
             "device_created",
             created("sv_1", "shepherd-web-0-aaaa"),
             "2026-11-01 01:00",
         ),
         (
-            "device/sv_2",
+            "reservation/00000000-0000-0000-0000-000000000002",
             "device_created",
             created("sv_2", "shepherd-web-1-bbbb"),
             "2026-11-01 01:00",
         ),
         (
-            "device/sv_3",
+            "reservation/00000000-0000-0000-0000-000000000003",
             "device_created",
             created("sv_3", "shepherd-web-2-cccc"),
             "2026-11-01 02:00",
@@ -854,6 +856,15 @@ async fn the_ledger_matches_the_hours_counted_by_hand(pool: sqlx::PgPool) {
             survey(0.5),
             "2026-11-01 12:00",
         ),
+        // A pass at the limit reads no stock and records no price.
+        (
+            "reconcile/d",
+            "pools_surveyed",
+            serde_json::json!({"run": Uuid::new_v4(), "pools": [{
+                "name": "web", "plan": "c2-small-x86", "site": "DAL", "scope": "c2-small-x86@DAL",
+                "count": 3, "taken": 3, "failed": 0, "machines": 3, "dormant": 0}]}),
+            "2026-11-02 01:00",
+        ),
         (
             "device/sv_2",
             "machine_deleted",
@@ -861,7 +872,7 @@ async fn the_ledger_matches_the_hours_counted_by_hand(pool: sqlx::PgPool) {
             "2026-11-02 03:00",
         ),
         (
-            "device/sv_4",
+            "reservation/00000000-0000-0000-0000-000000000002",
             "device_created",
             created("sv_4", "shepherd-web-1-dddd"),
             "2026-11-02 03:30",

@@ -51,13 +51,26 @@ fn prepaid_until(m: &Member, now: DateTime<Utc>) -> Option<Option<DateTime<Utc>>
     let Some(created) = m.created_at else {
         return (billing != Billing::Hourly).then_some(None);
     };
-    let mut end = billing.term_end(created)?;
-    // Terms renew: the one running now.
-    while end <= now {
-        end = billing.term_end(end)?;
-    }
-    Some(Some(end))
+    // Terms renew from the creation: the end of the one running now,
+    // counted from the creation each time (a month added to a month's end
+    // would drift: 31 Jan, 28 Feb, 28 Mar).
+    let mut terms = 1;
+    let end = loop {
+        let end = billing.term_end_after(created, terms)?;
+        if end > now {
+            break end;
+        }
+        terms += 1;
+    };
+    // Within its last hours the term is spent: the machine goes now, as
+    // surplus, rather than renew for another term.
+    (end - now > LAST_HOURS_OF_A_TERM).then_some(Some(end))
 }
+
+/// How long before its term ends a prepaid machine is let go as surplus:
+/// long enough for the passes and the deletion budget to delete it before
+/// the next term is billed.
+const LAST_HOURS_OF_A_TERM: chrono::TimeDelta = chrono::TimeDelta::hours(12);
 
 pub fn candidates(t: &Target, now: DateTime<Utc>) -> Surplus {
     let mut active: Vec<_> = t.members.iter().filter(|m| !m.leaving).collect();

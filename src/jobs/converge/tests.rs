@@ -366,3 +366,33 @@ fn a_prepaid_machine_stays_to_the_end_of_its_term() {
     );
     assert_eq!(chosen(&p), vec![(0, Cause::Surplus)]);
 }
+
+/// In the last hours of its term a prepaid machine is let go as surplus,
+/// before the next term is billed; a month is counted from the creation,
+/// not from the last month's end.
+#[test]
+fn a_prepaid_machine_goes_in_the_last_hours_of_its_term() {
+    let now = policy().now;
+    let created = now.checked_sub_months(chrono::Months::new(1)).unwrap() + TimeDelta::hours(6);
+    let ending = Member {
+        billing: Some(crate::provider::Billing::Monthly),
+        created_at: Some(created),
+        ..member(0, Health::Ready, 0)
+    };
+    let p = plan(
+        &[target(0, vec![ending])],
+        &HashMap::new(),
+        &Policy { now, ..policy() },
+    );
+    assert_eq!(chosen(&p), vec![(0, Cause::Surplus)]);
+    assert!(p.held.iter().all(|h| h.guard != Guard::Prepaid), "{p:?}");
+    let end = crate::provider::Billing::Monthly
+        .term_end_after(
+            chrono::DateTime::parse_from_rfc3339("2026-01-31T10:00:00Z")
+                .unwrap()
+                .to_utc(),
+            2,
+        )
+        .unwrap();
+    assert_eq!(end.to_rfc3339(), "2026-03-31T10:00:00+00:00");
+}
