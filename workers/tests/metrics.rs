@@ -311,6 +311,26 @@ async fn pools_and_their_stock_show_on_the_page_and_in_metrics(pool: PgPool) {
         ],
     )
     .await;
+    // A spend cap, and the pool it would hold: web, declared for 5 at
+    // 0.50 USD a server, none of ours standing by our records.
+    shepherd::cluster::establish(
+        &pool,
+        &shepherd::cluster::ClusterSettings::proposed_by(&Default::default()),
+        &[],
+        "test",
+    )
+    .await
+    .unwrap();
+    sqlx::query(
+        "select shepherd.set_pool('web', 'c2-small-x86', 'DAL', 5, 'ubuntu_24_04_x64_lts', '{}', 'launch', 'cli:test')",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query("select shepherd.change_setting('spend_cap', '0.40', 'tight', 'cli:test')")
+        .execute(&pool)
+        .await
+        .unwrap();
     let server = Server::start_full(pool, None, Some(std::sync::Arc::new(provider))).await;
 
     let (_, _, page) = server.get("/").await;
@@ -323,9 +343,11 @@ async fn pools_and_their_stock_show_on_the_page_and_in_metrics(pool: PgPool) {
     );
     let (_, _, history) = server.get(&format!("/reservation/{held}")).await;
     assert!(history.contains("(web/3)"), "{history}");
+    // The pools as the last pass saw them (the declared ones come first).
     let table = page
-        .split("<table class=\"pools\">")
+        .split("(as the last pass saw them")
         .nth(1)
+        .and_then(|t| t.split("<table class=\"pools\">").nth(1))
         .and_then(|t| t.split("</table>").next())
         .unwrap_or_else(|| panic!("no pools table:\n{page}"));
     assert!(
@@ -356,9 +378,20 @@ async fn pools_and_their_stock_show_on_the_page_and_in_metrics(pool: PgPool) {
         "{page}"
     );
 
+    // The cap on the page, holding: one more server would pass it.
+    assert!(
+        page.contains("<tr><th>Creations</th><td><strong>held: spend cap</strong></td></tr>"),
+        "{page}"
+    );
+    assert!(
+        page.contains("<tr><th>Spend cap</th><td>0.40 USD per hour; the fleet costs 0.00 USD"),
+        "{page}"
+    );
     let (_, _, classic) = server.get("/metrics").await;
     let m = samples(&classic);
     for (series, value) in [
+        ("shepherd_spend_cap_per_hour{currency=\"USD\"}", 0.4),
+        ("shepherd_spend_cap_held", 1.0),
         (
             "shepherd_pool_cost_per_hour{pool=\"web\",currency=\"USD\"}",
             1.5,
