@@ -181,6 +181,30 @@ pub async fn connect_pages(
     .await
 }
 
+/// The connections the queue's own work takes at most: the one that
+/// listens for new jobs, and two for the four queues' fetches, acks and
+/// heartbeats, each a single short statement.
+pub const QUEUE_CONNECTIONS: u32 = 3;
+
+/// A pool for the queue's own work (fetching, acknowledging, heartbeats,
+/// the listener), apart from the jobs'. Its few connections are used
+/// every second at rest, so they stay open; the jobs' pool, which nothing
+/// uses at rest, then gives back everything a burst of work opened
+/// (sqlx reuses idle connections oldest first: one pool used by the
+/// pollers kept every connection a burst opened alive for good).
+pub fn queue_pool(jobs: &PgPool) -> PgPool {
+    let options = (*jobs.connect_options())
+        .clone()
+        .application_name("shepherd-queue");
+    PgPoolOptions::new()
+        .max_connections(QUEUE_CONNECTIONS)
+        .min_connections(0)
+        .idle_timeout(Some(IDLE_TIMEOUT))
+        .acquire_timeout(Duration::from_secs(10))
+        .after_release(|conn, _| Box::pin(end_stray_transaction(conn)))
+        .connect_lazy_with(options)
+}
+
 async fn open(
     options: PgConnectOptions,
     url: &str,

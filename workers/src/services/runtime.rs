@@ -435,6 +435,9 @@ macro_rules! supervise {
 
 /// Runs the four workers until `stop`; returns when all have drained.
 pub async fn run(pool: PgPool, ctx: Arc<JobContext>, opts: RuntimeOptions, stop: Stop) {
+    // The queue's own statements on a few connections of their own; the
+    // jobs' work on `ctx.pool`.
+    let pool = shepherd::db::queue_pool(&pool);
     let shared = Shared {
         ctx,
         stop,
