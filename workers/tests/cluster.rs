@@ -521,7 +521,7 @@ async fn one_connection_listens_and_a_worker_can_poll_without_it(pool: PgPool) {
         async move {
             sqlx::query_scalar::<_, i64>(
                 "select count(*) from pg_stat_activity
-                 where datname = current_database() and application_name = 'shepherd'
+                 where datname = current_database() and application_name = 'shepherd-queue'
                    and query like 'LISTEN%'",
             )
             .fetch_one(&pool)
