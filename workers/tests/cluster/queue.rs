@@ -90,3 +90,61 @@ async fn a_job_body_that_does_not_decode_fails_alone(pool: PgPool) {
     assert!(result.contains("undecodable"), "{result}");
     c.stop_all();
 }
+
+/// A worker at rest holds at most 3 connections: the queue's own (the
+/// listener, and two its pollers and heartbeats take in turn), after the
+/// jobs' pool has given back what a burst of work opened.
+#[sqlx::test(migrations = false)]
+async fn a_worker_at_rest_holds_at_most_three_connections(pool: PgPool) {
+    let _quiet = TIMED.read().await;
+    let mut c = Cluster::new(pool, 3, Faults::default()).await;
+    migrate(&c).await;
+    c.spawn_plain_worker(&[
+        "--db-idle-timeout",
+        "2s",
+        "--sweep-interval",
+        "1h",
+        "--max-machines",
+        "3",
+    ]);
+    // A burst of work: a pass and its creations and assimilations.
+    sqlx::query("select shepherd.enqueue_reconcile()")
+        .execute(&c.pool)
+        .await
+        .unwrap();
+    c.wait_for(3, 3, Duration::from_secs(60)).await;
+    let held = |name: &'static str| {
+        let pool = c.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(
+                "select count(*) from pg_stat_activity
+                 where datname = current_database() and application_name = $1",
+            )
+            .bind(name)
+            .fetch_one(&pool)
+            .await
+            .expect("reading pg_stat_activity")
+        }
+    };
+    // The burst opened more than the queue's few.
+    let busy = held("shepherd").await + held("shepherd-queue").await;
+    // Past the jobs' pool's idle timeout (2 s) and the reaper's round.
+    let started = Instant::now();
+    let (mut jobs, mut queue) = (held("shepherd").await, held("shepherd-queue").await);
+    while jobs + queue > 3 && started.elapsed() < Duration::from_secs(20) {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        (jobs, queue) = (held("shepherd").await, held("shepherd-queue").await);
+    }
+    // Still so a while later: the pollers keep only the queue's open.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let (jobs, queue) = (held("shepherd").await, held("shepherd-queue").await);
+    eprintln!(
+        "connections: {busy} just after the work, then {jobs} of the jobs' and {queue} of the queue's at rest"
+    );
+    assert!(queue <= 3, "the queue holds {queue}");
+    assert!(
+        jobs + queue <= 3,
+        "at rest: {jobs} of the jobs' and {queue} of the queue's"
+    );
+    c.stop_all();
+}

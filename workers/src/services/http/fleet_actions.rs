@@ -33,14 +33,21 @@ pub(super) async fn fleet_action(
     Some(acted)
 }
 
-fn reason(form: &ActionForm) -> Result<&str, Failure> {
-    form.reason
+/// A field the action needs, trimmed; missing or blank, a refusal that
+/// asks for it.
+fn required<'a>(field: &'a Option<String>, ask: &str) -> Result<&'a str, Failure> {
+    field
         .as_deref()
         .map(str::trim)
-        .filter(|r| !r.is_empty())
-        .ok_or_else(|| {
-            Failure::BadRequest("say why: the log records the reason with who acted".into())
-        })
+        .filter(|v| !v.is_empty())
+        .ok_or_else(|| Failure::BadRequest(ask.into()))
+}
+
+fn reason(form: &ActionForm) -> Result<&str, Failure> {
+    required(
+        &form.reason,
+        "say why: the log records the reason with who acted",
+    )
 }
 
 /// A pool's count, the rest of the pool as it is. Lowering it to 0 needs
@@ -48,12 +55,7 @@ fn reason(form: &ActionForm) -> Result<&str, Failure> {
 /// the surplus within the deletion guards, as after `shepherd pools set`.
 async fn pool_count(state: &HttpState, form: &ActionForm, by: &str) -> Result<Acted, Failure> {
     let reason = reason(form)?;
-    let name = form
-        .pool
-        .as_deref()
-        .map(str::trim)
-        .filter(|n| !n.is_empty())
-        .ok_or_else(|| Failure::BadRequest("which pool? (its name)".into()))?;
+    let name = required(&form.pool, "which pool? (its name)")?;
     let count: u32 = form
         .count
         .as_deref()
@@ -95,12 +97,7 @@ async fn pool_count(state: &HttpState, form: &ActionForm, by: &str) -> Result<Ac
 /// settings set max_machines` changes it.
 async fn limit(state: &HttpState, form: &ActionForm, by: &str) -> Result<Acted, Failure> {
     let reason = reason(form)?;
-    let value = form
-        .value
-        .as_deref()
-        .map(str::trim)
-        .filter(|v| !v.is_empty())
-        .ok_or_else(|| Failure::BadRequest("which limit? (a whole number; 0: none)".into()))?;
+    let value = required(&form.value, "which limit? (a whole number; 0: none)")?;
     shepherd::cluster::change(&state.pool, "max_machines", value, reason, by)
         .await
         .map_err(|e| database_failure("machine limit", e))?;
@@ -116,12 +113,7 @@ async fn machine(
     by: &str,
 ) -> Result<Acted, Failure> {
     let reason = reason(form)?;
-    let machine = form
-        .machine
-        .as_deref()
-        .map(str::trim)
-        .filter(|m| !m.is_empty())
-        .ok_or_else(|| Failure::BadRequest("which machine? (its id or device id)".into()))?;
+    let machine = required(&form.machine, "which machine? (its id or device id)")?;
     let what = format!("{action} {machine}");
     if action == "deprovision" {
         let _job: Option<String> =
