@@ -73,6 +73,8 @@ pub struct Guard {
     spent: f64,
     /// Why nothing can be admitted at all, if so.
     blocked: Option<Held>,
+    /// The pools that lack machines now (what a pass would create for).
+    lacking: Vec<String>,
 }
 
 /// The cap in force: a positive number; `none` or no setting: none.
@@ -163,11 +165,18 @@ impl Guard {
             .map(|(name, (_, _, price))| (name, price))
             .collect();
         let (standing, strays) = crate::pools::standing(conn, &prefix, &rows).await?;
+        let lacking = rows
+            .iter()
+            .filter(|r| !r.removed)
+            .filter(|r| standing.get(&r.name).map_or(0, |o| o.billed()) < r.count)
+            .map(|r| r.name.clone())
+            .collect();
         let mut guard = Guard {
             cap,
             prices,
             spent: 0.0,
             blocked: None,
+            lacking,
         };
         let currencies: std::collections::BTreeSet<&str> =
             guard.prices.values().map(|p| p.currency.as_str()).collect();
@@ -245,22 +254,8 @@ impl CapState {
         let Some(guard) = Guard::read(conn).await? else {
             return Ok(None);
         };
-        let rows = crate::pools::read(conn).await?;
-        let prefix: Option<String> = sqlx::query_scalar(
-            "select value #>> '{}' from shepherd.cluster_settings where key = 'device_prefix'",
-        )
-        .fetch_optional(&mut *conn)
-        .await?;
-        let prefix =
-            prefix.unwrap_or_else(|| crate::config::ProvisionerConfig::default().device_prefix);
-        let standing = crate::pools::occupancy(conn, &prefix, &rows).await?;
-        let lacking: Vec<&str> = rows
-            .iter()
-            .filter(|r| !r.removed)
-            .filter(|r| standing.get(&r.name).map_or(0, |o| o.billed()) < r.count)
-            .map(|r| r.name.as_str())
-            .collect();
-        let verdicts: Vec<Result<(), Held>> = lacking
+        let verdicts: Vec<Result<(), Held>> = guard
+            .lacking
             .iter()
             .map(|pool| guard.clone().admit(Some(pool)))
             .collect();
