@@ -38,7 +38,7 @@ grant select, insert on shepherd.events to shepherd_worker;
 -- The views built from the log, the rate limiters and what is not folded
 -- from the log: each machine's status as the last pass saw it, the
 -- console's sessions and failed log-ins, each job's runs, the worker
--- processes. The pools, the settings and the pause controls take a
+-- processes, the leases on units and on the pass. The pools, the settings and the pause controls take a
 -- worker's writes only where their triggers allow it (a setting the
 -- cluster lacks).
 grant select, insert, update, delete on
@@ -47,7 +47,7 @@ grant select, insert, update, delete on
     shepherd.limiters, shepherd.cluster_settings, shepherd.pools,
     shepherd.pending_deletions, shepherd.machine_status,
     shepherd.console_sessions, shepherd.console_login_failures, shepherd.job_runs,
-    shepherd.processes
+    shepherd.processes, shepherd.leases
     to shepherd_worker;
 
 -- The operator views, read by the status page and `shepherd status`.

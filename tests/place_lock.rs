@@ -1,67 +1,159 @@
-//! A unit's lock on a connection of its own: released, the connection
-//! goes back to the pool (a fresh backend per creation was most of a job's
-//! cost); dropped mid-way, it is closed, so the lock dies with it and is
-//! never handed to whoever takes that connection next.
+//! A unit's lease (`shepherd.leases`): one holder at a time, no connection
+//! held between its statements, a crashed holder's lease taken over once
+//! it expires, and a holder whose lease was taken refused at its fence.
+
+mod common;
 
 use std::time::{Duration, Instant};
 
 use shepherd::jobs::place::PlaceLock;
+use shepherd::provider::Fence;
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 use uuid::Uuid;
 
-async fn pid(pool: &PgPool) -> i32 {
-    sqlx::query_scalar("select pg_backend_pid()")
-        .fetch_one(pool)
+const TERM: Duration = Duration::from_secs(60);
+
+async fn one_connection(db: &PgPool) -> PgPool {
+    PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(Duration::from_secs(5))
+        .connect_with((*db.connect_options()).clone())
         .await
-        .unwrap()
+        .expect("a pool of one connection")
+}
+
+async fn expires_in(pool: &PgPool, unit: Uuid) -> f64 {
+    sqlx::query_scalar(
+        "select extract(epoch from expires_at - clock_timestamp())::float8
+         from shepherd.leases where key = 'place/' || $1::text",
+    )
+    .bind(unit)
+    .fetch_one(pool)
+    .await
+    .expect("the unit's lease row")
 }
 
 #[sqlx::test(migrations = false)]
-async fn a_released_lock_hands_its_connection_back_and_a_dropped_one_closes_it(db: PgPool) {
-    // One connection: whatever the lock does with it shows in the next
-    // query's backend.
-    let options = (*db.connect_options()).clone();
-    let pool = PgPoolOptions::new()
-        .max_connections(1)
-        .acquire_timeout(Duration::from_secs(10))
-        .connect_with(options)
-        .await
-        .unwrap();
-    let first = pid(&pool).await;
+async fn a_lease_holds_no_connection_and_one_holder_at_a_time(db: PgPool) {
+    common::migrated(&db).await;
+    // One connection in all: if a held lease kept it, the next statement
+    // would time out.
+    let pool = one_connection(&db).await;
     let unit = Uuid::new_v4();
-    let lock = PlaceLock::try_take(&pool, unit)
+    let lock = PlaceLock::try_take(&pool, unit, TERM)
         .await
         .unwrap()
         .expect("free");
-    lock.release().await;
-    assert_eq!(
-        pid(&pool).await,
-        first,
-        "the released connection was not reused"
+    let one: i32 = sqlx::query_scalar("select 1")
+        .fetch_one(&pool)
+        .await
+        .expect("the pool's one connection is free while the lease is held");
+    assert_eq!(one, 1);
+    assert!(
+        PlaceLock::try_take(&pool, unit, TERM)
+            .await
+            .unwrap()
+            .is_none(),
+        "a second holder took a held unit"
     );
-    // Dropped without a release: the connection is closed and the lock
-    // dies with it; the pool opens another.
-    let held = PlaceLock::try_take(&pool, unit)
+    lock.release().await;
+    let again = PlaceLock::try_take(&pool, unit, TERM)
         .await
         .unwrap()
-        .expect("free again");
-    drop(held);
+        .expect("a released unit is free");
+    // Dropped without a release (a job cut off): given back by a task.
+    drop(again);
     let started = Instant::now();
     loop {
-        if let Some(lock) = PlaceLock::try_take(&pool, unit).await.unwrap() {
+        if let Some(lock) = PlaceLock::try_take(&pool, unit, TERM).await.unwrap() {
             lock.release().await;
             break;
         }
         assert!(
             started.elapsed() < Duration::from_secs(10),
-            "a dropped lock was never let go"
+            "a dropped lease was never given back"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_ne!(
-        pid(&pool).await,
-        first,
-        "a dropped lock's connection was pooled"
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_crashed_holders_lease_is_taken_once_it_expires_and_not_before(db: PgPool) {
+    common::migrated(&db).await;
+    let unit = Uuid::new_v4();
+    // A holder that died: its row stays, unrenewed.
+    sqlx::query(
+        "insert into shepherd.leases (key, lease, holder, expires_at)
+         values ('place/' || $1::text, gen_random_uuid(), 'dead:1', clock_timestamp() + interval '1 hour')",
+    )
+    .bind(unit)
+    .execute(&db)
+    .await
+    .unwrap();
+    assert!(
+        PlaceLock::try_take(&db, unit, TERM)
+            .await
+            .unwrap()
+            .is_none(),
+        "a lease in its term was taken"
     );
+    sqlx::query("update shepherd.leases set expires_at = clock_timestamp() - interval '1 second'")
+        .execute(&db)
+        .await
+        .unwrap();
+    let lock = PlaceLock::try_take(&db, unit, TERM)
+        .await
+        .unwrap()
+        .expect("an expired lease is free to take");
+    let holder: String = sqlx::query_scalar("select holder from shepherd.leases")
+        .fetch_one(&db)
+        .await
+        .unwrap();
+    assert_eq!(holder, shepherd::fleet::process_name());
+    lock.release().await;
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_fence_renews_the_lease_and_refuses_once_another_holds_it(db: PgPool) {
+    common::migrated(&db).await;
+    let unit = Uuid::new_v4();
+    let lock = PlaceLock::try_take(&db, unit, TERM)
+        .await
+        .unwrap()
+        .expect("free");
+    // Near its end, a check renews it for a whole term.
+    sqlx::query("update shepherd.leases set expires_at = clock_timestamp() + interval '2 seconds'")
+        .execute(&db)
+        .await
+        .unwrap();
+    lock.standing().await.expect("the lease is ours");
+    let left = expires_in(&db, unit).await;
+    assert!(
+        left > 50.0,
+        "the check did not renew the lease: {left} s left"
+    );
+    // Expired and taken by another run meanwhile (this holder stalled past
+    // its term): the next check refuses, so no write leaves.
+    sqlx::query("update shepherd.leases set lease = gen_random_uuid(), holder = 'other:2'")
+        .execute(&db)
+        .await
+        .unwrap();
+    let err = lock
+        .standing()
+        .await
+        .expect_err("a lost lease was confirmed");
+    assert!(err.contains("lease was lost"), "{err}");
+    let fence = lock.creation(Uuid::new_v4());
+    assert!(
+        fence.check().await.is_err(),
+        "a creation's fence let a write out on a lost lease"
+    );
+    // Its release does not free the other holder's lease.
+    lock.release().await;
+    let holder: String = sqlx::query_scalar("select holder from shepherd.leases")
+        .fetch_one(&db)
+        .await
+        .unwrap();
+    assert_eq!(holder, "other:2");
 }

@@ -83,6 +83,7 @@ const WORKER_WRITES: &[&str] = &[
     "shepherd.console_sessions",
     "shepherd.controls",
     "shepherd.job_runs",
+    "shepherd.leases",
     "shepherd.limiters",
     "shepherd.machine_status",
     "shepherd.managed_machines",

@@ -158,6 +158,16 @@ pub struct ProcessRecord {
     pub started_at: chrono::DateTime<chrono::Utc>,
 }
 
+/// This process as the fleet names it: `host:pid`.
+pub fn process_name() -> String {
+    let host = std::fs::read_to_string("/etc/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".into());
+    format!("{host}:{}", std::process::id())
+}
+
 /// Records this process (`host:pid`) and the release it runs, replacing
 /// the row of an earlier process with the same name, and drops the rows
 /// of processes silent for a day.

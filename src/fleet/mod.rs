@@ -5,7 +5,9 @@
 pub mod cost;
 pub mod ledger;
 mod liveness;
-pub use liveness::{Liveness, LivenessState, ProcessRecord, ProcessRow, record_process};
+pub use liveness::{
+    Liveness, LivenessState, ProcessRecord, ProcessRow, process_name, record_process,
+};
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;

@@ -96,7 +96,7 @@ pub async fn assimilate(
     let Some(unit) = found.unit else {
         return record_machine(ctx, args, job_id, found).await;
     };
-    let Some(lock) = PlaceLock::try_take(&ctx.pool, unit).await? else {
+    let Some(lock) = PlaceLock::try_take(&ctx.pool, unit, ctx.lease_term()).await? else {
         return retry_later(ctx, args, "another run holds the machine's unit").await;
     };
     let outcome = record_machine(ctx, args, job_id, found).await;

@@ -13,6 +13,7 @@ pub mod assimilate;
 pub mod converge;
 pub mod create_device;
 pub mod delete_machine;
+pub mod lease;
 pub mod manage;
 pub mod pass;
 pub mod place;
@@ -215,6 +216,12 @@ pub struct JobContext {
 }
 
 impl JobContext {
+    /// How long a lease of this process's lives unrenewed: the cluster's
+    /// rescue window, after which a silent worker's jobs go to others.
+    pub fn lease_term(&self) -> std::time::Duration {
+        self.config.rescue.window()
+    }
+
     /// The context of one process's jobs. The creation limiter is the
     /// cluster's (one row in Postgres); it adopts the cluster's rate at the
     /// start of every job.

@@ -1,51 +1,34 @@
 //! One owner per unit at every moment. A creation, the look that settles
 //! an unknown one, a deletion and an assimilation each hold their unit's
-//! lock while they may act on it: a session advisory lock on a connection
-//! of its own, so that it dies with this process's connection (a crash, a
-//! database restart) and nothing else can act on the unit meanwhile.
+//! lease (`lease.rs`) while they may act on it, so that nothing else can
+//! act on the unit meanwhile; a crashed holder's lease expires with the
+//! cluster's rescue window, when its jobs go to others.
 //!
-//! The lock alone cannot stop a request already waiting for its turn under
-//! the provider's budget: the wait can outlast the lock. So every write is
-//! fenced (`provider::Fence`): right before it leaves, the lock's own
-//! connection is asked whether the lock still holds and whether the work
-//! still owns the unit (its pending row is still its own, and no machine
-//! stands there).
+//! The lease alone cannot stop a request already waiting for its turn
+//! under the provider's budget: the wait can outlast it. So every write is
+//! fenced (`provider::Fence`): right before it leaves, one statement renews
+//! the lease (failing if it is no longer this holder's) and reads whether
+//! the work still owns the unit (its pending row is still its own, and no
+//! machine stands there).
+
+use std::time::Duration;
 
 use futures::future::BoxFuture;
-use sqlx::pool::PoolConnection;
-use sqlx::{PgPool, Postgres};
-use tokio::sync::Mutex;
+use sqlx::PgPool;
 use uuid::Uuid;
 
+use super::lease::{Lease, RENEW};
 use crate::provider::Fence;
 
-/// A unit's lock, held until [`PlaceLock::release`] or until dropped (its
-/// connection is then closed, never handed back to the pool still holding
-/// the lock: a creation cut off mid-way must not leave its unit locked for
-/// whoever takes that connection next). A release the server confirms
-/// hands the connection back to the pool: a fresh backend per creation
-/// (authentication, cold caches, every statement parsed again) was most
-/// of a job's cost (issue 31).
+/// A unit's lease, held until [`PlaceLock::release`] or until dropped.
+/// It holds no connection: each check takes one from the pool for one
+/// statement (issue 31: a lock's connection held across provider calls
+/// was half of what a creation cost the database).
+#[derive(Debug)]
 pub struct PlaceLock {
     unit: Uuid,
-    /// `None` once released.
-    conn: Mutex<Option<PoolConnection<Postgres>>>,
-}
-
-impl Drop for PlaceLock {
-    fn drop(&mut self) {
-        if let Some(conn) = self.conn.get_mut().as_mut() {
-            conn.close_on_drop();
-        }
-    }
-}
-
-impl std::fmt::Debug for PlaceLock {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PlaceLock")
-            .field("unit", &self.unit)
-            .finish_non_exhaustive()
-    }
+    lease: Lease,
+    pool: PgPool,
 }
 
 fn key(unit: Uuid) -> String {
@@ -53,49 +36,39 @@ fn key(unit: Uuid) -> String {
 }
 
 impl PlaceLock {
-    /// Takes the unit's lock if nobody holds it; `None` if somebody does.
-    pub async fn try_take(pool: &PgPool, unit: Uuid) -> Result<Option<PlaceLock>, sqlx::Error> {
-        let mut conn = pool.acquire().await?;
-        let got: bool = sqlx::query_scalar("select pg_catalog.pg_try_advisory_lock(pg_catalog.hashtextextended($1::text, 0::int8))")
-            .bind(key(unit))
-            .fetch_one(&mut *conn)
-            .await?;
-        Ok(got.then(|| PlaceLock {
-            unit,
-            conn: Mutex::new(Some(conn)),
-        }))
+    /// Takes the unit's lease for `term` if nobody holds it; `None` if
+    /// somebody does.
+    pub async fn try_take(
+        pool: &PgPool,
+        unit: Uuid,
+        term: Duration,
+    ) -> Result<Option<PlaceLock>, sqlx::Error> {
+        Ok(Lease::try_take(pool, &key(unit), term)
+            .await?
+            .map(|lease| PlaceLock {
+                unit,
+                lease,
+                pool: pool.clone(),
+            }))
     }
 
     pub fn unit(&self) -> Uuid {
         self.unit
     }
 
-    /// Lets the unit go. A connection whose unlock the server confirmed
-    /// goes back to the pool; any other is closed, so that a lock that
-    /// could not be released dies with it.
-    pub async fn release(mut self) {
-        let Some(mut conn) = self.conn.get_mut().take() else {
-            return;
-        };
-        let unlocked: Result<bool, _> = sqlx::query_scalar(
-            "select pg_catalog.pg_advisory_unlock(pg_catalog.hashtextextended($1::text, 0::int8))",
-        )
-        .bind(key(self.unit))
-        .fetch_one(&mut *conn)
-        .await;
-        if !matches!(unlocked, Ok(true)) {
-            conn.close_on_drop();
-        }
+    /// Lets the unit go.
+    pub async fn release(self) {
+        self.lease.release().await;
     }
 
-    /// Who stands on the unit, asked on the lock's own connection: an
-    /// error means the lock may be lost.
+    /// Who stands on the unit, read in the statement that renews the
+    /// lease: an error means the lease is lost or cannot be confirmed.
     pub async fn standing(&self) -> Result<Standing, String> {
-        let mut guard = self.conn.lock().await;
-        let conn = guard
-            .as_mut()
-            .ok_or_else(|| "the unit's lock was released".to_string())?;
+        if self.lease.known_lost() {
+            return Err("the unit's lease was lost".into());
+        }
         type Row = (
+            bool,
             Option<String>,
             i64,
             i64,
@@ -106,20 +79,31 @@ impl PlaceLock {
         // The place a pending creation names (`web/3`) and its pool as
         // declared now: a creation admitted before the pool was lowered or
         // removed is not sent.
-        let (owner, machines, unassimilated, place, count, removed): Row = sqlx::query_as(
-            "select pc.request,
-                    (select count(*) from shepherd.managed_machines where reservation_id = $1),
-                    (select count(*) from shepherd.unassimilated_devices where reservation_id = $1),
-                    pc.place, po.count, po.removed
-             from (select 1) one
-             left join shepherd.pending_creations pc on pc.reservation_id = $1
-             left join shepherd.pools po
-                    on pc.place is not null and po.name = regexp_replace(pc.place, '/[0-9]+$', '')",
-        )
-        .bind(self.unit)
-        .fetch_one(&mut **conn)
-        .await
-        .map_err(|e| format!("the unit's lock may be lost: {e}"))?;
+        let (held, owner, machines, unassimilated, place, count, removed): Row =
+            sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                "with held as ({RENEW})
+                 select exists(select 1 from held),
+                        pc.request,
+                        (select count(*) from shepherd.managed_machines where reservation_id = $4),
+                        (select count(*) from shepherd.unassimilated_devices where reservation_id = $4),
+                        pc.place, po.count, po.removed
+                 from (select 1) one
+                 left join shepherd.pending_creations pc on pc.reservation_id = $4
+                 left join shepherd.pools po
+                        on pc.place is not null and po.name = regexp_replace(pc.place, '/[0-9]+$', '')"
+            )))
+            .bind(self.lease.key())
+            .bind(self.lease.id())
+            .bind(i64::try_from(self.lease.term().as_millis()).unwrap_or(i64::MAX / 2))
+            .bind(self.unit)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| format!("the unit's lease cannot be confirmed: {e}"))?;
+        if !held {
+            return Err(
+                "the unit's lease was lost (it expired, or another run holds it now)".into(),
+            );
+        }
         Ok(Standing {
             owner,
             machines: (machines + unassimilated) as u64,

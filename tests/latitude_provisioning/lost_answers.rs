@@ -41,8 +41,8 @@ async fn two_runs_of_one_creation_make_one_server(db: PgPool) {
 }
 
 /// A creation cut off mid-create (its attempt's deadline, a shutdown) must
-/// not leave its unit locked: the lock lives on a connection of its own,
-/// which is closed rather than handed back to the pool still holding it.
+/// not leave its unit locked: its lease, dropped, is given back by a task
+/// of its own instead of waiting out its term.
 /// Its next run finds the unit free, settles the unknown create by looking,
 /// and leaves one server on the place whether the cut-off create reached
 /// the fake or not.
@@ -71,23 +71,18 @@ async fn a_creation_cut_off_mid_create_leaves_no_lock_behind(db: PgPool) {
     )
     .await;
     assert!(cut.is_err(), "the create finished inside its deadline");
-    // This unit's lock only: tests running beside this one take advisory
-    // locks of their own. A bigint key shows as its two halves.
+    // The unit's lease, as `shepherd.leases` holds it.
     let locks = || async {
         sqlx::query_scalar::<_, i64>(
-            "select count(*) from pg_locks,
-                    (select hashtextextended($1, 0) as k) key
-             where locktype = 'advisory' and granted
-               and database = (select oid from pg_database where datname = current_database())
-               and classid::bigint = (key.k >> 32) & 4294967295
-               and objid::bigint = key.k & 4294967295",
+            "select count(*) from shepherd.leases
+             where key = $1 and expires_at > clock_timestamp()",
         )
         .bind(format!("place/{unit}"))
         .fetch_one(&w.pool)
         .await
         .unwrap()
     };
-    // The server ends the session a moment after the socket closes.
+    // The cut-off run's lease is given back by a task a moment later.
     let mut held = locks().await;
     for _ in 0..50 {
         if held == 0 {

@@ -109,10 +109,6 @@ async fn latitude_chaos_breaks_no_invariant(pool: PgPool) {
         "2s",
         "--penalty",
         "1h",
-        // A creation and a deletion hold their unit's lock beside their
-        // work: as many as a worker asks for by default.
-        "--db-connections",
-        "24",
         // One API attempt plus a heartbeat inside the harness's 3 s rescue
         // window, as a worker requires.
         "--latitude-api-timeout",

@@ -224,18 +224,6 @@ async fn bad_settings_are_refused_before_any_call(pool: PgPool) {
         (&["worker", "--per-page=-5"], "--per-page"),
         (&["worker", "--db-connections=-1"], "--db-connections"),
         (&["worker", "--db-connections", "0"], "--db-connections"),
-        // A creation holds its unit's lock beside its work: two each.
-        (&["worker", "--db-connections", "4"], "needs at least 24"),
-        (
-            &[
-                "worker",
-                "--db-connections",
-                "24",
-                "--create-concurrency",
-                "8",
-            ],
-            "needs at least 32",
-        ),
         // A worker that never beats, or is given up at once, cannot hold
         // its jobs.
         (&["worker", "--heartbeat", "0s"], "heartbeat (--heartbeat)"),

@@ -198,7 +198,8 @@ pub async fn create_device(
             }
         }
     }
-    let Some(lock) = PlaceLock::try_take(&ctx.pool, args.reservation).await? else {
+    let Some(lock) = PlaceLock::try_take(&ctx.pool, args.reservation, ctx.lease_term()).await?
+    else {
         // Another run holds the unit (a duplicate run of this job, a run
         // still going that was presumed dead, a deletion or assimilation
         // of a machine on it): this one comes back later.

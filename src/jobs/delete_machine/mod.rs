@@ -166,7 +166,7 @@ pub async fn delete_machine(
     let Some(unit) = leaving.unit else {
         return holding(ctx, &settings, args, &leaving, job_id, None).await;
     };
-    let Some(lock) = PlaceLock::try_take(&ctx.pool, unit).await? else {
+    let Some(lock) = PlaceLock::try_take(&ctx.pool, unit, ctx.lease_term()).await? else {
         let busy = ProviderError::new(
             ErrorClass::Transient,
             "another run holds the machine's unit; it is tried again later",

@@ -9,6 +9,7 @@
 
 use uuid::Uuid;
 
+use super::lease::Lease;
 use super::pass::{self, compare, our_requests, read_fleet};
 use super::queue;
 use super::{AssimilateArgs, JobContext, JobError};
@@ -74,28 +75,25 @@ pub async fn reconcile_requested(
     job_id: &str,
     requested_by: Option<&str>,
 ) -> Result<ReconcileOutcome, JobError> {
-    // The lock lives as long as this transaction, which does nothing else:
-    // a crashed pass releases it with its connection.
-    let mut guard = ctx.pool.begin().await?;
-    let got: bool = sqlx::query_scalar(
-        "select pg_catalog.pg_try_advisory_xact_lock(pg_catalog.hashtextextended('shepherd/reconcile'::text, 0::int8))",
-    )
-    .fetch_one(&mut *guard)
-    .await?;
-    if !got {
+    // One pass at a time, by lease: it holds no connection while the pass
+    // reads the provider, and a crashed pass's lease expires with the
+    // rescue window, when its job goes to another worker.
+    let Some(lease) = Lease::try_take(&ctx.pool, PASS_LEASE, ctx.lease_term()).await? else {
         tracing::info!("another reconcile pass is running; this one ends");
         return Ok(ReconcileOutcome {
             skipped: true,
             ..Default::default()
         });
-    }
-    let outcome = run_pass(ctx, job_id, requested_by).await;
+    };
+    let outcome = run_pass(ctx, job_id, requested_by, &lease).await;
     // Released before the outcome is returned, so the next pass finds the
-    // lock free (a dropped transaction rolls back only later, on its
-    // connection's next use).
-    guard.rollback().await?;
+    // lease free.
+    lease.release().await;
     outcome
 }
+
+/// The lease of the one pass running.
+pub const PASS_LEASE: &str = "shepherd/reconcile";
 
 /// What the listing said of each machine of ours, for the pages to show
 /// beside it (`shepherd.machine_status`): a cache of the latest sighting,
@@ -171,6 +169,7 @@ async fn run_pass(
     ctx: &JobContext,
     job_id: &str,
     requested_by: Option<&str>,
+    lease: &Lease,
 ) -> Result<ReconcileOutcome, JobError> {
     let run = Uuid::new_v4();
     let mut out = ReconcileOutcome {
@@ -474,6 +473,14 @@ async fn run_pass(
         .cloned()
         .collect();
     let place = |u: Uuid| ctx.provider.unit_place(u);
+    // Two passes deciding surplus at once could each pick a different
+    // machine to shed: a pass that cannot confirm it is still the one
+    // running decides nothing.
+    if !lease.renew().await? {
+        return Err(JobError::Store(crate::events::StoreError::Invalid(
+            "this pass's lease expired or was taken before it decided anything; the next pass decides".into(),
+        )));
+    }
     out.deletions = converge(
         ctx, &settings, job_id, run, &unheld, &devices, &fleet, &ours,
     )

@@ -41,7 +41,7 @@ pub(super) async fn end_unwanted_creations(
     let mut ended = vec![];
     for (unit, request) in candidates {
         // A job that holds the unit is at work on it: its fence decides.
-        let Some(lock) = PlaceLock::try_take(&ctx.pool, unit).await? else {
+        let Some(lock) = PlaceLock::try_take(&ctx.pool, unit, ctx.lease_term()).await? else {
             continue;
         };
         let outcome = end_one(ctx, job_id, &lock, &request).await;

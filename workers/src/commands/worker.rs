@@ -86,10 +86,9 @@ pub struct WorkerArgs {
     #[arg(long, env = "SHEPHERD_SKIP_MIGRATIONS")]
     pub skip_migrations: bool,
 
-    /// Database connections this process may hold (default: what its
-    /// concurrency needs, and at least 16: twice the reconcile, create and
-    /// delete concurrencies, the assimilate concurrency, plus 6; a smaller
-    /// value is refused at start)
+    /// Database connections this process's jobs may hold at once (each
+    /// job holds one only while it talks to the database; the queue's own
+    /// statements have 3 more, the pages --console-connections)
     #[arg(long, env = "SHEPHERD_DB_CONNECTIONS", value_parser = clap::value_parser!(u32).range(1..))]
     pub db_connections: Option<u32>,
 
@@ -104,34 +103,23 @@ pub struct WorkerArgs {
     pub no_listen: bool,
 }
 
-/// Connections a worker holds besides its jobs': the one LISTEN connection
-/// (four, one per kind, before issue 31), a fetch/acknowledge connection per
-/// job kind, plus the scheduler and the sweep now and then (the status page
-/// has a pool of its own now). Not lowered with the listeners: measure first.
-/// Measured (with three kinds and one fewer): below this a worker's fetches
-/// time out and reconciles stay Queued without a word.
-const CONNECTIONS_BESIDE_JOBS: u32 = 6;
+/// The jobs' connections by default. A job holds a connection only while
+/// it talks to the database (leases, not locks held in a session, guard
+/// its unit across provider calls), so the pool need not grow with the
+/// concurrency: jobs that find every connection busy wait their turn for
+/// one, a statement's time.
+pub const DEFAULT_DB_CONNECTIONS: u32 = 4;
 
 impl WorkerArgs {
-    /// The least `--db-connections` the configured concurrency can run with.
-    pub fn connections_needed(&self) -> u32 {
-        // A pass holds two: its lock's transaction and its work. A creation
-        // holds its unit's lock beside its work.
-        let per_create = match self.provider {
-            ProviderKind::Metal | ProviderKind::Latitude => 2,
-        };
-        // A deletion holds its unit's lock beside its work too.
-        2 * self.reconcile_concurrency
-            + per_create * self.create_concurrency
-            + self.assimilate_concurrency
-            + 2 * self.delete_concurrency
-            + CONNECTIONS_BESIDE_JOBS
+    /// The jobs' pool's size: the flag, or the default.
+    pub fn db_connections(&self) -> u32 {
+        self.db_connections.unwrap_or(DEFAULT_DB_CONNECTIONS)
     }
 
-    /// The pool's size: the flag, or what the concurrency needs.
-    pub fn db_connections(&self) -> u32 {
-        self.db_connections
-            .unwrap_or_else(|| self.connections_needed().max(16))
+    /// The most connections this worker opens: its jobs', the queue's and
+    /// the pages'.
+    pub fn connections_at_most(&self) -> u32 {
+        self.db_connections() + shepherd::db::QUEUE_CONNECTIONS + self.console.console_connections
     }
 
     /// The settings this worker proposes to the cluster: its provisioner
@@ -165,21 +153,6 @@ impl WorkerArgs {
         }
         Ok(config)
     }
-
-    fn check_connections(&self) -> anyhow::Result<()> {
-        let needed = self.connections_needed();
-        if self.db_connections() < needed {
-            anyhow::bail!(
-                "--db-connections {}: too few for this worker; it runs {} reconcile, {} create, {} assimilate and {} delete jobs at once and needs at least {needed} (raise --db-connections, or lower the --*-concurrency flags)",
-                self.db_connections(),
-                self.reconcile_concurrency,
-                self.create_concurrency,
-                self.assimilate_concurrency,
-                self.delete_concurrency
-            );
-        }
-        Ok(())
-    }
 }
 
 /// Says which settings this process runs with, and which of its flags the
@@ -200,14 +173,7 @@ pub fn report_settings(e: &shepherd::cluster::Established) {
     }
 }
 
-pub fn process_name() -> String {
-    let host = std::fs::read_to_string("/etc/hostname")
-        .map(|h| h.trim().to_string())
-        .ok()
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "localhost".into());
-    format!("{host}:{}", std::process::id())
-}
+pub use shepherd::fleet::process_name;
 
 /// Stops on SIGINT or SIGTERM.
 pub fn stop_on_signal() -> Stop {
@@ -240,7 +206,6 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
                 .map_err(anyhow::Error::msg)?;
         }
     }
-    args.check_connections()?;
     shepherd::db::check_url(&args.db.database_url)?;
     let operator = operator_token(args.console.operator_token_file.as_deref())?;
 
@@ -603,8 +568,8 @@ mod tests {
             .unwrap_or_else(|_| panic!("{doc}: no figure before 'with the defaults': {row}"))
     }
 
-    /// The connection sizing the docs state is what a default worker
-    /// computes, on either provider.
+    /// The most connections the docs give for a default worker is what a
+    /// default worker opens at most, on either provider.
     #[test]
     fn the_docs_state_the_connections_a_default_worker_needs() {
         for provider in ["metal", "latitude"] {
@@ -616,11 +581,11 @@ mod tests {
                 provider,
             ])
             .unwrap();
-            let needed = parsed.args.connections_needed();
+            let most = parsed.args.connections_at_most();
             for doc in ["operations.md", "configuration.md"] {
-                assert_eq!(documented(doc), needed, "{doc}, {provider}");
+                assert_eq!(documented(doc), most, "{doc}, {provider}");
             }
-            assert_eq!(parsed.args.db_connections(), needed.max(16));
+            assert_eq!(parsed.args.db_connections(), DEFAULT_DB_CONNECTIONS);
         }
     }
 }

@@ -1,0 +1,213 @@
+//! Leases: the right to act on a unit, or to run the pass, held as a row
+//! of `shepherd.leases` with an expiry rather than as a session advisory
+//! lock. A lock lived in its connection, so a creation held two
+//! connections across its provider calls (its work's and its lock's) and
+//! nothing could stand between shepherd and Postgres that hands a server
+//! connection to another client between transactions (PgBouncer in
+//! transaction mode). A lease holds no connection between its statements.
+//!
+//! What the lock gave and the lease keeps:
+//! - one holder at a time: taking is one statement that inserts the row or
+//!   takes it over only once it has expired;
+//! - nothing acts on a lease it lost: every check a holder makes before it
+//!   writes to the provider (a `Fence`) renews the lease in the same
+//!   statement that reads who stands on the unit, and fails when the row
+//!   is no longer its own, so the write does not leave;
+//! - a crash frees the unit: a lease not renewed expires after the
+//!   cluster's rescue window, when the crashed worker's jobs go to others
+//!   (`Rescue`). The check right before a write renews the lease for a
+//!   whole window, and one API attempt ends well inside it, so a second
+//!   holder can never start while a first one's write is on the wire.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use sqlx::PgPool;
+use uuid::Uuid;
+
+/// A held lease, renewed in the background until [`Lease::release`] or
+/// until dropped (a dropped lease is released by a task of its own: a job
+/// cut off mid-way gives its unit back as a closed connection did).
+pub struct Lease {
+    pool: PgPool,
+    key: String,
+    id: Uuid,
+    term: Duration,
+    /// Set by the keeper when a renewal found the row gone or another's.
+    lost: Arc<AtomicBool>,
+    keeper: tokio::task::JoinHandle<()>,
+    released: bool,
+}
+
+impl std::fmt::Debug for Lease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lease")
+            .field("key", &self.key)
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The expiry of a lease renewed now, as SQL of its term in milliseconds.
+const EXPIRES: &str = "pg_catalog.clock_timestamp() + $3::int8 * interval '1 millisecond'";
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX / 2)
+}
+
+impl Lease {
+    /// Takes `key` for `term` if nobody holds it (or its holder's lease has
+    /// expired); `None` if somebody does. Renewed every third of `term`.
+    pub async fn try_take(
+        pool: &PgPool,
+        key: &str,
+        term: Duration,
+    ) -> Result<Option<Lease>, sqlx::Error> {
+        let id = Uuid::new_v4();
+        let taken: Option<Uuid> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "insert into shepherd.leases as l (key, lease, holder, taken_at, expires_at)
+             values ($1, $2, $4, pg_catalog.clock_timestamp(), {EXPIRES})
+             on conflict (key) do update
+                 set lease = excluded.lease, holder = excluded.holder,
+                     taken_at = excluded.taken_at, expires_at = excluded.expires_at
+                 where l.expires_at <= pg_catalog.clock_timestamp()
+             returning lease"
+        )))
+        .bind(key)
+        .bind(id)
+        .bind(millis(term))
+        .bind(crate::fleet::process_name())
+        .fetch_optional(pool)
+        .await?;
+        if taken != Some(id) {
+            return Ok(None);
+        }
+        let lost = Arc::new(AtomicBool::new(false));
+        let keeper = tokio::spawn(keep(pool.clone(), key.to_string(), id, term, lost.clone()));
+        Ok(Some(Lease {
+            pool: pool.clone(),
+            key: key.to_string(),
+            id,
+            term,
+            lost,
+            keeper,
+            released: false,
+        }))
+    }
+
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// This holder's id, as the row carries it.
+    pub fn id(&self) -> Uuid {
+        self.id
+    }
+
+    pub fn term(&self) -> Duration {
+        self.term
+    }
+
+    /// Whether a renewal has found the lease gone. `false` proves nothing:
+    /// only a check in the database does ([`Lease::renew`]).
+    pub fn known_lost(&self) -> bool {
+        self.lost.load(Ordering::Relaxed)
+    }
+
+    /// Renews the lease for a whole term; `false` if it is not ours any
+    /// more (expired and taken, or deleted by an operator).
+    pub async fn renew(&self) -> Result<bool, sqlx::Error> {
+        let ours = renew(&self.pool, &self.key, self.id, self.term).await?;
+        if !ours {
+            self.lost.store(true, Ordering::Relaxed);
+        }
+        Ok(ours)
+    }
+
+    /// Gives the lease back (only if it is still ours).
+    pub async fn release(mut self) {
+        self.keeper.abort();
+        self.released = true;
+        if let Err(e) = release(&self.pool, &self.key, self.id).await {
+            tracing::warn!(key = %self.key, error = %e, "could not give a lease back; it expires on its own");
+        }
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.keeper.abort();
+        if self.released {
+            return;
+        }
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let (pool, key, id) = (self.pool.clone(), self.key.clone(), self.id);
+            rt.spawn(async move {
+                let _ = release(&pool, &key, id).await;
+            });
+        }
+    }
+}
+
+/// The statement that renews `key` for `term` if `id` still holds it.
+/// Fences put it in front of their own reads (see `place.rs`).
+pub(crate) const RENEW: &str = "update shepherd.leases
+     set expires_at = pg_catalog.clock_timestamp() + $3::int8 * interval '1 millisecond'
+     where key = $1 and lease = $2 and expires_at > pg_catalog.clock_timestamp()
+     returning 1";
+
+async fn renew(pool: &PgPool, key: &str, id: Uuid, term: Duration) -> Result<bool, sqlx::Error> {
+    let row: Option<i32> = sqlx::query_scalar(RENEW)
+        .bind(key)
+        .bind(id)
+        .bind(millis(term))
+        .fetch_optional(pool)
+        .await?;
+    Ok(row.is_some())
+}
+
+async fn release(pool: &PgPool, key: &str, id: Uuid) -> Result<(), sqlx::Error> {
+    sqlx::query("delete from shepherd.leases where key = $1 and lease = $2")
+        .bind(key)
+        .bind(id)
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
+/// Renews every third of the term. A database that does not answer is
+/// tried again at the next beat: the lease still has two thirds of its
+/// term, and every fence checks it anyway.
+async fn keep(pool: PgPool, key: String, id: Uuid, term: Duration, lost: Arc<AtomicBool>) {
+    let beat = (term / 3).max(Duration::from_millis(100));
+    loop {
+        tokio::time::sleep(beat).await;
+        match renew(&pool, &key, id, term).await {
+            Ok(true) => {}
+            Ok(false) => {
+                lost.store(true, Ordering::Relaxed);
+                tracing::error!(
+                    key = %key,
+                    "this job's lease expired or was taken: it will not write to the provider again"
+                );
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(key = %key, error = %e, "could not renew a lease; trying again");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::millis;
+    use std::time::Duration;
+
+    #[test]
+    fn a_term_is_sent_in_milliseconds_and_never_overflows() {
+        assert_eq!(millis(Duration::from_secs(60)), 60_000);
+        assert!(millis(Duration::MAX) > 0);
+    }
+}
