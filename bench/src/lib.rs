@@ -7,6 +7,7 @@
 //! timed was not done correctly.
 
 mod events;
+mod fleet;
 mod latitude;
 mod pipeline;
 mod rate;
@@ -49,6 +50,8 @@ pub enum BenchCommand {
     Converge(latitude::ConvergeBench),
     /// 11: a pool filled with the defaults in an empty and a crowded project, then at rest
     Budget(latitude::BudgetBench),
+    /// 12: twenty default workers and a scheduler on one Postgres, a Latitude pool filled and lowered
+    Fleet(fleet::FleetBench),
     /// A bare apalis worker with a no-op job (scenario 1's baseline)
     #[command(hide = true)]
     NoopWorker(pipeline::NoopWorker),
@@ -117,6 +120,7 @@ pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Latitude(args) => latitude::run(args).await,
         BenchCommand::Converge(args) => latitude::converge(args).await,
         BenchCommand::Budget(args) => latitude::budget(args).await,
+        BenchCommand::Fleet(args) => fleet::run(args).await,
         BenchCommand::NoopWorker(args) => pipeline::noop_worker(args).await,
         BenchCommand::ReconcileOnce(args) => reconcile::once(args).await,
     }
@@ -466,6 +470,21 @@ impl Stage {
         Ok(sqlx::query_scalar(sql).fetch_one(&self.pool).await?)
     }
 
+    /// Lines of the processes' logs that contain any of `needles`.
+    pub fn log_lines_matching(&self, needles: &[&str]) -> anyhow::Result<usize> {
+        let mut n = 0;
+        for i in 0..self.children.len() {
+            let path = self.dir.join(format!("process-{i}.log"));
+            let text = std::fs::read_to_string(&path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            n += text
+                .lines()
+                .filter(|l| needles.iter().any(|k| l.contains(k)))
+                .count();
+        }
+        Ok(n)
+    }
+
     /// Stops every child (SIGTERM, then SIGKILL after a grace) and the fake.
     pub async fn finish(mut self) -> anyhow::Result<()> {
         for c in &self.children {
@@ -532,4 +551,77 @@ mod tests {
         assert_eq!((s.median, s.min, s.max), (2.0, 1.0, 3.0));
         assert_eq!(Stats::of([1.0, 2.0, 4.0, 10.0]).median, 3.0);
     }
+}
+
+/// What Postgres did for a run, from its own counters: transactions
+/// committed and rolled back and backends started in the run's database
+/// (`pg_stat_database`), and the CPU time of every Postgres process on
+/// this machine, reaped backends included (through the postmaster's
+/// children's time).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DbProfile {
+    pub commits: i64,
+    pub rollbacks: i64,
+    pub sessions: i64,
+    pub cpu_ms: f64,
+}
+
+impl DbProfile {
+    /// Read now, for the database `pool` is connected to.
+    pub async fn read(pool: &PgPool) -> anyhow::Result<DbProfile> {
+        let (commits, rollbacks, sessions): (i64, i64, i64) = sqlx::query_as(
+            "select xact_commit, xact_rollback, sessions from pg_stat_database
+             where datname = current_database()",
+        )
+        .fetch_one(pool)
+        .await
+        .context("reading pg_stat_database")?;
+        Ok(DbProfile {
+            commits,
+            rollbacks,
+            sessions,
+            cpu_ms: postgres_cpu_ms(),
+        })
+    }
+
+    /// What happened between `self` and `later`, per job.
+    pub fn per_job(&self, later: &DbProfile, jobs: i64) -> String {
+        let n = jobs.max(1) as f64;
+        format!(
+            "commits {:.2}, rollbacks {:.2}, new backends {:.3}, Postgres CPU {:.2} ms",
+            (later.commits - self.commits) as f64 / n,
+            (later.rollbacks - self.rollbacks) as f64 / n,
+            (later.sessions - self.sessions) as f64 / n,
+            (later.cpu_ms - self.cpu_ms) / n
+        )
+    }
+}
+
+/// CPU time, in ms, of the processes named `postgres` (utime, stime and
+/// their reaped children's), read from /proc; 0 where there is none.
+fn postgres_cpu_ms() -> f64 {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return 0.0;
+    };
+    let mut ticks = 0u64;
+    for entry in dir.flatten() {
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        let Some((head, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        if !head.ends_with("(postgres") {
+            continue;
+        }
+        // Fields after the name: state is the 1st, utime the 12th, stime,
+        // cutime and cstime the 13th to 15th.
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        ticks += fields
+            .get(11..15)
+            .map(|f| f.iter().filter_map(|v| v.parse::<u64>().ok()).sum())
+            .unwrap_or(0);
+    }
+    // USER_HZ is 100 on Linux.
+    ticks as f64 * 10.0
 }

@@ -15,7 +15,7 @@ use shepherd::metal::{ClientConfig, ClientMetrics, MetalClient, Operation};
 use shepherd::secret::ApiToken;
 use shepherd_fakes::metal::{FakeConfig, FaultKind, FaultRule, Faults, RequestRecord};
 
-use super::{PUBLIC_KEY, Server, Stage, Stats, TOKEN};
+use super::{DbProfile, PUBLIC_KEY, Server, Stage, Stats, TOKEN};
 
 /// Worker settings both sides of scenario 1 share: shepherd's defaults.
 const CREATE_CONCURRENCY: usize = 4;
@@ -137,6 +137,8 @@ struct Run {
     creates: u64,
     retried: i64,
     requests: Vec<RequestRecord>,
+    /// Postgres's work per job, as `DbProfile::per_job` words it.
+    profile: String,
 }
 
 const DONE_NOOP: &str = "select count(*) from apalis.jobs where status = 'Done'";
@@ -186,13 +188,23 @@ async fn bare_run(
         ],
         &shared,
     ));
+    let watch = shepherd::db::connect(&stage.url, 1).await?;
+    let before = DbProfile::read(&watch).await?;
     let started = Instant::now();
     stage.spawn(&args)?;
     stage
         .wait_for(DONE_NOOP, total, Duration::from_secs(1800))
         .await?;
     let seconds = started.elapsed().as_secs_f64();
+    let cpu_end = DbProfile::read(&watch).await?.cpu_ms;
     stage.finish().await?;
+    let profile = before.per_job(
+        &DbProfile {
+            cpu_ms: cpu_end,
+            ..DbProfile::read(&watch).await?
+        },
+        total,
+    );
     Ok(Run {
         seconds,
         jobs: total,
@@ -203,6 +215,7 @@ async fn bare_run(
         creates: 0,
         retried: 0,
         requests: vec![],
+        profile,
     })
 }
 
@@ -290,6 +303,8 @@ async fn shepherd_run(
         ],
         worker_args,
     );
+    let watch = shepherd::db::connect(&stage.url, 1).await?;
+    let before = DbProfile::read(&watch).await?;
     let started = Instant::now();
     for _ in 0..workers {
         stage.spawn_worker(&args)?;
@@ -298,6 +313,7 @@ async fn shepherd_run(
         .wait_for(DONE_SHEPHERD, total, Duration::from_secs(1800))
         .await?;
     let seconds = started.elapsed().as_secs_f64();
+    let cpu_end = DbProfile::read(&watch).await?.cpu_ms;
     let machines = stage.count(MANAGED).await?;
     anyhow::ensure!(
         machines == reservations as i64,
@@ -323,9 +339,21 @@ async fn shepherd_run(
         creates: stage.fake.calls(Operation::CreateDevice),
         retried,
         requests: stage.fake.request_log(),
+        profile: String::new(),
     };
     stage.finish().await?;
-    Ok(run)
+    // Counters are complete once the workers' backends have exited.
+    let after = DbProfile::read(&watch).await?;
+    Ok(Run {
+        profile: before.per_job(
+            &DbProfile {
+                cpu_ms: cpu_end,
+                ..after
+            },
+            total,
+        ),
+        ..run
+    })
 }
 
 /// Scenario 1. Returns shepherd's machines/s per repetition, which is
@@ -347,9 +375,10 @@ pub async fn queue(args: QueueBench) -> anyhow::Result<Vec<f64>> {
             if side == 0 {
                 let r = bare_run(&args.server, n, &args.worker_args).await?;
                 println!(
-                    "  rep {rep}: bare apalis  {:>7.0} jobs/s ({:.1} s)",
+                    "  rep {rep}: bare apalis  {:>7.0} jobs/s ({:.1} s); per job: {}",
                     r.jobs as f64 / r.seconds,
-                    r.seconds
+                    r.seconds,
+                    r.profile
                 );
                 bare.push(r.jobs as f64 / r.seconds);
             } else {
@@ -364,10 +393,11 @@ pub async fn queue(args: QueueBench) -> anyhow::Result<Vec<f64>> {
                 )
                 .await?;
                 println!(
-                    "  rep {rep}: shepherd     {:>7.0} jobs/s ({:.1} s, {} machines)",
+                    "  rep {rep}: shepherd     {:>7.0} jobs/s ({:.1} s, {} machines); per job: {}",
                     r.jobs as f64 / r.seconds,
                     r.seconds,
-                    r.machines
+                    r.machines,
+                    r.profile
                 );
                 full.push(r.jobs as f64 / r.seconds);
             }

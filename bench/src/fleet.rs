@@ -1,0 +1,229 @@
+//! Scenario 12: many default worker processes and a scheduler on one
+//! Postgres, one Latitude.sh pool filled and then lowered at the key's
+//! real budgets (60 reads and 20 writes a minute, counted by the fake).
+//! What it reports is what an operator running workers for availability
+//! needs to know: the most connections the cluster held at once (this
+//! cluster's, and every client's on the server), the connection errors
+//! the processes logged, and the fill's time against the key's write
+//! bound.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::Args;
+use shepherd_fakes::latitude::{FakeConfig, FakeLatitude};
+
+use crate::{Server, Stage};
+
+const KEY: &str = "bench-fleet-key";
+
+/// What the processes' logs say when Postgres or their pools could not
+/// give them a connection.
+const CONNECTION_ERRORS: &[&str] = &[
+    "pool timed out",
+    "too many clients",
+    "remaining connection slots",
+    "no connection left",
+];
+
+#[derive(Debug, Args)]
+pub struct FleetBench {
+    #[command(flatten)]
+    pub server: Server,
+    /// Worker processes, each with the release binary's defaults
+    #[arg(long, default_value_t = 20)]
+    pub workers: usize,
+    /// The pool's count to fill
+    #[arg(long, default_value_t = 40)]
+    pub machines: usize,
+    /// The count it is lowered to once full
+    #[arg(long, default_value_t = 20)]
+    pub lower_to: usize,
+}
+
+pub async fn run(args: FleetBench) -> anyhow::Result<()> {
+    let (n, low) = (args.machines.max(1), args.lower_to.min(args.machines));
+    println!(
+        "\n## Scenario 12: {} default workers and a scheduler on one Postgres, a Latitude.sh pool filled to {n} and lowered to {low} at the key's budgets",
+        args.workers
+    );
+    let max_connections: String = {
+        let pool = shepherd::db::connect(&args.server.url, 1).await?;
+        sqlx::query_scalar("select current_setting('max_connections')")
+            .fetch_one(&pool)
+            .await?
+    };
+    let fake = FakeLatitude::start(
+        FakeConfig {
+            token: KEY.into(),
+            deploy_delay: Duration::from_secs(2),
+            ..FakeConfig::default()
+        },
+        "127.0.0.1:0".parse().expect("a literal address"),
+    )
+    .await
+    .context("cannot start the fake Latitude API")?;
+    let mut stage = Stage::new(&args.server, "fleet", Default::default()).await?;
+    let os = "ubuntu_24_04_x64_lts";
+    let pools = format!("name=web,plan=c2-small-x86,site=DAL,count={n},os={os}");
+    let (url, project) = (fake.base_url(), fake.project().to_string());
+    let env = [
+        ("SHEPHERD_PROVIDER", "latitude"),
+        ("LATITUDE_API_URL", url.as_str()),
+        ("LATITUDE_PROJECT", project.as_str()),
+        ("LATITUDE_API_KEY", KEY),
+        ("SHEPHERD_LATITUDE_POOLS", pools.as_str()),
+        ("SHEPHERD_LOG", "info"),
+    ];
+    // Connections sampled every 100 ms: this cluster's (its processes name
+    // themselves shepherd*) and every client backend on the server.
+    let (ours, server_wide) = (Arc::new(AtomicI64::new(0)), Arc::new(AtomicI64::new(0)));
+    let sampler = {
+        let (ours, server_wide) = (ours.clone(), server_wide.clone());
+        let pool = shepherd::db::connect(&stage.url, 1).await?;
+        tokio::spawn(async move {
+            loop {
+                let row: Result<(i64, i64), _> = sqlx::query_as(
+                    "select count(*) filter (where datname = current_database()
+                                               and application_name like 'shepherd%'),
+                            count(*) filter (where backend_type = 'client backend')
+                     from pg_stat_activity",
+                )
+                .fetch_one(&pool)
+                .await;
+                if let Ok((o, s)) = row {
+                    ours.fetch_max(o, Ordering::Relaxed);
+                    server_wide.fetch_max(s, Ordering::Relaxed);
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+    let max = (n + 5).to_string();
+    let started = Instant::now();
+    stage.spawn_with_env(
+        &[
+            "scheduler",
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--skip-migrations",
+        ],
+        &env,
+    )?;
+    for _ in 0..args.workers.max(1) {
+        stage.spawn_with_env(
+            &[
+                "worker",
+                "--metrics-listen",
+                "127.0.0.1:0",
+                "--skip-migrations",
+                "--max-machines",
+                &max,
+            ],
+            &env,
+        )?;
+    }
+    stage
+        .wait_for(
+            "select count(*) from shepherd.managed_machines",
+            n as i64,
+            Duration::from_secs(900),
+        )
+        .await?;
+    let fill = started.elapsed().as_secs_f64();
+    let creates = fake
+        .request_log()
+        .iter()
+        .filter(|r| r.method == "POST" && r.path.ends_with("/servers") && r.status < 300)
+        .count();
+    // The key's bound: the first 20 writes at once, then 20 a minute.
+    let fill_bound = (creates.saturating_sub(1) / 20) as f64 * 60.0;
+    let peak_fill = (
+        ours.load(Ordering::Relaxed),
+        server_wide.load(Ordering::Relaxed),
+    );
+
+    let operator = |args: &[&str]| -> anyhow::Result<()> {
+        let out = stage.command(args)?.envs(env.iter().copied()).output()?;
+        anyhow::ensure!(
+            out.status.success(),
+            "shepherd {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(())
+    };
+    operator(&[
+        "settings",
+        "set",
+        "deletion_budget",
+        "100%,1000",
+        "--reason",
+        "bench",
+    ])?;
+    let lowered = Instant::now();
+    operator(&[
+        "pools",
+        "set",
+        "web",
+        &format!("count={low}"),
+        "--reason",
+        "bench",
+    ])?;
+    loop {
+        let busy = stage
+            .count(
+                "select (select count(*) from shepherd.in_flight)
+                      + (select count(*) from shepherd.leaving)",
+            )
+            .await?;
+        if busy == 0 && fake.servers().len() == low {
+            break;
+        }
+        anyhow::ensure!(
+            lowered.elapsed() < Duration::from_secs(900),
+            "not lowered after 15 minutes: {} servers",
+            fake.servers().len()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let lower = lowered.elapsed().as_secs_f64();
+    sampler.abort();
+    let errors = stage.log_lines_matching(CONNECTION_ERRORS)?;
+    let log = fake.request_log();
+    let deletes = log.iter().filter(|r| r.method == "DELETE").count();
+    let throttled = log.iter().filter(|r| r.status == 429).count();
+    anyhow::ensure!(
+        creates == n && deletes == n - low,
+        "{creates} creates and {deletes} deletes for a pool of {n} lowered to {low}: the run was not correct"
+    );
+    println!("max_connections = {max_connections}");
+    println!(
+        "| phase | wall time, s | key's bound, s | wall / bound | peak connections: cluster (server) | 429s |"
+    );
+    println!("|---|---|---|---|---|---|");
+    println!(
+        "| fill 0 → {n} ({creates} creates) | {fill:.1} | {fill_bound:.0} | {} | {} ({}) | |",
+        ratio(fill, fill_bound),
+        peak_fill.0,
+        peak_fill.1
+    );
+    println!(
+        "| lower {n} → {low} ({deletes} deletes) | {lower:.1} | | | {} ({}) | {throttled} |",
+        ours.load(Ordering::Relaxed),
+        server_wide.load(Ordering::Relaxed)
+    );
+    println!("connection errors logged by the processes: {errors}");
+    stage.finish().await?;
+    fake.shutdown().await;
+    Ok(())
+}
+
+fn ratio(wall: f64, bound: f64) -> String {
+    if bound > 0.0 {
+        format!("{:.3}", wall / bound)
+    } else {
+        "-".into()
+    }
+}
