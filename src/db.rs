@@ -27,7 +27,7 @@ pub enum DbError {
     )]
     NoDatabase { target: String, name: String },
     #[error(
-        "the Postgres server at {target} has no connection left for shepherd ({reason}): every client of it counts against its max_connections. A worker holds at most --db-connections plus one listening connection plus --console-connections (docs/operations.md, \"Connections\"); raise max_connections, lower --db-connections and the --*-concurrency flags, or run fewer processes"
+        "the Postgres server at {target} has no connection left for shepherd ({reason}): every client of it counts against its max_connections. A worker opens at most --db-connections + 3 + --console-connections (9 with the defaults), a scheduler 3 + --console-connections, a command 2 (docs/operations.md, --db-connections); raise max_connections, lower --db-connections, or run fewer processes"
     )]
     Full { target: String, reason: String },
     #[error("cannot create database {name}: {reason}")]

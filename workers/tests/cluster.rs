@@ -613,3 +613,39 @@ async fn a_full_postgres_is_named_with_the_next_step(pool: PgPool) {
     assert!(stderr.contains("max_connections"), "{stderr}");
     assert!(!stderr.contains("Check the user, password"), "{stderr}");
 }
+
+/// A worker whose Postgres has no connection left does not exit (a
+/// supervisor restarting it would only add to the crowd): it says so once,
+/// with the formula, and keeps trying.
+#[sqlx::test(migrations = false)]
+async fn a_worker_without_a_connection_says_so_once_and_waits(pool: PgPool) {
+    let mut c = Cluster::new(pool, 1, Faults::default()).await;
+    migrate(&c).await;
+    sqlx::query(
+        "do $$ begin
+             create role shepherd_full_test login connection limit 0;
+         exception when duplicate_object or unique_violation then null;
+         end $$",
+    )
+    .execute(&c.pool)
+    .await
+    .unwrap();
+    let as_full = c
+        .db_url
+        .replacen("://postgres@", "://shepherd_full_test@", 1);
+    assert_ne!(as_full, c.db_url);
+    c.spawn_worker_with_env(&["--skip-migrations"], &[("DATABASE_URL", &as_full)]);
+    // Three tries at least (one every 5 s).
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    let still = c.workers[0].try_wait().expect("asking after the worker");
+    let log = std::fs::read_to_string(c.dir.join("worker-0.log")).expect("the worker's log");
+    assert!(still.is_none(), "the worker exited ({still:?}): {log}");
+    assert_eq!(
+        log.matches("no connection left").count(),
+        1,
+        "said more or less than once: {log}"
+    );
+    assert!(log.contains("waiting for a connection"), "{log}");
+    assert!(log.contains("9 with the defaults"), "{log}");
+    c.stop_all();
+}

@@ -31,6 +31,41 @@ impl DatabaseArgs {
         )
     }
 
+    /// [`DatabaseArgs::connect`] or [`DatabaseArgs::prepare`] for a
+    /// long-running process: while the server has no connection left for
+    /// it, it says so once and tries again every 5 s instead of exiting
+    /// (a supervisor restarting it would only add to the crowd).
+    pub async fn connect_waiting(
+        &self,
+        max_connections: u32,
+        migrate: bool,
+    ) -> anyhow::Result<PgPool> {
+        let mut said = false;
+        loop {
+            let tried = if migrate {
+                self.prepare(max_connections).await
+            } else {
+                self.connect(max_connections).await
+            };
+            match tried {
+                Err(e) if matches!(e.downcast_ref(), Some(shepherd::db::DbError::Full { .. })) => {
+                    if !said {
+                        tracing::warn!("{e}; waiting for a connection, trying again every 5 s");
+                        said = true;
+                    }
+                    tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+                }
+                Ok(pool) => {
+                    if said {
+                        tracing::info!("Postgres has a connection for this process again");
+                    }
+                    return Ok(pool);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
     /// Creates the database when missing, connects, and migrates.
     pub async fn prepare(&self, max_connections: u32) -> anyhow::Result<PgPool> {
         shepherd::db::ensure_database(&self.database_url).await?;

@@ -209,11 +209,10 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
     shepherd::db::check_url(&args.db.database_url)?;
     let operator = operator_token(args.console.operator_token_file.as_deref())?;
 
-    let pool = if args.skip_migrations {
-        args.db.connect(args.db_connections()).await?
-    } else {
-        args.db.prepare(args.db_connections()).await?
-    };
+    let pool = args
+        .db
+        .connect_waiting(args.db_connections(), !args.skip_migrations)
+        .await?;
     let established = shepherd::cluster::establish(
         &pool,
         &ClusterSettings::proposed_by(&config),
