@@ -18,15 +18,6 @@
 //!   (`Rescue`). The check right before a write renews the lease for a
 //!   whole window, and one API attempt ends well inside it, so a second
 //!   holder can never start while a first one's write is on the wire.
-//!
-//! Lease statements commit without waiting for the disk (`NO_FLUSH`): a
-//! creation takes, renews and gives back a lease, and three flushes of the
-//! log were most of what leases added to a job. What a server crash can
-//! lose is the last fraction of a second of them: a lost take leaves no
-//! row with this holder's id, so its next fence refuses; a lost give-back
-//! leaves the row to expire; a lost renewal leaves an expiry a fraction of
-//! a second earlier than the holder counted on, inside the heartbeat of
-//! margin every worker keeps between an API attempt and the window.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -58,10 +49,6 @@ impl std::fmt::Debug for Lease {
     }
 }
 
-/// Put in a lease statement's select list: its transaction commits without
-/// waiting for the log to reach the disk (see the module's notes).
-pub(crate) const NO_FLUSH: &str = "pg_catalog.set_config('synchronous_commit', 'off', true)";
-
 /// The expiry of a lease renewed now, as SQL of its term in milliseconds.
 const EXPIRES: &str = "pg_catalog.clock_timestamp() + $3::int8 * interval '1 millisecond'";
 
@@ -78,14 +65,14 @@ impl Lease {
         term: Duration,
     ) -> Result<Option<Lease>, sqlx::Error> {
         let id = Uuid::new_v4();
-        let taken: Option<(Uuid, String)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        let taken: Option<Uuid> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
             "insert into shepherd.leases as l (key, lease, holder, taken_at, expires_at)
              values ($1, $2, $4, pg_catalog.clock_timestamp(), {EXPIRES})
              on conflict (key) do update
                  set lease = excluded.lease, holder = excluded.holder,
                      taken_at = excluded.taken_at, expires_at = excluded.expires_at
                  where l.expires_at <= pg_catalog.clock_timestamp()
-             returning lease, {NO_FLUSH}"
+             returning lease"
         )))
         .bind(key)
         .bind(id)
@@ -93,7 +80,7 @@ impl Lease {
         .bind(crate::fleet::process_name())
         .fetch_optional(pool)
         .await?;
-        if taken.map(|(lease, _)| lease) != Some(id) {
+        if taken != Some(id) {
             return Ok(None);
         }
         let lost = Arc::new(AtomicBool::new(false));
@@ -168,10 +155,10 @@ impl Drop for Lease {
 pub(crate) const RENEW: &str = "update shepherd.leases
      set expires_at = pg_catalog.clock_timestamp() + $3::int8 * interval '1 millisecond'
      where key = $1 and lease = $2 and expires_at > pg_catalog.clock_timestamp()
-     returning pg_catalog.set_config('synchronous_commit', 'off', true) as no_flush";
+     returning 1 as held";
 
 async fn renew(pool: &PgPool, key: &str, id: Uuid, term: Duration) -> Result<bool, sqlx::Error> {
-    let row: Option<String> = sqlx::query_scalar(RENEW)
+    let row: Option<i32> = sqlx::query_scalar(RENEW)
         .bind(key)
         .bind(id)
         .bind(millis(term))
@@ -181,13 +168,11 @@ async fn renew(pool: &PgPool, key: &str, id: Uuid, term: Duration) -> Result<boo
 }
 
 async fn release(pool: &PgPool, key: &str, id: Uuid) -> Result<(), sqlx::Error> {
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "delete from shepherd.leases where key = $1 and lease = $2 returning {NO_FLUSH}"
-    )))
-    .bind(key)
-    .bind(id)
-    .fetch_optional(pool)
-    .await?;
+    sqlx::query("delete from shepherd.leases where key = $1 and lease = $2")
+        .bind(key)
+        .bind(id)
+        .execute(pool)
+        .await?;
     Ok(())
 }
 

@@ -82,7 +82,7 @@ impl PlaceLock {
         let (held, owner, machines, unassimilated, place, count, removed): Row =
             sqlx::query_as(sqlx::AssertSqlSafe(format!(
                 "with held as ({RENEW})
-                 select (select count(no_flush) from held) > 0,
+                 select exists(select 1 from held),
                         pc.request,
                         (select count(*) from shepherd.managed_machines where reservation_id = $4),
                         (select count(*) from shepherd.unassimilated_devices where reservation_id = $4),
