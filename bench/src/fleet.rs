@@ -11,13 +11,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
-use clap::Args;
-use shepherd_fakes::latitude::{FakeConfig, FakeLatitude};
-
+use crate::latitude::{KEY, fake_at_budgets};
 use crate::{Server, Stage};
-
-const KEY: &str = "bench-fleet-key";
+use clap::Args;
 
 /// What the processes' logs say when Postgres or their pools could not
 /// give them a connection.
@@ -55,16 +51,7 @@ pub async fn run(args: FleetBench) -> anyhow::Result<()> {
             .fetch_one(&pool)
             .await?
     };
-    let fake = FakeLatitude::start(
-        FakeConfig {
-            token: KEY.into(),
-            deploy_delay: Duration::from_secs(2),
-            ..FakeConfig::default()
-        },
-        "127.0.0.1:0".parse().expect("a literal address"),
-    )
-    .await
-    .context("cannot start the fake Latitude API")?;
+    let fake = fake_at_budgets().await?;
     let mut stage = Stage::new(&args.server, "fleet", Default::default()).await?;
     let os = "ubuntu_24_04_x64_lts";
     let pools = format!("name=web,plan=c2-small-x86,site=DAL,count={n},os={os}");

@@ -13,7 +13,21 @@ use shepherd_fakes::latitude::{FakeConfig, FakeLatitude};
 
 use crate::{Server, Stage};
 
-const KEY: &str = "bench-latitude-key";
+pub(crate) const KEY: &str = "bench-latitude-key";
+
+/// The fake Latitude.sh at the key's real budgets, deploying in 2 s.
+pub(crate) async fn fake_at_budgets() -> anyhow::Result<FakeLatitude> {
+    FakeLatitude::start(
+        FakeConfig {
+            token: KEY.into(),
+            deploy_delay: Duration::from_secs(2),
+            ..FakeConfig::default()
+        },
+        "127.0.0.1:0".parse().expect("a literal address"),
+    )
+    .await
+    .context("cannot start the fake Latitude API")
+}
 
 #[derive(Debug, Args)]
 pub struct LatitudeBench {
@@ -33,16 +47,7 @@ pub async fn run(args: LatitudeBench) -> anyhow::Result<()> {
         "\n## Scenario 9: Latitude.sh, {n} machines in two pools, {} worker processes, the key's budgets (60 reads, 20 writes a minute)",
         args.workers
     );
-    let fake = FakeLatitude::start(
-        FakeConfig {
-            token: KEY.into(),
-            deploy_delay: Duration::from_secs(2),
-            ..FakeConfig::default()
-        },
-        "127.0.0.1:0".parse().expect("a literal address"),
-    )
-    .await
-    .context("cannot start the fake Latitude API")?;
+    let fake = fake_at_budgets().await?;
     let mut stage = Stage::new(&args.server, "latitude", Default::default()).await?;
     let pools = format!(
         "name=web,plan=c2-small-x86,site=DAL,count={web},os=ubuntu_24_04_x64_lts;\
@@ -152,16 +157,7 @@ pub async fn converge(args: ConvergeBench) -> anyhow::Result<()> {
         "\n## Scenario 10: a pool change at the key's budgets: web {from} → {to} and db 0 → {new} in one `pools apply`, {} worker processes",
         args.workers
     );
-    let fake = FakeLatitude::start(
-        FakeConfig {
-            token: KEY.into(),
-            deploy_delay: Duration::from_secs(2),
-            ..FakeConfig::default()
-        },
-        "127.0.0.1:0".parse().expect("a literal address"),
-    )
-    .await
-    .context("cannot start the fake Latitude API")?;
+    let fake = fake_at_budgets().await?;
     let mut stage = Stage::new(&args.server, "converge", Default::default()).await?;
     let os = "ubuntu_24_04_x64_lts";
     let pools = format!("name=web,plan=c2-small-x86,site=DAL,count={from},os={os}");
@@ -382,16 +378,7 @@ pub async fn budget(args: BudgetBench) -> anyhow::Result<()> {
 }
 
 async fn budget_once(args: &BudgetBench, n: usize, others: usize) -> anyhow::Result<BudgetRun> {
-    let fake = FakeLatitude::start(
-        FakeConfig {
-            token: KEY.into(),
-            deploy_delay: Duration::from_secs(2),
-            ..FakeConfig::default()
-        },
-        "127.0.0.1:0".parse().expect("a literal address"),
-    )
-    .await
-    .context("cannot start the fake Latitude API")?;
+    let fake = fake_at_budgets().await?;
     let project = fake.project().to_string();
     for i in 0..others {
         // Other teams' servers in the same project, on the same plans.

@@ -333,7 +333,7 @@ pub struct Stage {
     pub url: String,
     pub fake: FakeMetal,
     dir: PathBuf,
-    children: Vec<Child>,
+    children: Children,
 }
 
 impl Stage {
@@ -363,7 +363,7 @@ impl Stage {
             url,
             fake,
             dir,
-            children: vec![],
+            children: Children::default(),
         })
     }
 
@@ -487,13 +487,13 @@ impl Stage {
 
     /// Stops every child (SIGTERM, then SIGKILL after a grace) and the fake.
     pub async fn finish(mut self) -> anyhow::Result<()> {
-        for c in &self.children {
+        for c in self.children.iter() {
             let _ = Command::new("kill")
                 .args(["-TERM", &c.id().to_string()])
                 .status();
         }
         let deadline = Instant::now() + Duration::from_secs(30);
-        for c in &mut self.children {
+        for c in self.children.iter_mut() {
             while c.try_wait()?.is_none() {
                 if Instant::now() > deadline {
                     let _ = c.kill();
@@ -507,6 +507,36 @@ impl Stage {
         self.fake.shutdown().await;
         let _ = std::fs::remove_dir_all(&self.dir);
         Ok(())
+    }
+}
+
+/// A scenario that fails (a process exits early, a wait times out) drops
+/// its stage without `finish`: its processes are killed rather than left
+/// to hold their database connections after the bench has exited.
+#[derive(Default)]
+struct Children(Vec<Child>);
+
+impl std::ops::Deref for Children {
+    type Target = Vec<Child>;
+    fn deref(&self) -> &Vec<Child> {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Children {
+    fn deref_mut(&mut self) -> &mut Vec<Child> {
+        &mut self.0
+    }
+}
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            if matches!(c.try_wait(), Ok(None)) {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
     }
 }
 

@@ -582,13 +582,11 @@ async fn one_connection_listens_and_a_worker_can_poll_without_it(pool: PgPool) {
     }
 }
 
-/// Postgres's "no connection left" (a server at max_connections, a role at
-/// its limit: SQLSTATE 53300) is named as such, with what a worker holds
-/// and what to do, not taken for a wrong password.
-#[sqlx::test(migrations = false)]
-async fn a_full_postgres_is_named_with_the_next_step(pool: PgPool) {
-    let c = Cluster::new(pool, 1, Faults::default()).await;
-    migrate(&c).await;
+/// The cluster's URL as a role with a connection limit of 0: every
+/// connection it asks for is refused with SQLSTATE 53300, as on a full
+/// server.
+async fn full_role_url(c: &Cluster) -> String {
+    migrate(c).await;
     sqlx::query(
         "do $$ begin
              create role shepherd_full_test login connection limit 0;
@@ -597,11 +595,21 @@ async fn a_full_postgres_is_named_with_the_next_step(pool: PgPool) {
     )
     .execute(&c.pool)
     .await
-    .unwrap();
+    .expect("creating a role with no connection allowed");
     let as_full = c
         .db_url
         .replacen("://postgres@", "://shepherd_full_test@", 1);
     assert_ne!(as_full, c.db_url);
+    as_full
+}
+
+/// Postgres's "no connection left" (a server at max_connections, a role at
+/// its limit: SQLSTATE 53300) is named as such, with what a worker holds
+/// and what to do, not taken for a wrong password.
+#[sqlx::test(migrations = false)]
+async fn a_full_postgres_is_named_with_the_next_step(pool: PgPool) {
+    let c = Cluster::new(pool, 1, Faults::default()).await;
+    let as_full = full_role_url(&c).await;
     let out = Command::new(env!("CARGO_BIN_EXE_shepherd"))
         .args(["status"])
         .env("DATABASE_URL", &as_full)
@@ -620,20 +628,7 @@ async fn a_full_postgres_is_named_with_the_next_step(pool: PgPool) {
 #[sqlx::test(migrations = false)]
 async fn a_worker_without_a_connection_says_so_once_and_waits(pool: PgPool) {
     let mut c = Cluster::new(pool, 1, Faults::default()).await;
-    migrate(&c).await;
-    sqlx::query(
-        "do $$ begin
-             create role shepherd_full_test login connection limit 0;
-         exception when duplicate_object or unique_violation then null;
-         end $$",
-    )
-    .execute(&c.pool)
-    .await
-    .unwrap();
-    let as_full = c
-        .db_url
-        .replacen("://postgres@", "://shepherd_full_test@", 1);
-    assert_ne!(as_full, c.db_url);
+    let as_full = full_role_url(&c).await;
     c.spawn_worker_with_env(&["--skip-migrations"], &[("DATABASE_URL", &as_full)]);
     // Three tries at least (one every 5 s).
     tokio::time::sleep(Duration::from_secs(12)).await;
