@@ -45,14 +45,11 @@ pub async fn run(args: FleetBench) -> anyhow::Result<()> {
         "\n## Scenario 12: {} default workers and a scheduler on one Postgres, a Latitude.sh pool filled to {n} and lowered to {low} at the key's budgets",
         args.workers
     );
-    let max_connections: String = {
-        let pool = shepherd::db::connect(&args.server.url, 1).await?;
-        sqlx::query_scalar("select current_setting('max_connections')")
-            .fetch_one(&pool)
-            .await?
-    };
     let fake = fake_at_budgets().await?;
     let mut stage = Stage::new(&args.server, "fleet", Default::default()).await?;
+    let max_connections: String = sqlx::query_scalar("select current_setting('max_connections')")
+        .fetch_one(&stage.pool)
+        .await?;
     let os = "ubuntu_24_04_x64_lts";
     let pools = format!("name=web,plan=c2-small-x86,site=DAL,count={n},os={os}");
     let (url, project) = (fake.base_url(), fake.project().to_string());
@@ -66,22 +63,42 @@ pub async fn run(args: FleetBench) -> anyhow::Result<()> {
     ];
     // Connections sampled every 100 ms: this cluster's (its processes name
     // themselves shepherd*) and every client backend on the server.
+    // The bench's own two pools (its stage's and this sampler's) carry
+    // another application_name, so "ours" is the cluster's processes only;
+    // at the cluster's peak, its split between the queues', the jobs' and
+    // the pages' pools is kept.
     let (ours, server_wide) = (Arc::new(AtomicI64::new(0)), Arc::new(AtomicI64::new(0)));
+    let split = Arc::new(std::sync::Mutex::new((0i64, 0i64, 0i64)));
     let sampler = {
-        let (ours, server_wide) = (ours.clone(), server_wide.clone());
-        let pool = shepherd::db::connect(&stage.url, 1).await?;
+        let (ours, server_wide, split) = (ours.clone(), server_wide.clone(), split.clone());
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(1)
+            .connect_with(
+                (*stage.pool.connect_options())
+                    .clone()
+                    .application_name("bench"),
+            )
+            .await?;
         tokio::spawn(async move {
             loop {
-                let row: Result<(i64, i64), _> = sqlx::query_as(
+                let row: Result<(i64, i64, i64, i64, i64), _> = sqlx::query_as(
                     "select count(*) filter (where datname = current_database()
                                                and application_name like 'shepherd%'),
-                            count(*) filter (where backend_type = 'client backend')
+                            count(*) filter (where backend_type = 'client backend'),
+                            count(*) filter (where datname = current_database()
+                                               and application_name = 'shepherd-queue'),
+                            count(*) filter (where datname = current_database()
+                                               and application_name = 'shepherd'),
+                            count(*) filter (where datname = current_database()
+                                               and application_name = 'shepherd-console')
                      from pg_stat_activity",
                 )
                 .fetch_one(&pool)
                 .await;
-                if let Ok((o, s)) = row {
-                    ours.fetch_max(o, Ordering::Relaxed);
+                if let Ok((o, s, q, j, p)) = row {
+                    if o > ours.fetch_max(o, Ordering::Relaxed) {
+                        *split.lock().expect("the split's lock") = (q, j, p);
+                    }
                     server_wide.fetch_max(s, Ordering::Relaxed);
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -120,13 +137,15 @@ pub async fn run(args: FleetBench) -> anyhow::Result<()> {
         )
         .await?;
     let fill = started.elapsed().as_secs_f64();
-    let creates = fake
-        .request_log()
+    let fill_log = fake.request_log();
+    let creates = fill_log
         .iter()
         .filter(|r| r.method == "POST" && r.path.ends_with("/servers") && r.status < 300)
         .count();
-    // The key's bound: the first 20 writes at once, then 20 a minute.
-    let fill_bound = (creates.saturating_sub(1) / 20) as f64 * 60.0;
+    // The key's bound over every write of the fill (the creates and the
+    // SSH key): the first 20 at once, then 20 a minute.
+    let fill_writes = fill_log.iter().filter(|r| r.method != "GET").count();
+    let fill_bound = (fill_writes.saturating_sub(1) / 20) as f64 * 60.0;
     let peak_fill = (
         ours.load(Ordering::Relaxed),
         server_wide.load(Ordering::Relaxed),
@@ -191,7 +210,7 @@ pub async fn run(args: FleetBench) -> anyhow::Result<()> {
     );
     println!("|---|---|---|---|---|---|");
     println!(
-        "| fill 0 → {n} ({creates} creates) | {fill:.1} | {fill_bound:.0} | {} | {} ({}) | |",
+        "| fill 0 → {n} ({creates} creates, {fill_writes} writes) | {fill:.1} | {fill_bound:.0} | {} | {} ({}) | |",
         ratio(fill, fill_bound),
         peak_fill.0,
         peak_fill.1
@@ -201,7 +220,10 @@ pub async fn run(args: FleetBench) -> anyhow::Result<()> {
         ours.load(Ordering::Relaxed),
         server_wide.load(Ordering::Relaxed)
     );
-    println!("connection errors logged by the processes: {errors}");
+    let (q, j, p) = *split.lock().expect("the split's lock");
+    println!(
+        "at the cluster's peak: {q} the queues', {j} the jobs', {p} the pages'; connection errors logged by the processes: {errors}"
+    );
     stage.finish().await?;
     fake.shutdown().await;
     Ok(())

@@ -340,7 +340,13 @@ impl Stage {
     pub async fn new(server: &Server, name: &str, fake: FakeConfig) -> anyhow::Result<Stage> {
         let url = server.database(name);
         shepherd::db::recreate_database(&url).await?;
-        let pool = shepherd::db::connect(&url, 8).await?;
+        // Named apart from the processes' own pools (`shepherd*`), so that
+        // a scenario counting their connections does not count the bench's.
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(8)
+            .connect_with(shepherd::db::check_url(&url)?.application_name("bench"))
+            .await
+            .with_context(|| format!("connecting to {}", shepherd::db::describe_url(&url)))?;
         shepherd::db::migrate(&pool).await?;
         let fake = FakeMetal::start(
             FakeConfig {

@@ -32,38 +32,20 @@ impl DatabaseArgs {
     }
 
     /// [`DatabaseArgs::connect`] or [`DatabaseArgs::prepare`] for a
-    /// long-running process: while the server has no connection left for
-    /// it, it says so once and tries again every 5 s instead of exiting
-    /// (a supervisor restarting it would only add to the crowd).
+    /// long-running process, through [`waiting_for_room`].
     pub async fn connect_waiting(
         &self,
         max_connections: u32,
         migrate: bool,
     ) -> anyhow::Result<PgPool> {
-        let mut said = false;
-        loop {
-            let tried = if migrate {
+        waiting_for_room(|| async {
+            if migrate {
                 self.prepare(max_connections).await
             } else {
                 self.connect(max_connections).await
-            };
-            match tried {
-                Err(e) if matches!(e.downcast_ref(), Some(shepherd::db::DbError::Full { .. })) => {
-                    if !said {
-                        tracing::warn!("{e}; waiting for a connection, trying again every 5 s");
-                        said = true;
-                    }
-                    tokio::time::sleep(std::time::Duration::from_secs(5)).await;
-                }
-                Ok(pool) => {
-                    if said {
-                        tracing::info!("Postgres has a connection for this process again");
-                    }
-                    return Ok(pool);
-                }
-                Err(e) => return Err(e),
             }
-        }
+        })
+        .await
     }
 
     /// Creates the database when missing, connects, and migrates.
@@ -72,6 +54,36 @@ impl DatabaseArgs {
         let pool = self.connect(max_connections).await?;
         shepherd::db::migrate(&pool).await?;
         Ok(pool)
+    }
+}
+
+/// Runs `open` until it does not fail for want of a connection: while the
+/// server has no connection left for this process, a long-running process
+/// says so once and tries again every 5 s instead of exiting (a supervisor
+/// restarting it would only add to the crowd). Any other error ends it.
+pub async fn waiting_for_room<T, F, Fut>(mut open: F) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<T>>,
+{
+    let mut said = false;
+    loop {
+        match open().await {
+            Err(e) if matches!(e.downcast_ref(), Some(shepherd::db::DbError::Full { .. })) => {
+                if !said {
+                    tracing::warn!("{e}; waiting for a connection, trying again every 5 s");
+                    said = true;
+                }
+                tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+            }
+            Ok(done) => {
+                if said {
+                    tracing::info!("Postgres has a connection for this process again");
+                }
+                return Ok(done);
+            }
+            Err(e) => return Err(e),
+        }
     }
 }
 

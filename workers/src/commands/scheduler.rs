@@ -39,17 +39,14 @@ pub struct SchedulerArgs {
 
 pub async fn scheduler(args: SchedulerArgs) -> anyhow::Result<()> {
     let operator = operator_token(args.console.operator_token_file.as_deref())?;
-    let pool = if args.skip_migrations {
-        args.db.connect(3).await?
-    } else {
-        args.db.prepare(3).await?
-    };
+    let pool = args.db.connect_waiting(3, !args.skip_migrations).await?;
     let listener = tokio::net::TcpListener::bind(args.metrics_listen)
         .await
         .with_context(|| format!("--metrics-listen: cannot listen on {}", args.metrics_listen))?;
     let stop = stop_on_signal();
     let (http_stop_tx, http_stop) = Stop::new();
-    let pages = args.console.pages_pool(&args.db).await?;
+    let pages =
+        crate::commands::database::waiting_for_room(|| args.console.pages_pool(&args.db)).await?;
     let http = tokio::spawn(crate::services::http::serve(
         listener,
         crate::services::http::HttpState {

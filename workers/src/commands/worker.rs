@@ -108,7 +108,7 @@ pub struct WorkerArgs {
 /// its unit across provider calls), so the pool need not grow with the
 /// concurrency: jobs that find every connection busy wait their turn for
 /// one, a statement's time.
-pub const DEFAULT_DB_CONNECTIONS: u32 = 4;
+pub const DEFAULT_DB_CONNECTIONS: u32 = 2;
 
 impl WorkerArgs {
     /// The jobs' pool's size: the flag, or the default.
@@ -333,7 +333,8 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
     // start-up leaves an operator something to look at.
     let (http_stop_tx, http_stop) = Stop::new();
     let job_metrics = runtime::JobMetrics::default();
-    let pages = args.console.pages_pool(&args.db).await?;
+    let pages =
+        crate::commands::database::waiting_for_room(|| args.console.pages_pool(&args.db)).await?;
     let http = tokio::spawn(crate::services::http::serve(
         listener,
         crate::services::http::HttpState {
