@@ -27,7 +27,7 @@ pub enum DbError {
     )]
     NoDatabase { target: String, name: String },
     #[error(
-        "the Postgres server at {target} has no connection left for shepherd ({reason}): every client of it counts against its max_connections. A worker opens at most --db-connections + 2 + --console-connections (6 with the defaults), a scheduler 3 + --console-connections, a command 2 (docs/operations.md, --db-connections); raise max_connections, lower --db-connections, or run fewer processes"
+        "the Postgres server at {target} has no connection left for shepherd ({reason}): every client of it counts against its max_connections. A worker opens at most --db-connections + 3 + --console-connections (9 with the defaults), a scheduler 3 + --console-connections, a command 2 (docs/operations.md, --db-connections); raise max_connections, lower --db-connections, or run fewer processes"
     )]
     Full { target: String, reason: String },
     #[error("cannot create database {name}: {reason}")]
@@ -182,11 +182,11 @@ pub async fn connect_pages(
 }
 
 /// The connections the queue's own work takes at most: the one that
-/// listens for new jobs, and one for the four queues' fetches, acks and
-/// heartbeats, each a single short statement (two of those kept twenty
-/// workers' peak over 80 connections in scenario 12, and every one of them
-/// is held at rest).
-pub const QUEUE_CONNECTIONS: u32 = 2;
+/// listens for new jobs, and two for the four queues' fetches, acks and
+/// heartbeats, each a single short statement. (Scenario 12 ran with 2 and
+/// a jobs' pool of 2: twenty workers then peaked at 82 connections, but a
+/// busy worker lost a quarter of its throughput; BENCHMARKS.md.)
+pub const QUEUE_CONNECTIONS: u32 = 3;
 
 /// A pool for the queue's own work (fetching, acknowledging, heartbeats,
 /// the listener), apart from the jobs'. Its few connections are used

@@ -641,6 +641,6 @@ async fn a_worker_without_a_connection_says_so_once_and_waits(pool: PgPool) {
         "said more or less than once: {log}"
     );
     assert!(log.contains("waiting for a connection"), "{log}");
-    assert!(log.contains("6 with the defaults"), "{log}");
+    assert!(log.contains("9 with the defaults"), "{log}");
     c.stop_all();
 }

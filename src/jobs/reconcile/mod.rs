@@ -253,7 +253,11 @@ async fn run_pass(
     // How the pools stand, recorded on every path from here: by the units'
     // listing when there is one (with the stock), else by the machines
     // alone, so a full pool's failed machines still show.
-    let surveyed = |pools: Vec<crate::provider::PoolReport>| -> Vec<Event> {
+    // By name on every path: the units' listing gives them sorted, the
+    // provider's own list in its declared order, and the pages show them
+    // as recorded.
+    let surveyed = |mut pools: Vec<crate::provider::PoolReport>| -> Vec<Event> {
+        pools.sort_by(|a, b| a.name.cmp(&b.name));
         if pools.is_empty() {
             vec![]
         } else {

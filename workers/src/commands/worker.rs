@@ -108,7 +108,7 @@ pub struct WorkerArgs {
 /// its unit across provider calls), so the pool need not grow with the
 /// concurrency: jobs that find every connection busy wait their turn for
 /// one, a statement's time.
-pub const DEFAULT_DB_CONNECTIONS: u32 = 2;
+pub const DEFAULT_DB_CONNECTIONS: u32 = 4;
 
 impl WorkerArgs {
     /// The jobs' pool's size: the flag, or the default.

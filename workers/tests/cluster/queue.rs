@@ -92,9 +92,8 @@ async fn a_job_body_that_does_not_decode_fails_alone(pool: PgPool) {
 }
 
 /// A worker at rest holds no more than the queue's own connections (the
-/// listener, and one its pollers and heartbeats take in turn: 2, where the
-/// issue asks for at most 3), after the jobs' pool has given back what a
-/// burst of work opened.
+/// listener, and two its pollers and heartbeats take in turn: at most 3),
+/// after the jobs' pool has given back what a burst of work opened.
 #[sqlx::test(migrations = false)]
 async fn a_worker_at_rest_holds_at_most_three_connections(pool: PgPool) {
     let _quiet = TIMED.read().await;
