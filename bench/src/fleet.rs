@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::latitude::{KEY, fake_at_budgets};
+use crate::latitude::{KEY, fake_at_budgets, open_deletion_budget};
 use crate::{Server, Stage};
 use clap::Args;
 
@@ -151,32 +151,19 @@ pub async fn run(args: FleetBench) -> anyhow::Result<()> {
         server_wide.load(Ordering::Relaxed),
     );
 
-    let operator = |args: &[&str]| -> anyhow::Result<()> {
-        let out = stage.command(args)?.envs(env.iter().copied()).output()?;
-        anyhow::ensure!(
-            out.status.success(),
-            "shepherd {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Ok(())
-    };
-    operator(&[
-        "settings",
-        "set",
-        "deletion_budget",
-        "100%,1000",
-        "--reason",
-        "bench",
-    ])?;
+    open_deletion_budget(&stage, &env)?;
     let lowered = Instant::now();
-    operator(&[
-        "pools",
-        "set",
-        "web",
-        &format!("count={low}"),
-        "--reason",
-        "bench",
-    ])?;
+    stage.run_command(
+        &env,
+        &[
+            "pools",
+            "set",
+            "web",
+            &format!("count={low}"),
+            "--reason",
+            "bench",
+        ],
+    )?;
     loop {
         let busy = stage
             .count(

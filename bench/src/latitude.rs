@@ -15,6 +15,23 @@ use crate::{Server, Stage};
 
 pub(crate) const KEY: &str = "bench-latitude-key";
 
+/// Opens the deletion guard's budget, so that the key's budget is what
+/// bounds a change (the default, 10 % or 2 a pool per 5 minutes, would
+/// make a scenario a matter of hours).
+pub(crate) fn open_deletion_budget(stage: &Stage, env: &[(&str, &str)]) -> anyhow::Result<()> {
+    stage.run_command(
+        env,
+        &[
+            "settings",
+            "set",
+            "deletion_budget",
+            "100%,1000",
+            "--reason",
+            "bench",
+        ],
+    )
+}
+
 /// The fake Latitude.sh at the key's real budgets, deploying in 2 s.
 pub(crate) async fn fake_at_budgets() -> anyhow::Result<FakeLatitude> {
     FakeLatitude::start(
@@ -203,23 +220,7 @@ pub async fn converge(args: ConvergeBench) -> anyhow::Result<()> {
     // opened so that the key's is what bounds the change (the default,
     // 10 % or 2 a pool per 5 minutes, would make it a matter of hours).
     tokio::time::sleep(Duration::from_secs(61)).await;
-    let operator = |args: &[&str]| -> anyhow::Result<()> {
-        let out = stage.command(args)?.envs(env.iter().copied()).output()?;
-        anyhow::ensure!(
-            out.status.success(),
-            "shepherd {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Ok(())
-    };
-    operator(&[
-        "settings",
-        "set",
-        "deletion_budget",
-        "100%,1000",
-        "--reason",
-        "bench",
-    ])?;
+    open_deletion_budget(&stage, &env)?;
     let file = std::env::temp_dir().join(format!("shepherd-bench-pools-{}", std::process::id()));
     std::fs::write(
         &file,
@@ -230,14 +231,17 @@ pub async fn converge(args: ConvergeBench) -> anyhow::Result<()> {
     )?;
     let file_arg = file.display().to_string();
     let started = Instant::now();
-    operator(&[
-        "pools",
-        "apply",
-        &file_arg,
-        "--confirm-delete",
-        "--reason",
-        "bench",
-    ])?;
+    stage.run_command(
+        &env,
+        &[
+            "pools",
+            "apply",
+            &file_arg,
+            "--confirm-delete",
+            "--reason",
+            "bench",
+        ],
+    )?;
     let _ = std::fs::remove_file(&file);
     let count = |pool: &str| {
         fake.servers()

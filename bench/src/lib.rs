@@ -415,6 +415,18 @@ impl Stage {
         Ok(c)
     }
 
+    /// Runs `shepherd ARGS` with `env` to its end; its failure is the
+    /// scenario's, with what it said.
+    pub fn run_command(&self, env: &[(&str, &str)], args: &[&str]) -> anyhow::Result<()> {
+        let out = self.command(args)?.envs(env.iter().copied()).output()?;
+        anyhow::ensure!(
+            out.status.success(),
+            "shepherd {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(())
+    }
+
     /// A shepherd worker without the API's minimum interval (the fake has
     /// no rate limit); `extra` sets the rest.
     pub fn spawn_worker(&mut self, extra: &[&str]) -> anyhow::Result<()> {
