@@ -69,8 +69,12 @@ pub async fn run(args: FleetBench) -> anyhow::Result<()> {
     // the pages' pools is kept.
     let (ours, server_wide) = (Arc::new(AtomicI64::new(0)), Arc::new(AtomicI64::new(0)));
     let split = Arc::new(std::sync::Mutex::new((0i64, 0i64, 0i64)));
+    // Samples that failed: a peak read from fewer samples than it seems is
+    // said, not hidden.
+    let missed = Arc::new(AtomicI64::new(0));
     let sampler = {
         let (ours, server_wide, split) = (ours.clone(), server_wide.clone(), split.clone());
+        let missed = missed.clone();
         let pool = sqlx::postgres::PgPoolOptions::new()
             .max_connections(1)
             .connect_with(
@@ -95,11 +99,16 @@ pub async fn run(args: FleetBench) -> anyhow::Result<()> {
                 )
                 .fetch_one(&pool)
                 .await;
-                if let Ok((o, s, q, j, p)) = row {
-                    if o > ours.fetch_max(o, Ordering::Relaxed) {
-                        *split.lock().expect("the split's lock") = (q, j, p);
+                match row {
+                    Ok((o, s, q, j, p)) => {
+                        if o > ours.fetch_max(o, Ordering::Relaxed) {
+                            *split.lock().expect("the split's lock") = (q, j, p);
+                        }
+                        server_wide.fetch_max(s, Ordering::Relaxed);
                     }
-                    server_wide.fetch_max(s, Ordering::Relaxed);
+                    Err(_) => {
+                        missed.fetch_add(1, Ordering::Relaxed);
+                    }
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
@@ -209,7 +218,8 @@ pub async fn run(args: FleetBench) -> anyhow::Result<()> {
     );
     let (q, j, p) = *split.lock().expect("the split's lock");
     println!(
-        "at the cluster's peak: {q} the queues', {j} the jobs', {p} the pages'; connection errors logged by the processes: {errors}"
+        "at the cluster's peak: {q} the queues', {j} the jobs', {p} the pages'; connection errors logged by the processes: {errors}; samples of pg_stat_activity that failed: {}",
+        missed.load(Ordering::Relaxed)
     );
     stage.finish().await?;
     fake.shutdown().await;
