@@ -109,6 +109,16 @@ impl Lease {
         self.term
     }
 
+    /// The term in milliseconds, as the lease statements bind it.
+    pub(crate) fn term_millis(&self) -> i64 {
+        millis(self.term)
+    }
+
+    /// The pool the lease's statements run on.
+    pub(crate) fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
     /// Whether a renewal has found the lease gone. `false` proves nothing:
     /// only a check in the database does ([`Lease::renew`]).
     pub fn known_lost(&self) -> bool {

@@ -28,7 +28,6 @@ use crate::provider::Fence;
 pub struct PlaceLock {
     unit: Uuid,
     lease: Lease,
-    pool: PgPool,
 }
 
 fn key(unit: Uuid) -> String {
@@ -45,11 +44,7 @@ impl PlaceLock {
     ) -> Result<Option<PlaceLock>, sqlx::Error> {
         Ok(Lease::try_take(pool, &key(unit), term)
             .await?
-            .map(|lease| PlaceLock {
-                unit,
-                lease,
-                pool: pool.clone(),
-            }))
+            .map(|lease| PlaceLock { unit, lease }))
     }
 
     pub fn unit(&self) -> Uuid {
@@ -94,9 +89,9 @@ impl PlaceLock {
             )))
             .bind(self.lease.key())
             .bind(self.lease.id())
-            .bind(i64::try_from(self.lease.term().as_millis()).unwrap_or(i64::MAX / 2))
+            .bind(self.lease.term_millis())
             .bind(self.unit)
-            .fetch_one(&self.pool)
+            .fetch_one(self.lease.pool())
             .await
             .map_err(|e| format!("the unit's lease cannot be confirmed: {e}"))?;
         if !held {
