@@ -466,3 +466,93 @@ async fn a_growing_penalty_resets_on_success(pool: PgPool) {
     tx.commit().await.unwrap();
     assert!(views::penalty(&mut conn, r).await.unwrap().is_none());
 }
+
+/// A machine's first readiness is what lets shepherd tell a broken machine
+/// from one never finished, so no later event may move or erase it: not an
+/// operator protecting it, not a second pass seeing it ready. The live path
+/// loads a machine's row before folding events into it; a column it did not
+/// load came back empty and the write-back erased it.
+#[sqlx::test(migrations = false)]
+async fn a_machines_first_readiness_survives_every_later_event(pool: PgPool) {
+    common::migrated(&pool).await;
+    let (machine, device, reservation) = (Uuid::new_v4(), "dev-1".to_string(), Uuid::new_v4());
+    let append = |event: Event| {
+        let pool = pool.clone();
+        async move {
+            let mut tx = pool.begin().await.unwrap();
+            let stored = record(&mut tx, vec![NewEvent::new(event)]).await.unwrap();
+            tx.commit().await.unwrap();
+            stored[0].recorded_at
+        }
+    };
+    let ready_at = async |pool: &PgPool| -> Option<chrono::DateTime<Utc>> {
+        sqlx::query_scalar("select ready_at from shepherd.managed_machines where machine_id = $1")
+            .bind(machine)
+            .fetch_one(pool)
+            .await
+            .unwrap()
+    };
+    append(
+        MachineAssimilated {
+            machine_id: machine,
+            provider: "latitude".into(),
+            provider_id: device.clone(),
+            reservation: Some(reservation),
+            hostname: Some("shepherd-web-1".into()),
+        }
+        .into(),
+    )
+    .await;
+    let ready = MachineReady {
+        machine_id: machine,
+        provider_id: device.clone(),
+        status: Some("on".into()),
+    };
+    let first = append(ready.clone().into()).await;
+    assert_eq!(ready_at(&pool).await, Some(first));
+    for later in [
+        Event::from(MachineProtected {
+            machine_id: machine,
+            provider_id: device.clone(),
+            by: "ops".into(),
+            reason: "keep".into(),
+        }),
+        ready.into(),
+        MachineUnprotected {
+            machine_id: machine,
+            provider_id: device.clone(),
+            by: "ops".into(),
+            reason: "done".into(),
+        }
+        .into(),
+    ] {
+        let name = later.type_name().to_string();
+        append(later).await;
+        assert_eq!(ready_at(&pool).await, Some(first), "after {name}");
+    }
+    let report = views::rebuild(&pool, false).await.unwrap();
+    assert_eq!(report.differences, Vec::<String>::new());
+
+    // Rows the old write-back damaged (erased, or moved to a later
+    // readiness) get their first readiness back from the log on upgrade.
+    for damage in [
+        "update shepherd.managed_machines set ready_at = null",
+        "update shepherd.managed_machines set ready_at = ready_at + interval '1 minute'",
+    ] {
+        sqlx::raw_sql(damage).execute(&pool).await.unwrap();
+        assert_ne!(ready_at(&pool).await, Some(first), "{damage}");
+        sqlx::raw_sql(include_str!(
+            "../migrations/20261206000009_ready_repair.sql"
+        ))
+        .execute(&pool)
+        .await
+        .unwrap();
+        assert_eq!(
+            ready_at(&pool).await,
+            Some(first),
+            "repaired after: {damage}"
+        );
+    }
+    let report = views::rebuild(&pool, false).await.unwrap();
+    assert_eq!(report.differences, Vec::<String>::new());
+}

@@ -229,7 +229,7 @@ fn random_event(rng: &mut impl Rng, reservations: &[Uuid], devices: &[Uuid]) -> 
         }
         .into(),
         7 => MachineAssimilated {
-            machine_id: Uuid::new_v4(),
+            machine_id: machine,
             provider: PROVIDER_METAL.into(),
             provider_id: d.to_string(),
             reservation: Some(r),

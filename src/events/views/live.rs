@@ -59,6 +59,9 @@ pub(super) async fn load(
     if settings {
         state.settings = read_settings(&mut *conn).await?;
     }
+    // Whole rows (`*`): the write-back upserts whole rows, and a column
+    // left out of a list here decoded as empty and was written back so (a
+    // protected machine lost its readiness: tests/event_log.rs).
     // One round trip for the four views, each as a JSON array: an append
     // is a handful of statements and this was four of them. A machine can
     // be keyed by its device, or found through its reservation: two
@@ -67,24 +70,20 @@ pub(super) async fn load(
     let row = sqlx::query(
         "select
            (select coalesce(json_agg(m), '[]') from (
-              select machine_id, provider, provider_id, reservation_id, hostname, assimilated_at,
-                     protected
+              select *
               from shepherd.managed_machines
               where provider_id = any($1)
               union
-              select machine_id, provider, provider_id, reservation_id, hostname, assimilated_at,
-                     protected
+              select *
               from shepherd.managed_machines
               where reservation_id = any($2)) m) as machines,
            (select coalesce(json_agg(s), '[]') from (
-              select reservation_id, until, cause, failures, scope from shepherd.sinbin
+              select * from shepherd.sinbin
               where reservation_id = any($2)) s) as sinbin,
            (select coalesce(json_agg(p), '[]') from (
-              select reservation_id, request, enqueued_at, unresolved_since, last_error, place
-              from shepherd.pending_creations where reservation_id = any($2)) p) as pending,
+              select * from shepherd.pending_creations where reservation_id = any($2)) p) as pending,
            (select coalesce(json_agg(u), '[]') from (
-              select device_id, reservation_id, hostname, created_at
-              from shepherd.unassimilated_devices where device_id = any($1)) u) as unassimilated",
+              select * from shepherd.unassimilated_devices where device_id = any($1)) u) as unassimilated",
     )
     .bind(devices)
     .bind(reservations)
