@@ -27,7 +27,7 @@ pub enum DbError {
     )]
     NoDatabase { target: String, name: String },
     #[error(
-        "the Postgres server at {target} has no connection left for shepherd ({reason}): every client of it counts against its max_connections. A worker opens at most --db-connections + 3 + --console-connections (9 with the defaults), a scheduler 3 + --console-connections, a command 2 (docs/operations.md, --db-connections); raise max_connections, lower --db-connections, or run fewer processes"
+        "the Postgres server at {target} has no connection left for shepherd ({reason}): every client of it counts against its max_connections. A worker opens at most --db-connections + 1 + --console-connections (5 with the defaults), a scheduler 3 + --console-connections, a command 2 (docs/operations.md, --db-connections); raise max_connections, lower --db-connections, or run fewer processes"
     )]
     Full { target: String, reason: String },
     #[error("cannot create database {name}: {reason}")]
@@ -181,29 +181,24 @@ pub async fn connect_pages(
     .await
 }
 
-/// The connections the queue's own work takes at most: the one that
-/// listens for new jobs, and two for the four queues' fetches, acks and
-/// heartbeats, each a single short statement. (Scenario 12 ran with 2 and
-/// a jobs' pool of 2: twenty workers then peaked at 82 connections, but a
-/// busy worker lost a quarter of its throughput; BENCHMARKS.md.)
-pub const QUEUE_CONNECTIONS: u32 = 3;
+/// The connection a worker holds to listen for new jobs (none with
+/// `--no-listen`), apart from its pool.
+pub const LISTEN_CONNECTIONS: u32 = 1;
 
-/// A pool for the queue's own work (fetching, acknowledging, heartbeats,
-/// the listener), apart from the jobs'. Its few connections are used
-/// every second at rest, so they stay open; the jobs' pool, which nothing
-/// uses at rest, then gives back everything a burst of work opened
-/// (sqlx reuses idle connections oldest first: one pool used by the
-/// pollers kept every connection a burst opened alive for good).
-pub fn queue_pool(jobs: &PgPool) -> PgPool {
+/// The one connection that listens for new jobs: held for the process's
+/// life, so it sits apart from the pool the queue and the jobs share, where
+/// it would hold one of a few connections for good. `application_name`
+/// tells it apart in `pg_stat_activity`.
+pub fn listener_pool(jobs: &PgPool) -> PgPool {
     let options = (*jobs.connect_options())
         .clone()
-        .application_name("shepherd-queue");
+        .application_name("shepherd-listen");
     PgPoolOptions::new()
-        .max_connections(QUEUE_CONNECTIONS)
+        .max_connections(LISTEN_CONNECTIONS)
         .min_connections(0)
-        .idle_timeout(Some(IDLE_TIMEOUT))
+        .idle_timeout(None)
+        .max_lifetime(None)
         .acquire_timeout(Duration::from_secs(10))
-        .after_release(|conn, _| Box::pin(end_stray_transaction(conn)))
         .connect_lazy_with(options)
 }
 

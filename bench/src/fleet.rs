@@ -65,7 +65,7 @@ pub async fn run(args: FleetBench) -> anyhow::Result<()> {
     // themselves shepherd*) and every client backend on the server.
     // The bench's own two pools (its stage's and this sampler's) carry
     // another application_name, so "ours" is the cluster's processes only;
-    // at the cluster's peak, its split between the queues', the jobs' and
+    // at the cluster's peak, its split between the listeners', the pools' and
     // the pages' pools is kept.
     let (ours, server_wide) = (Arc::new(AtomicI64::new(0)), Arc::new(AtomicI64::new(0)));
     let split = Arc::new(std::sync::Mutex::new((0i64, 0i64, 0i64)));
@@ -90,7 +90,7 @@ pub async fn run(args: FleetBench) -> anyhow::Result<()> {
                                                and application_name like 'shepherd%'),
                             count(*) filter (where backend_type = 'client backend'),
                             count(*) filter (where datname = current_database()
-                                               and application_name = 'shepherd-queue'),
+                                               and application_name = 'shepherd-listen'),
                             count(*) filter (where datname = current_database()
                                                and application_name = 'shepherd'),
                             count(*) filter (where datname = current_database()
@@ -218,7 +218,7 @@ pub async fn run(args: FleetBench) -> anyhow::Result<()> {
     );
     let (q, j, p) = *split.lock().expect("the split's lock");
     println!(
-        "at the cluster's peak: {q} the queues', {j} the jobs', {p} the pages'; connection errors logged by the processes: {errors}; samples of pg_stat_activity that failed: {}",
+        "at the cluster's peak: {q} listening, {j} the pools' (queues and jobs), {p} the pages'; connection errors logged by the processes: {errors}; samples of pg_stat_activity that failed: {}",
         missed.load(Ordering::Relaxed)
     );
     stage.finish().await?;

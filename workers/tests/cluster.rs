@@ -509,7 +509,7 @@ async fn one_connection_listens_and_a_worker_can_poll_without_it(pool: PgPool) {
         async move {
             sqlx::query_scalar::<_, i64>(
                 "select count(*) from pg_stat_activity
-                 where datname = current_database() and application_name = 'shepherd-queue'
+                 where datname = current_database() and application_name = 'shepherd-listen'
                    and query like 'LISTEN%'",
             )
             .fetch_one(&pool)
@@ -641,6 +641,6 @@ async fn a_worker_without_a_connection_says_so_once_and_waits(pool: PgPool) {
         "said more or less than once: {log}"
     );
     assert!(log.contains("waiting for a connection"), "{log}");
-    assert!(log.contains("9 with the defaults"), "{log}");
+    assert!(log.contains("5 with the defaults"), "{log}");
     c.stop_all();
 }

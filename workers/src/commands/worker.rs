@@ -86,9 +86,9 @@ pub struct WorkerArgs {
     #[arg(long, env = "SHEPHERD_SKIP_MIGRATIONS")]
     pub skip_migrations: bool,
 
-    /// Database connections this process's jobs may hold at once (each
-    /// job holds one only while it talks to the database; the queue's own
-    /// statements have 3 more, the pages --console-connections)
+    /// Database connections this process's queue and jobs may hold at
+    /// once (each job holds one only while it talks to the database; the
+    /// listener has 1 more, the pages --console-connections)
     #[arg(long, env = "SHEPHERD_DB_CONNECTIONS", value_parser = clap::value_parser!(u32).range(1..))]
     pub db_connections: Option<u32>,
 
@@ -103,23 +103,31 @@ pub struct WorkerArgs {
     pub no_listen: bool,
 }
 
-/// The jobs' connections by default. A job holds a connection only while
-/// it talks to the database (leases, not locks held in a session, guard
-/// its unit across provider calls), so the pool need not grow with the
-/// concurrency: jobs that find every connection busy wait their turn for
-/// one, a statement's time.
-pub const DEFAULT_DB_CONNECTIONS: u32 = 4;
+/// The pool the queue and the jobs share, by default. A job holds a
+/// connection only while it talks to the database (leases, not locks held
+/// in a session, guard its unit across provider calls), and the queue's
+/// fetches, acknowledgements and heartbeats are a statement each, so the
+/// pool need not grow with the concurrency: whoever finds both busy waits
+/// a statement's time. Two, with the listener, is 3 a worker: twenty
+/// workers and a scheduler fit a stock Postgres with room to spare
+/// (BENCHMARKS.md, scenario 12).
+pub const DEFAULT_DB_CONNECTIONS: u32 = 2;
 
 impl WorkerArgs {
-    /// The jobs' pool's size: the flag, or the default.
+    /// The pool's size: the flag, or the default.
     pub fn db_connections(&self) -> u32 {
         self.db_connections.unwrap_or(DEFAULT_DB_CONNECTIONS)
     }
 
-    /// The most connections this worker opens: its jobs', the queue's and
-    /// the pages'.
+    /// The most connections this worker opens: its pool, its listener's
+    /// and the pages'.
     pub fn connections_at_most(&self) -> u32 {
-        self.db_connections() + shepherd::db::QUEUE_CONNECTIONS + self.console.console_connections
+        let listen = if self.no_listen {
+            0
+        } else {
+            shepherd::db::LISTEN_CONNECTIONS
+        };
+        self.db_connections() + listen + self.console.console_connections
     }
 
     /// The settings this worker proposes to the cluster: its provisioner

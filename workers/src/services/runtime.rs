@@ -435,9 +435,10 @@ macro_rules! supervise {
 
 /// Runs the four workers until `stop`; returns when all have drained.
 pub async fn run(pool: PgPool, ctx: Arc<JobContext>, opts: RuntimeOptions, stop: Stop) {
-    // The queue's own statements on a few connections of their own; the
-    // jobs' work on `ctx.pool`.
-    let pool = shepherd::db::queue_pool(&pool);
+    // The queue's statements and the jobs' share the one pool: a few
+    // connections, each used for a statement at a time, serve both (kept
+    // apart, the queue's held 2 or 3 of their own at rest, and twenty
+    // workers filled a stock Postgres; issue 31).
     let shared = Shared {
         ctx,
         stop,
@@ -450,7 +451,7 @@ pub async fn run(pool: PgPool, ctx: Arc<JobContext>, opts: RuntimeOptions, stop:
             shared
                 .wakeups
                 .clone()
-                .listen(pool.clone(), shared.stop.clone()),
+                .listen(shepherd::db::listener_pool(&pool), shared.stop.clone()),
         )
     });
     // One task per queue worker, not one future joining four: polled
