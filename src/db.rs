@@ -234,45 +234,9 @@ async fn open(
         .min_connections(0)
         .idle_timeout(Some(idle))
         .acquire_timeout(acquire_timeout)
-        .after_release(|conn, _| Box::pin(end_stray_transaction(conn)))
         // Checked above: the pool opens a connection when one is asked for,
         // not one more at start to sit idle.
         .connect_lazy_with(options))
-}
-
-/// Ends a transaction a connection was returned to the pool inside of.
-///
-/// sqlx 0.9 does not roll back a `BEGIN` whose future was dropped before
-/// the server answered (transact-rs/sqlx#4393): the connection goes back to
-/// the pool with the server in a transaction that sqlx does not know of, and
-/// the next borrower's statements run inside it, never committed, holding
-/// their locks. Futures are dropped in the normal course of things: a
-/// browser leaving a page, a job abandoned at the end of a drain, apalis's
-/// own fetches at shutdown. Seen in the Latitude chaos run: a limiter row
-/// locked by such a connection stopped every process's API calls.
-///
-/// The check costs one round trip per release: inside a transaction that
-/// began earlier, the transaction's start (`now()`) precedes the
-/// statement's; in the statement's own transaction, sent as one simple
-/// query, they are equal. A connection whose transaction failed answers the
-/// check with an error and is closed.
-async fn end_stray_transaction(conn: &mut sqlx::PgConnection) -> Result<bool, sqlx::Error> {
-    if sqlx::Connection::is_in_transaction(conn) {
-        // A transaction sqlx knows of is rolled back by sqlx itself.
-        return Ok(true);
-    }
-    // The simple protocol, one message: a prepared statement's Parse, Bind
-    // and Execute arrive apart, and the statement's time is the last one's,
-    // which would read as a transaction begun earlier.
-    let row = sqlx::raw_sql("select now() <> statement_timestamp()")
-        .fetch_one(&mut *conn)
-        .await?;
-    let stray: bool = sqlx::Row::try_get(&row, 0)?;
-    if stray {
-        tracing::warn!("a pooled connection came back inside a transaction; rolling it back");
-        sqlx::raw_sql("rollback").execute(&mut *conn).await?;
-    }
-    Ok(true)
 }
 
 /// shepherd's own migrations, tracked in their own table so they live beside
