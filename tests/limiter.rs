@@ -215,7 +215,10 @@ async fn a_begin_cut_off_before_its_answer_leaves_no_transaction_behind(pool: Pg
         .await
         .unwrap();
     let in_transaction: bool = sqlx::Row::try_get(&row, 0).unwrap();
-    assert!(!in_transaction, "the next borrower ran inside the cut-off transaction");
+    assert!(
+        !in_transaction,
+        "the next borrower ran inside the cut-off transaction"
+    );
     let limiter = WindowLimiter::new(shepherds.clone(), "stray", 5, Duration::from_secs(60));
     limiter.acquire().await.unwrap();
     // Another session can lock the row at once: the slot was committed.

@@ -85,6 +85,19 @@ async fn metrics_read_the_database_at_each_scrape(pool: PgPool) {
     assert!((0.0..60.0).contains(&listed), "{listed}");
     // This process's own figures.
     assert!(m["process_resident_memory_bytes"] > 1_000_000.0);
+    // Its connections, per pool: the scrape itself is reading through the
+    // pages' pool, and what is open is at most what may be.
+    for pool in ["work", "console"] {
+        let most = m[&format!("shepherd_db_connections_max{{pool=\"{pool}\"}}") as &str];
+        let in_use =
+            m[&format!("shepherd_db_connections{{pool=\"{pool}\",state=\"in_use\"}}") as &str];
+        let idle = m[&format!("shepherd_db_connections{{pool=\"{pool}\",state=\"idle\"}}") as &str];
+        assert!(most >= 1.0, "{pool}: at most {most}");
+        assert!(
+            in_use >= 0.0 && idle >= 0.0 && in_use + idle <= most,
+            "{pool}: {in_use} + {idle} of {most}"
+        );
+    }
     assert!(m["process_open_fds"] >= 3.0);
     assert!(m["process_cpu_seconds_total"] > 0.0);
     let started = m["process_start_time_seconds"];

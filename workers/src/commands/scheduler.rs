@@ -51,6 +51,7 @@ pub async fn scheduler(args: SchedulerArgs) -> anyhow::Result<()> {
         listener,
         crate::services::http::HttpState {
             pool: pages,
+            work_pool: Some(pool.clone()),
             // The scheduler makes no API calls and runs no jobs: its client
             // and job figures stay at 0.
             client_metrics: ClientMetrics::default(),

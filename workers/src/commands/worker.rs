@@ -347,6 +347,7 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
         listener,
         crate::services::http::HttpState {
             pool: pages,
+            work_pool: Some(pool.clone()),
             client_metrics,
             job_metrics: job_metrics.clone(),
             operator_token: operator.clone(),

@@ -99,7 +99,7 @@ async fn a_worker_at_rest_holds_at_most_three_connections(pool: PgPool) {
     let _quiet = TIMED.read().await;
     let mut c = Cluster::new(pool, 3, Faults::default()).await;
     migrate(&c).await;
-    c.spawn_plain_worker(&[
+    let metrics = c.spawn_plain_worker(&[
         "--db-idle-timeout",
         "2s",
         "--sweep-interval",
@@ -147,5 +147,26 @@ async fn a_worker_at_rest_holds_at_most_three_connections(pool: PgPool) {
     }
     eprintln!("connections at rest: at most {peak}");
     assert!(peak <= most, "at rest: {peak} held, at most {most} allowed");
+    // The worker's /metrics says the same of its pool as the server does.
+    let text = reqwest::get(format!("http://{metrics}/metrics"))
+        .await
+        .expect("scraping the worker")
+        .text()
+        .await
+        .expect("reading the scrape");
+    let figure = |series: &str| -> i64 {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
+            .unwrap_or_else(|| panic!("no {series} in:\n{text}"));
+        line.rsplit_once(' ').unwrap().1.parse().unwrap()
+    };
+    assert_eq!(
+        figure("shepherd_db_connections_max{pool=\"work\"}"),
+        i64::from(shepherd_workers::commands::worker::DEFAULT_DB_CONNECTIONS)
+    );
+    let open = figure("shepherd_db_connections{pool=\"work\",state=\"in_use\"}")
+        + figure("shepherd_db_connections{pool=\"work\",state=\"idle\"}");
+    assert!(open + 1 <= most, "the worker says its pool holds {open}");
     c.stop_all();
 }

@@ -102,6 +102,7 @@ impl Server {
             .latency
             .record(std::time::SystemTime::now(), 0.150);
         let state = HttpState {
+            work_pool: Some(pool.clone()),
             pool,
             client_metrics,
             job_metrics,

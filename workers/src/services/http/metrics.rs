@@ -7,7 +7,7 @@
 use super::*;
 
 mod process;
-use process::process_metrics;
+use process::{connection_metrics, process_metrics};
 use shepherd::jobs::{
     ASSIMILATE_QUEUE, CREATE_DEVICE_QUEUE, DELETE_MACHINE_QUEUE, RECONCILE_QUEUE,
 };
@@ -604,6 +604,11 @@ pub(super) async fn metrics(
     state.job_metrics.register(&mut registry);
     figures.register(&mut registry);
     process_metrics(&mut registry);
+    let mut pools = vec![("console", &state.pool)];
+    if let Some(work) = &state.work_pool {
+        pools.insert(0, ("work", work));
+    }
+    connection_metrics(&mut registry, &pools);
     let mut body = String::new();
     prometheus_client::encoding::text::encode(&mut body, &registry)
         .map_err(|e| Failure::Internal(format!("cannot encode the metrics: {e}")))?;

@@ -47,7 +47,11 @@ pub(super) const RECENT_EVENTS: i64 = 20;
 
 #[derive(Clone)]
 pub struct HttpState {
+    /// The pages' own pool.
     pub pool: PgPool,
+    /// The pool this process's queue and jobs share (the scheduler's
+    /// queue), for the connection figures of `/metrics`.
+    pub work_pool: Option<PgPool>,
     pub client_metrics: ClientMetrics,
     /// This process's job run times (empty where no jobs run).
     pub job_metrics: crate::services::runtime::JobMetrics,

@@ -1,5 +1,5 @@
-//! The conventional `process_*` figures of this process and the build it
-//! runs.
+//! The conventional `process_*` figures of this process, the build it
+//! runs, and its database connections.
 
 use super::*;
 
@@ -53,6 +53,55 @@ pub(super) fn process_metrics(registry: &mut Registry) {
         "process_open_fds",
         "Open file descriptors",
         ConstGauge::new(p.open_fds as i64),
+    );
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ConnectionLabels {
+    pool: &'static str,
+    state: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ConnectionPoolLabel {
+    pool: &'static str,
+}
+
+/// This process's database connections, per pool (`work`: what its queue
+/// and jobs share; `console`: the pages'), open and in use or idle, and the
+/// most each may open: what an operator sizes `max_connections` with,
+/// read from the pools themselves rather than from the formula. The
+/// listener's one connection is apart from both.
+pub(super) fn connection_metrics(registry: &mut Registry, pools: &[(&'static str, &PgPool)]) {
+    let open = Family::<ConnectionLabels, Gauge>::default();
+    let most = Family::<ConnectionPoolLabel, Gauge>::default();
+    for (pool, p) in pools {
+        // `size` counts what the pool holds, idle or lent out; one being
+        // opened is counted when it is.
+        let size = i64::from(p.size());
+        let idle = i64::try_from(p.num_idle()).unwrap_or(i64::MAX).min(size);
+        open.get_or_create(&ConnectionLabels {
+            pool,
+            state: "in_use",
+        })
+        .set(size - idle);
+        open.get_or_create(&ConnectionLabels {
+            pool,
+            state: "idle",
+        })
+        .set(idle);
+        most.get_or_create(&ConnectionPoolLabel { pool })
+            .set(i64::from(p.options().get_max_connections()));
+    }
+    registry.register(
+        "shepherd_db_connections",
+        "Database connections this process holds, by pool and state",
+        open,
+    );
+    registry.register(
+        "shepherd_db_connections_max",
+        "The most database connections a pool of this process may open",
+        most,
     );
 }
 
