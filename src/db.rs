@@ -83,18 +83,20 @@ pub async fn ensure_database(url: &str) -> Result<(), DbError> {
 }
 
 fn unreachable(url: &str, e: &sqlx::Error) -> DbError {
+    let name = url
+        .rsplit_once('/')
+        .map(|(_, n)| n.split('?').next().unwrap_or(n).to_string())
+        .unwrap_or_default();
+    classify(describe_url(url), name, e)
+}
+
+/// What a refused or failed connection means to an operator.
+fn classify(target: String, name: String, e: &sqlx::Error) -> DbError {
     // The server answered "invalid_catalog_name": reachable, just no database.
     if let Some(db) = e.as_database_error()
         && db.code().as_deref() == Some("3D000")
     {
-        let name = url
-            .rsplit_once('/')
-            .map(|(_, n)| n.split('?').next().unwrap_or(n).to_string())
-            .unwrap_or_default();
-        return DbError::NoDatabase {
-            target: describe_url(url),
-            name,
-        };
+        return DbError::NoDatabase { target, name };
     }
     // "too many clients already", "remaining connection slots are
     // reserved": the server is full, which no check of the URL mends.
@@ -102,7 +104,7 @@ fn unreachable(url: &str, e: &sqlx::Error) -> DbError {
         && db.code().as_deref() == Some("53300")
     {
         return DbError::Full {
-            target: describe_url(url),
+            target,
             reason: db.message().to_string(),
         };
     }
@@ -110,13 +112,41 @@ fn unreachable(url: &str, e: &sqlx::Error) -> DbError {
     // TLS asked of a server without it): starting one would not help.
     if e.as_database_error().is_some() || matches!(e, sqlx::Error::Tls(_)) {
         return DbError::Refused {
-            target: describe_url(url),
+            target,
             reason: e.to_string(),
         };
     }
     DbError::Unreachable {
-        target: describe_url(url),
+        target,
         reason: e.to_string(),
+    }
+}
+
+/// Why `pool` cannot open a connection, asked of the server with one
+/// connection of its own: a pool that cannot connect says only that it
+/// timed out waiting, which hides the server's reason (a full server, a
+/// role at its limit, a server gone). `None`: the server takes a
+/// connection now, so the pool's trouble was its own (every connection
+/// busy).
+pub async fn diagnose(pool: &PgPool) -> Option<DbError> {
+    let options = (*pool.connect_options()).clone();
+    let name = options.get_database().unwrap_or("").to_string();
+    let target = format!("{}:{}/{}", options.get_host(), options.get_port(), name);
+    match tokio::time::timeout(
+        Duration::from_secs(5),
+        <sqlx::PgConnection as sqlx::Connection>::connect_with(&options),
+    )
+    .await
+    {
+        Err(_) => Some(DbError::Unreachable {
+            target,
+            reason: "no answer within 5 s".into(),
+        }),
+        Ok(Err(e)) => Some(classify(target, name, &e)),
+        Ok(Ok(conn)) => {
+            let _ = sqlx::Connection::close(conn).await;
+            None
+        }
     }
 }
 

@@ -644,3 +644,150 @@ async fn a_worker_without_a_connection_says_so_once_and_waits(pool: PgPool) {
     assert!(log.contains("5 with the defaults"), "{log}");
     c.stop_all();
 }
+
+/// A TCP door between a worker and Postgres that the test can shut: shut,
+/// it cuts every connection through it and drops new ones at once, as a
+/// server that went away does; opened again, it forwards as before.
+struct Door {
+    url: String,
+    open: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    cut: tokio::sync::watch::Sender<u64>,
+}
+
+impl Door {
+    async fn before(db_url: &str) -> Door {
+        let server = "127.0.0.1:5432";
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("binding the door");
+        let addr = listener.local_addr().expect("the door's address");
+        let url = db_url.replacen(server, &addr.to_string(), 1);
+        assert_ne!(url, db_url, "the test database is not at {server}");
+        let open = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let (cut, cuts) = tokio::sync::watch::channel(0u64);
+        let is_open = open.clone();
+        tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                if !is_open.load(std::sync::atomic::Ordering::SeqCst) {
+                    continue;
+                }
+                // Cut by later shuts only, not by the ones before it.
+                let mut cuts = cuts.clone();
+                cuts.borrow_and_update();
+                tokio::spawn(async move {
+                    let Ok(mut outbound) = tokio::net::TcpStream::connect(server).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        _ = cuts.changed() => {}
+                    }
+                });
+            }
+        });
+        Door { url, open, cut }
+    }
+
+    fn shut(&self) {
+        self.open.store(false, std::sync::atomic::Ordering::SeqCst);
+        self.cut.send_modify(|n| *n += 1);
+    }
+
+    fn reopen(&self) {
+        self.open.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// A worker whose database goes away mid-run says so once, naming the
+/// server's trouble, however often its four queues fail and restart
+/// meanwhile; it stays up, says when the server answers again, and runs
+/// the next job.
+#[sqlx::test(migrations = false)]
+async fn a_worker_that_loses_its_database_says_so_once_and_carries_on(pool: PgPool) {
+    let _quiet = TIMED.read().await;
+    let mut c = Cluster::new(pool, 3, Faults::default()).await;
+    migrate(&c).await;
+    let door = Door::before(&c.db_url).await;
+    c.spawn_worker_with_env(
+        &[
+            "--skip-migrations",
+            "--max-machines",
+            "2",
+            "--device-creation-rate",
+            "10ms,1",
+        ],
+        &[
+            ("DATABASE_URL", &door.url),
+            (
+                "SHEPHERD_LOG",
+                "info,shepherd_workers::services::outage=debug",
+            ),
+        ],
+    );
+    sqlx::query("select shepherd.enqueue_reconcile()")
+        .execute(&c.pool)
+        .await
+        .expect("enqueueing a pass");
+    c.wait_for(2, 2, Duration::from_secs(60)).await;
+    let path = c.dir.join("worker-0.log");
+    let log = || std::fs::read_to_string(&path).expect("the worker's log");
+    door.shut();
+    // Long enough for each queue to fail twice: a fetch waits out the
+    // pool's 10 s before it fails, and a worker restarts within 2 s.
+    tokio::time::sleep(Duration::from_secs(25)).await;
+    let still = c.workers[0].try_wait().expect("asking after the worker");
+    let during = log();
+    assert!(still.is_none(), "the worker exited ({still:?}): {during}");
+    // The queues failed again and again (said at DEBUG, which this
+    // worker logs), and the outage was said once at ERROR.
+    assert!(
+        during
+            .matches("failed while the database is unavailable")
+            .count()
+            >= 2,
+        "{during}"
+    );
+    assert_eq!(
+        during.matches("the database cannot be used").count(),
+        1,
+        "said more or less than once: {during}"
+    );
+    assert!(during.contains("cannot reach Postgres"), "{during}");
+    door.reopen();
+    let started = Instant::now();
+    while !log().contains("the database takes connections again") {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the worker never said the database was back: {}",
+            log()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    // And it works again: a pass enqueued from SQL runs.
+    let passes = || {
+        let pool = c.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(
+                "select count(*) from shepherd.events where event_type = 'reconcile_finished'",
+            )
+            .fetch_one(&pool)
+            .await
+            .expect("counting passes")
+        }
+    };
+    let before = passes().await;
+    sqlx::query("select shepherd.enqueue_reconcile()")
+        .execute(&c.pool)
+        .await
+        .expect("enqueueing a pass");
+    let started = Instant::now();
+    while passes().await == before {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "no pass ran after the database came back: {}",
+            log()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    c.stop_all();
+}

@@ -145,6 +145,7 @@ struct Shared {
     drain_timeout: Duration,
     job_metrics: JobMetrics,
     wakeups: super::wakeups::Wakeups,
+    outage: super::outage::Outage,
 }
 
 /// Runs the handler; on shutdown, lets it finish within the drain timeout,
@@ -421,7 +422,10 @@ macro_rules! supervise {
                 in_a_row += 1;
                 match result {
                     Ok(()) => tracing::warn!(worker = %name, "worker ended; restarting"),
-                    Err(e) => tracing::error!(worker = %name, error = %e, retry_in = ?backoff, "worker failed (database unreachable?); restarting"),
+                    Err(e) => {
+                        shared.outage.failed(&pool, &shared.stop, &name, &e).await;
+                        tracing::debug!(worker = %name, retry_in = ?backoff, "restarting the worker");
+                    }
                 }
                 tokio::select! {
                     _ = tokio::time::sleep(backoff) => {}
@@ -445,6 +449,7 @@ pub async fn run(pool: PgPool, ctx: Arc<JobContext>, opts: RuntimeOptions, stop:
         drain_timeout: opts.drain_timeout,
         job_metrics: opts.job_metrics.clone(),
         wakeups: super::wakeups::Wakeups::default(),
+        outage: super::outage::Outage::default(),
     };
     let listener = opts.listen.then(|| {
         tokio::spawn(

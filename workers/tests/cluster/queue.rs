@@ -169,6 +169,9 @@ async fn a_worker_at_rest_holds_at_most_three_connections(pool: PgPool) {
         + figure("shepherd_db_connections{pool=\"work\",state=\"idle\"}");
     // Its pool, and the listener beside it, within the bound.
     let listener = i64::from(shepherd::db::LISTEN_CONNECTIONS);
-    assert!(open + listener <= most, "the worker says its pool holds {open}");
+    assert!(
+        open + listener <= most,
+        "the worker says its pool holds {open}"
+    );
     c.stop_all();
 }

@@ -1,0 +1,69 @@
+//! A process that loses its database says so once, with the server's own
+//! reason, and then quietly until the server answers again. Its four queue
+//! workers each fail and restart while it is gone; said each time, with
+//! the pool's "timed out while waiting for an open connection", that was a
+//! dozen errors a minute that named neither the cause (a full server, a
+//! role at its limit, a server down) nor the next step. Meanwhile no queue
+//! fetches a job: the queues and the jobs share one pool, so a queue that
+//! cannot fetch is a process that could not have finished the job.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use sqlx::PgPool;
+
+use super::runtime::Stop;
+
+/// How often a process that lost its database asks whether it is back.
+const RECHECK: Duration = Duration::from_secs(5);
+
+#[derive(Clone, Default)]
+pub struct Outage {
+    down: Arc<AtomicBool>,
+}
+
+impl Outage {
+    /// `what` failed with `error`. When the server refuses or does not
+    /// answer, the first failure of an outage is said at ERROR with the
+    /// reason, and a watch says when the server answers again; the rest of
+    /// the outage's failures are said at DEBUG. A failure while the server
+    /// answers is said at ERROR every time: it is not an outage.
+    pub async fn failed(&self, pool: &PgPool, stop: &Stop, what: &str, error: &str) {
+        if self.down.load(Ordering::SeqCst) {
+            tracing::debug!(what, error, "failed while the database is unavailable");
+            return;
+        }
+        let Some(cause) = shepherd::db::diagnose(pool).await else {
+            tracing::error!(
+                what,
+                error,
+                "failed, though the database takes connections; restarting"
+            );
+            return;
+        };
+        if self.down.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        tracing::error!(
+            what,
+            error,
+            cause = %cause,
+            "the database cannot be used: no job is taken until it can be; trying again every few seconds"
+        );
+        let (down, pool, stop) = (self.down.clone(), pool.clone(), stop.clone());
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    () = tokio::time::sleep(RECHECK) => {}
+                    () = stop.clone().wait() => return,
+                }
+                if shepherd::db::diagnose(&pool).await.is_none() {
+                    down.store(false, Ordering::SeqCst);
+                    tracing::info!("the database takes connections again");
+                    return;
+                }
+            }
+        });
+    }
+}
