@@ -236,6 +236,20 @@ async fn out_of_stock_penalises_the_plan_at_its_site(db: PgPool) {
 #[sqlx::test(migrations = false)]
 async fn a_failed_deployment_is_replaced_and_its_place_penalised(db: PgPool) {
     let w = World::new(db, 3, vec![pool("web", "DAL", 3)]).await;
+    a_failed_deployment_is_replaced(w).await;
+}
+
+/// The same, with one database connection for every job: no job holds a
+/// connection while it asks for another (a worker's pool is two, shared
+/// with its queues; two jobs each holding one and waiting for a second
+/// would wait for good).
+#[sqlx::test(migrations = false)]
+async fn a_failed_deployment_is_replaced_on_one_connection(db: PgPool) {
+    let w = World::on_one_connection(db, 3, vec![pool("web", "DAL", 3)]).await;
+    a_failed_deployment_is_replaced(w).await;
+}
+
+async fn a_failed_deployment_is_replaced(w: World) {
     w.fake.set_faults(
         Faults::none()
             .with_rule(FaultRule::on(Call::CreateServer, FaultKind::FailDeployment).times(1)),

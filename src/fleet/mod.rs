@@ -514,8 +514,7 @@ pub async fn plan(
         settings.assimilate,
         &ours,
     );
-    let mut conn = pool.acquire().await?;
-    let paused = views::read_pause(&mut conn).await?;
+    let paused = views::read_pause(&mut *pool.acquire().await?).await?;
     let mut plan = Plan {
         settings_recorded: current.recorded,
         max_machines: settings.max_machines.0,

@@ -59,6 +59,29 @@ impl World {
         settle: Duration,
         adjust: impl FnOnce(&mut ProvisionerConfig),
     ) -> World {
+        World::build(db, max_machines, pools, settle, adjust, None).await
+    }
+
+    /// A world whose jobs have one database connection between them: a
+    /// job that holds a connection (a transaction) while it asks the pool
+    /// for another waits out the pool's timeout and fails, where on a
+    /// worker's small pool it would wait beside another doing the same.
+    pub async fn on_one_connection(db: PgPool, max_machines: u64, pools: Vec<Pool>) -> World {
+        let one = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(Duration::from_secs(3))
+            .connect_lazy_with((*db.connect_options()).clone());
+        World::build(db, max_machines, pools, Duration::ZERO, |_| {}, Some(one)).await
+    }
+
+    async fn build(
+        db: PgPool,
+        max_machines: u64,
+        pools: Vec<Pool>,
+        settle: Duration,
+        adjust: impl FnOnce(&mut ProvisionerConfig),
+        jobs_pool: Option<PgPool>,
+    ) -> World {
         super::migrated(&db).await;
         let fake = FakeLatitude::start(
             FakeConfig {
@@ -103,7 +126,7 @@ impl World {
             .await
             .unwrap();
         let ctx = Arc::new(JobContext::with_provider(
-            db.clone(),
+            jobs_pool.unwrap_or_else(|| db.clone()),
             Arc::new(provider),
             Arc::new(config),
             PUBLIC_KEY.into(),

@@ -314,6 +314,16 @@ async fn deleted(
     job_id: &str,
     already_gone: bool,
 ) -> Result<DeleteOutcome, JobError> {
+    let replaced = matches!(leaving.deletion.cause.as_str(), "failed" | "not_ready");
+    let unit = leaving.unit.filter(|_| replaced);
+    let scope = unit.and_then(|u| ctx.provider.unit_scope(u));
+    // Counted before the transaction takes its connection: a job that held
+    // one while asking the pool for another could wait for good beside
+    // another doing the same, on a worker's pool of two.
+    let recent = match (&scope, &leaving.deletion.pool) {
+        (Some(scope), Some(_)) => failures_in_scope(ctx, settings, scope).await?,
+        _ => 0,
+    };
     let mut tx = ctx.pool.begin().await?;
     let mut events = vec![NewEvent::new(MachineDeleted {
         machine_id: args.machine_id,
@@ -323,13 +333,7 @@ async fn deleted(
         request: args.request,
         already_gone,
     })];
-    let replaced = matches!(leaving.deletion.cause.as_str(), "failed" | "not_ready");
-    if let (true, Some(unit)) = (replaced, leaving.unit) {
-        let scope = ctx.provider.unit_scope(unit);
-        let recent = match (&scope, &leaving.deletion.pool) {
-            (Some(scope), Some(_)) => failures_in_scope(ctx, settings, scope).await?,
-            _ => 0,
-        };
+    if let Some(unit) = unit {
         let cause = format!(
             "machine {} was replaced: {}",
             args.device, leaving.deletion.message
