@@ -105,8 +105,21 @@ fn place_of(hostname: &str) -> u32 {
 #[sqlx::test(migrations = false)]
 async fn a_pool_lowered_sheds_within_the_budget_by_billed_hour_and_raised_fills_again(db: PgPool) {
     let w = World::new(db, 10, vec![pool("web", "DAL", 5)]).await;
+    lowered_then_raised(&w).await;
+}
+
+/// The same with one database connection for every job: no pass,
+/// creation or deletion holds a connection while it asks for another (a
+/// worker's pool is two, shared with its queues).
+#[sqlx::test(migrations = false)]
+async fn a_pool_lowered_and_raised_on_one_connection(db: PgPool) {
+    let w = World::on_one_connection(db, 10, vec![pool("web", "DAL", 5)]).await;
+    lowered_then_raised(&w).await;
+}
+
+async fn lowered_then_raised(w: &World) {
     w.settle(3).await;
-    assert_eq!(ours(&w, "web").len(), 5);
+    assert_eq!(ours(w, "web").len(), 5);
     // Place 0's machine is replaced a second later: the newest machine
     // stands on the lowest place, so "newest" and "highest place" differ.
     tokio::time::sleep(Duration::from_millis(1_100)).await;
@@ -130,11 +143,11 @@ async fn a_pool_lowered_sheds_within_the_budget_by_billed_hour_and_raised_fills_
         .find(|s| place_of(&s.hostname) == 0)
         .unwrap();
     assert_ne!(renewed.id, first.id);
-    set_count(&w, "web", 2, false).await.unwrap();
+    set_count(w, "web", 2, false).await.unwrap();
     // The default budget: 10% of the pool or 2 machines a period, the
     // larger. The third waits, and the pass says so.
-    round(&w).await;
-    assert_eq!(ours(&w, "web").len(), 3, "{:?}", ours(&w, "web"));
+    round(w).await;
+    assert_eq!(ours(w, "web").len(), 3, "{:?}", ours(w, "web"));
     let requested = w.events("deletion_requested").await;
     let surplus: Vec<&serde_json::Value> = requested
         .iter()
@@ -157,7 +170,7 @@ async fn a_pool_lowered_sheds_within_the_budget_by_billed_hour_and_raised_fills_
         .map(|e| e["provider_id"].as_str().unwrap())
         .collect();
     assert!(!gone.contains(&renewed.id.as_str()), "{gone:?}");
-    let places: Vec<u32> = ours(&w, "web").iter().map(|h| place_of(h)).collect();
+    let places: Vec<u32> = ours(w, "web").iter().map(|h| place_of(h)).collect();
     assert!(places.contains(&0), "{places:?}");
     // A wider budget lets the last surplus go.
     sql(
@@ -165,19 +178,19 @@ async fn a_pool_lowered_sheds_within_the_budget_by_billed_hour_and_raised_fills_
         "select shepherd.change_setting('deletion_budget', '100%,5', 'the test', 'test')",
     )
     .await;
-    round(&w).await;
-    assert_eq!(ours(&w, "web").len(), 2);
+    round(w).await;
+    assert_eq!(ours(w, "web").len(), 2);
     assert_eq!(w.events("machine_deleted").await.len(), 4);
-    let places: Vec<u32> = ours(&w, "web").iter().map(|h| place_of(h)).collect();
+    let places: Vec<u32> = ours(w, "web").iter().map(|h| place_of(h)).collect();
     assert!(places.contains(&0), "the renewed machine went: {places:?}");
     // Nothing more goes, nothing is created.
-    let ran = round(&w).await;
+    let ran = round(w).await;
     assert!(ran.is_empty(), "{ran:?}");
     // Raised again: filled, on free places only.
-    set_count(&w, "web", 4, false).await.unwrap();
+    set_count(w, "web", 4, false).await.unwrap();
     w.settle(3).await;
-    assert_eq!(ours(&w, "web").len(), 4);
-    assert_consistent(&w).await;
+    assert_eq!(ours(w, "web").len(), 4);
+    assert_consistent(w).await;
     // No place was ever penalised for a surplus or an operator's deletion.
     assert_eq!(w.count("select count(*) from shepherd.sinbin").await, 0);
 }

@@ -33,6 +33,33 @@ fn config(max_machines: u64, chunk_size: u64) -> ProvisionerConfig {
 #[sqlx::test(migrations = false)]
 async fn the_seeds_smoke_test_reaches_the_limit_in_three_passes(pool: PgPool) {
     let w = World::with(pool, 100, config(10, 4)).await;
+    reaches_the_limit_in_three_passes(&w).await;
+}
+
+/// The same fill, and a create whose answer was lost, with one database
+/// connection for every job: no pass, creation or assimilation holds a
+/// connection while it asks for another (a worker's pool is two, shared
+/// with its queues).
+#[sqlx::test(migrations = false)]
+async fn a_fleet_is_provisioned_on_one_connection(pool: PgPool) {
+    let w = World::on_one_connection(pool, 100, config(10, 4)).await;
+    w.fake.set_faults(next(
+        Operation::CreateDevice,
+        1,
+        FaultKind::AcceptThenFail { status: 500 },
+    ));
+    reaches_the_limit_in_three_passes(&w).await;
+    let recovered: i64 = sqlx::query_scalar(
+        "select count(*) from shepherd.events
+         where event_type = 'device_created' and (body->>'recovered')::bool",
+    )
+    .fetch_one(&w.pool)
+    .await
+    .unwrap();
+    assert_eq!(recovered, 1);
+}
+
+async fn reaches_the_limit_in_three_passes(w: &World) {
     let mut per_pass = Vec::new();
     for _ in 0..5 {
         let pass = w.reconcile().await;

@@ -57,6 +57,31 @@ pub struct World {
 
 impl World {
     pub async fn new(pool: PgPool, fake: FakeConfig, config: ProvisionerConfig) -> World {
+        World::build(pool, fake, config, None).await
+    }
+
+    /// A world whose jobs have one database connection between them: a
+    /// job that holds a connection (a transaction) while it asks the pool
+    /// for another waits out the pool's timeout and fails, where on a
+    /// worker's small pool it would wait beside another doing the same.
+    pub async fn on_one_connection(
+        pool: PgPool,
+        reservations: usize,
+        config: ProvisionerConfig,
+    ) -> World {
+        let one = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(std::time::Duration::from_secs(3))
+            .connect_lazy_with((*pool.connect_options()).clone());
+        World::build(pool, fake_config(reservations), config, Some(one)).await
+    }
+
+    async fn build(
+        pool: PgPool,
+        fake: FakeConfig,
+        config: ProvisionerConfig,
+        jobs_pool: Option<PgPool>,
+    ) -> World {
         migrated(&pool).await;
         let project = fake.project_id;
         let fake = start_fake(fake).await;
@@ -71,7 +96,7 @@ impl World {
         .await
         .expect("the cluster's settings are recorded");
         let ctx = Arc::new(JobContext::new(
-            pool.clone(),
+            jobs_pool.unwrap_or_else(|| pool.clone()),
             client.clone(),
             Arc::new(config),
             PUBLIC_KEY.to_string(),
