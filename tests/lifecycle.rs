@@ -174,7 +174,7 @@ async fn lowered_then_raised(w: &World) {
     assert!(places.contains(&0), "{places:?}");
     // A wider budget lets the last surplus go.
     sql(
-        &w,
+        w,
         "select shepherd.change_setting('deletion_budget', '100%,5', 'the test', 'test')",
     )
     .await;
