@@ -731,6 +731,23 @@ async fn a_worker_that_loses_its_database_says_so_once_and_carries_on(pool: PgPo
     c.wait_for(2, 2, Duration::from_secs(60)).await;
     let path = c.dir.join("worker-0.log");
     let log = || std::fs::read_to_string(&path).expect("the worker's log");
+    // The CPU it spends while its database is away: waiting, not
+    // reconnecting in a loop. Read from /proc (its /metrics needs the
+    // database): utime and stime, in the kernel's 100 ticks a second.
+    let pid = c.workers[0].id();
+    let cpu = || async move {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .expect("reading the worker's /proc stat");
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .expect("a stat line")
+            .1
+            .split_whitespace()
+            .collect();
+        let ticks = |n: usize| fields[n - 3].parse::<f64>().expect("a tick count");
+        (ticks(14) + ticks(15)) / 100.0
+    };
+    let cpu_before = cpu().await;
     door.shut();
     // Long enough for each queue to fail twice: a fetch waits out the
     // pool's 10 s before it fails, and a worker restarts within 2 s.
@@ -753,6 +770,12 @@ async fn a_worker_that_loses_its_database_says_so_once_and_carries_on(pool: PgPo
         "said more or less than once: {during}"
     );
     assert!(during.contains("cannot reach Postgres"), "{during}");
+    let spent = cpu().await - cpu_before;
+    eprintln!("{spent:.2} s of CPU in 25 s without a database");
+    assert!(
+        spent < 5.0,
+        "{spent:.1} s of CPU in 25 s without a database"
+    );
     door.reopen();
     let started = Instant::now();
     while !log().contains("the database takes connections again") {

@@ -21,6 +21,9 @@ const RECHECK: Duration = Duration::from_secs(5);
 #[derive(Clone, Default)]
 pub struct Outage {
     down: Arc<AtomicBool>,
+    /// One failure at a time asks the server: the four queues fail
+    /// together, and each question is a connection beyond the formula.
+    asking: Arc<AtomicBool>,
 }
 
 impl Outage {
@@ -30,11 +33,16 @@ impl Outage {
     /// the outage's failures are said at DEBUG. A failure while the server
     /// answers is said at ERROR every time: it is not an outage.
     pub async fn failed(&self, pool: &PgPool, stop: &Stop, what: &str, error: &str) {
-        if self.down.load(Ordering::SeqCst) {
+        if self.down.load(Ordering::SeqCst) || self.asking.swap(true, Ordering::SeqCst) {
             tracing::debug!(what, error, "failed while the database is unavailable");
             return;
         }
-        let Some(cause) = shepherd::db::diagnose(pool).await else {
+        let cause = tokio::select! {
+            cause = shepherd::db::diagnose(pool) => cause,
+            () = stop.clone().wait() => None,
+        };
+        self.asking.store(false, Ordering::SeqCst);
+        let Some(cause) = cause else {
             tracing::error!(
                 what,
                 error,
@@ -42,14 +50,12 @@ impl Outage {
             );
             return;
         };
-        if self.down.swap(true, Ordering::SeqCst) {
-            return;
-        }
+        self.down.store(true, Ordering::SeqCst);
         tracing::error!(
             what,
             error,
             cause = %cause,
-            "the database cannot be used: no job is taken until it can be; trying again every few seconds"
+            "the database cannot be used: this process can open no connection to it, so its queues fetch no job; trying again every few seconds"
         );
         let (down, pool, stop) = (self.down.clone(), pool.clone(), stop.clone());
         tokio::spawn(async move {

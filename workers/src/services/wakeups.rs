@@ -75,6 +75,11 @@ impl Wakeups {
             }
             let connected = async {
                 let mut listener = PgListener::connect_with(&pool).await?;
+                // A lost connection is reported, not mended in place: sqlx
+                // mends it in a loop that retries at once on every I/O
+                // error but a refusal (a reset, an early EOF), which spins
+                // while the server is away. This loop waits between tries.
+                listener.eager_reconnect(false);
                 listener.listen("apalis::job::insert").await?;
                 Ok::<_, sqlx::Error>(listener)
             };
@@ -97,6 +102,9 @@ impl Wakeups {
             };
             if failures > 0 {
                 tracing::info!("listening for new jobs again");
+                // The next outage is said again, and waited out from the
+                // shortest wait.
+                failures = 0;
             }
             // Whatever was inserted while nobody listened is looked for now.
             self.wake(None);
@@ -107,9 +115,14 @@ impl Wakeups {
                             Ok(i) => self.wake(Some(&i.job_type)),
                             Err(_) => self.wake(None),
                         },
-                        // The connection was lost: sqlx reconnects on the
-                        // next receive; whatever came meanwhile is missed.
-                        Ok(None) => self.wake(None),
+                        // The connection was lost: listen again from the
+                        // top, which waits between failed tries. Whatever
+                        // came meanwhile is looked for when it listens.
+                        Ok(None) => {
+                            tracing::debug!("the listening connection was lost; listening again");
+                            self.wake(None);
+                            break;
+                        }
                         Err(e) => {
                             tracing::warn!(error = %e, "the listening connection failed; reconnecting");
                             failures = 1;
