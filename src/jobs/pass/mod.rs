@@ -353,7 +353,12 @@ pub fn select(
     let mut chosen = Vec::new();
     let mut skipped = Vec::new();
     for r in reservations {
-        let skip = if r.taken {
+        // A unit our own records put a machine on is in use whatever the
+        // listing says: a listing that lags behind a create shows it free,
+        // and choosing it spent the pool's lacking count on a unit the
+        // admission then refused, while the place really empty waited (the
+        // Latitude demo ended a machine short, its last pass idle).
+        let skip = if r.taken || fleet.held_units.contains(&r.id) {
             counts.in_use += 1;
             Skip::InUse
         } else if !r.provisionable {

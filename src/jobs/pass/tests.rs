@@ -166,3 +166,33 @@ fn only_a_witness_our_log_holds_is_adopted() {
     );
     assert_eq!(c.unknown, vec![theirs.to_string()]);
 }
+
+/// A place a managed machine of ours stands on, that a lagging listing
+/// shows free, is in use: the pool's one lacking machine goes to the
+/// place that is really empty.
+#[test]
+fn a_place_our_records_hold_is_in_use_though_the_listing_shows_it_free() {
+    use crate::provider::Unit;
+    let place = || Unit {
+        id: Uuid::new_v4(),
+        taken: false,
+        provisionable: true,
+        scope: None,
+        pool: Some("web".into()),
+        hint: None,
+    };
+    let inventory = Inventory {
+        units: vec![place(), place()],
+        pools: vec![],
+    };
+    let (held, empty) = (inventory.units[0].id, inventory.units[1].id);
+    let fleet = Fleet {
+        held_units: [held].into_iter().collect(),
+        ..Fleet::default()
+    };
+    let lacking: HashMap<String, u32> = [("web".to_string(), 1)].into_iter().collect();
+    let s = select(&inventory, &fleet, None, 100, &lacking);
+    assert_eq!(s.chosen, vec![empty]);
+    assert!(s.skipped.contains(&(held, Skip::InUse)));
+    assert_eq!((s.counts.in_use, s.counts.available), (1, 1));
+}
