@@ -597,3 +597,49 @@ async fn a_pass_reads_only_the_clusters_servers_and_survives_a_filter_it_cannot_
     assert_eq!(ours(&w.fake.servers()), 2);
     w.assert_invariants().await;
 }
+
+/// A listing that lags behind our creates shows a place we just filled as
+/// free: the next pass fills the place that is really empty, not the one
+/// our records hold (choosing it spent the pool's one lacking machine on a
+/// place the admission refused, and the pass did nothing). The server is
+/// made and not yet assimilated here; a pass that lists while a creation
+/// lands is the same case (the Latitude demo ended a machine short).
+#[sqlx::test(migrations = false)]
+async fn a_lagging_listing_does_not_hide_the_place_still_empty(db: PgPool) {
+    use shepherd_fakes::latitude::Weather;
+    let w = World::with_config(db, 2, vec![pool("web", "DAL", 2)], Duration::ZERO, |c| {
+        c.chunk_size = 1
+    })
+    .await;
+    w.fake.set_weather(Weather {
+        listing_lag_ms: 600_000,
+        ..w.fake.weather()
+    });
+    let first = w.pass().await;
+    assert_eq!(first.enqueued.len(), 1, "{first:?}");
+    // The creation only: its server is ours and made, not yet assimilated.
+    let ran = common::world::run_next(&w.pool, &w.ctx)
+        .await
+        .expect("the creation runs");
+    assert_eq!(w.fake.servers().len(), 1, "{ran:?}");
+    assert_eq!(
+        w.count("select count(*) from shepherd.unassimilated_devices")
+            .await,
+        1
+    );
+    // The listing does not show it yet.
+    let second = w.pass().await;
+    assert_eq!(second.enqueued.len(), 1, "{second:?}");
+    assert_ne!(second.enqueued, first.enqueued, "the held place again");
+    w.fake.set_weather(Weather {
+        listing_lag_ms: 0,
+        ..w.fake.weather()
+    });
+    drain_with(&w.pool, &w.ctx).await;
+    assert_eq!(
+        w.count("select count(*) from shepherd.managed_machines")
+            .await,
+        2
+    );
+    assert_eq!(w.fake.servers().len(), 2);
+}
