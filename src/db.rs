@@ -129,23 +129,29 @@ fn classify(target: String, name: String, e: &sqlx::Error) -> DbError {
 /// connection now, so the pool's trouble was its own (every connection
 /// busy).
 pub async fn diagnose(pool: &PgPool) -> Option<DbError> {
-    let options = (*pool.connect_options()).clone();
+    probe(&pool.connect_options()).await.err()
+}
+
+/// One connection, alone, within 5 s, and closed again: what is wrong with
+/// connecting, said at once (a pool retries a refused port until its
+/// acquire timeout and then says only that it timed out).
+async fn probe(options: &PgConnectOptions) -> Result<(), DbError> {
     let name = options.get_database().unwrap_or("").to_string();
     let target = format!("{}:{}/{}", options.get_host(), options.get_port(), name);
     match tokio::time::timeout(
         Duration::from_secs(5),
-        <sqlx::PgConnection as sqlx::Connection>::connect_with(&options),
+        <sqlx::PgConnection as sqlx::Connection>::connect_with(options),
     )
     .await
     {
-        Err(_) => Some(DbError::Unreachable {
+        Err(_) => Err(DbError::Unreachable {
             target,
             reason: "no answer within 5 s".into(),
         }),
-        Ok(Err(e)) => Some(classify(target, name, &e)),
+        Ok(Err(e)) => Err(classify(target, name, &e)),
         Ok(Ok(conn)) => {
             let _ = sqlx::Connection::close(conn).await;
-            None
+            Ok(())
         }
     }
 }
@@ -176,7 +182,6 @@ pub async fn connect_idle(
 ) -> Result<PgPool, DbError> {
     open(
         quiet_slow_statements(check_url(url)?.application_name("shepherd")),
-        url,
         max_connections,
         Duration::from_secs(10),
         idle,
@@ -203,7 +208,6 @@ pub async fn connect_pages(
         )]);
     open(
         options,
-        url,
         max_connections,
         Duration::from_secs(3),
         IDLE_TIMEOUT,
@@ -234,31 +238,11 @@ pub fn listener_pool(jobs: &PgPool) -> PgPool {
 
 async fn open(
     options: PgConnectOptions,
-    url: &str,
     max_connections: u32,
     acquire_timeout: Duration,
     idle: Duration,
 ) -> Result<PgPool, DbError> {
-    // One connection first, alone: a pool retries a refused port until its
-    // acquire timeout and then says only that it timed out; this says what
-    // is wrong, at once.
-    match tokio::time::timeout(
-        Duration::from_secs(5),
-        <sqlx::PgConnection as sqlx::Connection>::connect_with(&options),
-    )
-    .await
-    {
-        Err(_) => {
-            return Err(DbError::Unreachable {
-                target: describe_url(url),
-                reason: "no answer within 5 s".into(),
-            });
-        }
-        Ok(Err(e)) => return Err(unreachable(url, &e)),
-        Ok(Ok(conn)) => {
-            let _ = sqlx::Connection::close(conn).await;
-        }
-    }
+    probe(&options).await?;
     Ok(PgPoolOptions::new()
         .max_connections(max_connections)
         .min_connections(0)

@@ -62,15 +62,10 @@ impl World {
         World::build(db, max_machines, pools, settle, adjust, None).await
     }
 
-    /// A world whose jobs have one database connection between them: a
-    /// job that holds a connection (a transaction) while it asks the pool
-    /// for another waits out the pool's timeout and fails, where on a
-    /// worker's small pool it would wait beside another doing the same.
+    /// A world whose jobs have one database connection between them
+    /// ([`super::one_connection`]).
     pub async fn on_one_connection(db: PgPool, max_machines: u64, pools: Vec<Pool>) -> World {
-        let one = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(1)
-            .acquire_timeout(Duration::from_secs(3))
-            .connect_lazy_with((*db.connect_options()).clone());
+        let one = super::one_connection(&db);
         World::build(db, max_machines, pools, Duration::ZERO, |_| {}, Some(one)).await
     }
 

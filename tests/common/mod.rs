@@ -69,6 +69,17 @@ pub fn next(op: Operation, times: u64, kind: FaultKind) -> Faults {
 }
 
 /// Applies shepherd's schema to a fresh test database.
+/// A pool of one connection to `pool`'s database, for jobs that must never
+/// hold a connection while asking for another: such a job waits out the
+/// 3 s acquire timeout and fails, where on a worker's small pool it would
+/// wait beside another doing the same.
+pub fn one_connection(pool: &sqlx::PgPool) -> sqlx::PgPool {
+    sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(std::time::Duration::from_secs(3))
+        .connect_lazy_with((*pool.connect_options()).clone())
+}
+
 pub async fn migrated(pool: &sqlx::PgPool) {
     shepherd::db::migrate(pool).await.expect("migrations apply");
 }

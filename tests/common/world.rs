@@ -60,19 +60,14 @@ impl World {
         World::build(pool, fake, config, None).await
     }
 
-    /// A world whose jobs have one database connection between them: a
-    /// job that holds a connection (a transaction) while it asks the pool
-    /// for another waits out the pool's timeout and fails, where on a
-    /// worker's small pool it would wait beside another doing the same.
+    /// A world whose jobs have one database connection between them
+    /// ([`super::one_connection`]).
     pub async fn on_one_connection(
         pool: PgPool,
         reservations: usize,
         config: ProvisionerConfig,
     ) -> World {
-        let one = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(1)
-            .acquire_timeout(std::time::Duration::from_secs(3))
-            .connect_lazy_with((*pool.connect_options()).clone());
+        let one = super::one_connection(&pool);
         World::build(pool, fake_config(reservations), config, Some(one)).await
     }
 
