@@ -55,3 +55,82 @@ ensure_chromium() {
     fi
   fi
 }
+
+# PgBouncer 1.21 or later (protocol-level prepared statements, which sqlx
+# uses on every query) for the tests that run workers behind it in
+# transaction mode. Debian 12 ships 1.18, which cannot carry them, so
+# when no new enough pgbouncer is at hand, Debian 13's source package is
+# fetched (apt checks its signature against Debian's archive key) and
+# built into target/tools: about ten seconds here. Needs libevent's
+# headers (Debian's libevent-dev, installed when missing, as chromium is).
+# Sets SHEPHERD_PGBOUNCER.
+PGBOUNCER_SUITE=trixie
+ensure_pgbouncer() {
+  if [ -n "${SHEPHERD_PGBOUNCER:-}" ] && [ -x "$SHEPHERD_PGBOUNCER" ]; then
+    return 0
+  fi
+  local found
+  found=$(command -v pgbouncer 2>/dev/null || true)
+  if [ -n "$found" ] && pgbouncer_new_enough "$found"; then
+    SHEPHERD_PGBOUNCER="$found"
+    export SHEPHERD_PGBOUNCER
+    return 0
+  fi
+  local bin="$PWD/target/tools/pgbouncer"
+  if [ ! -x "$bin" ] || ! pgbouncer_new_enough "$bin"; then
+    build_pgbouncer "$bin" || return 1
+  fi
+  SHEPHERD_PGBOUNCER="$bin"
+  export SHEPHERD_PGBOUNCER
+}
+
+# True when the pgbouncer at $1 is 1.21 or later.
+pgbouncer_new_enough() {
+  local v major minor
+  v=$("$1" --version 2>/dev/null | sed -n 's/^PgBouncer \([0-9]*\)\.\([0-9]*\).*/\1 \2/p' | head -1)
+  read -r major minor <<<"$v"
+  [ -n "${major:-}" ] && { [ "$major" -gt 1 ] || { [ "$major" -eq 1 ] && [ "$minor" -ge 21 ]; }; }
+}
+
+build_pgbouncer() {
+  local bin="$1" work sudo=""
+  if [ "$(id -u)" -ne 0 ]; then
+    sudo="sudo"
+  fi
+  if ! pkg-config --exists libevent 2>/dev/null; then
+    echo "installing Debian's libevent-dev to build pgbouncer" >&2
+    if ! $sudo apt-get install -y -qq libevent-dev >/dev/null 2>&1; then
+      $sudo apt-get update -qq >/dev/null 2>&1 || true
+      if ! $sudo apt-get install -y -qq libevent-dev >/dev/null 2>&1; then
+        echo "cannot install libevent-dev to build pgbouncer; install pgbouncer 1.21 or later, or set SHEPHERD_PGBOUNCER" >&2
+        return 1
+      fi
+    fi
+  fi
+  work=$(mktemp -d)
+  echo "building pgbouncer from Debian's $PGBOUNCER_SUITE source package into target/tools" >&2
+  mkdir -p "$work/lists/partial" "$work/cache/archives/partial" "$work/src"
+  echo "deb-src [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian $PGBOUNCER_SUITE main" >"$work/sources.list"
+  local apt=(apt-get -o "Dir::Etc::SourceList=$work/sources.list" -o Dir::Etc::SourceParts=/dev/null
+    -o "Dir::State::Lists=$work/lists" -o "Dir::Cache=$work/cache" -o APT::Sandbox::User=root)
+  if ! "${apt[@]}" update -qq >"$work/log" 2>&1 ||
+    ! (cd "$work/src" && "${apt[@]}" source --download-only pgbouncer >>"$work/log" 2>&1); then
+    cat "$work/log" >&2
+    echo "cannot fetch Debian's pgbouncer source package; install pgbouncer 1.21 or later, or set SHEPHERD_PGBOUNCER" >&2
+    rm -rf "$work"
+    return 1
+  fi
+  tar -xzf "$work"/src/pgbouncer_*.orig.tar.gz -C "$work/src"
+  if ! (cd "$work"/src/pgbouncer-*/ &&
+    ./configure --without-cares --without-pam --without-systemd --without-openssl >>"$work/log" 2>&1 &&
+    make -j2 >>"$work/log" 2>&1); then
+    tail -30 "$work/log" >&2
+    echo "building pgbouncer failed (log above); install pgbouncer 1.21 or later, or set SHEPHERD_PGBOUNCER" >&2
+    rm -rf "$work"
+    return 1
+  fi
+  mkdir -p "$(dirname "$bin")"
+  cp "$work"/src/pgbouncer-*/pgbouncer "$bin"
+  rm -rf "$work"
+  pgbouncer_new_enough "$bin"
+}

@@ -30,6 +30,10 @@ pub enum DbError {
         "the Postgres server at {target} has no connection left for shepherd ({reason}): every client of it counts against its max_connections. A worker opens at most --db-connections + 1 + --console-connections (5 with the defaults), a scheduler 3 + --console-connections, a command 2 (docs/operations.md, --db-connections); raise max_connections, lower --db-connections, or run fewer processes"
     )]
     Full { target: String, reason: String },
+    #[error(
+        "the server at {target} refused a startup parameter shepherd sends ({reason}): it is a connection pooler, not Postgres. With PgBouncer, set `ignore_startup_parameters = extra_float_digits`; the pages' statement timeout travels the same way, so give them `--console-statement-timeout 0` (and a statement_timeout on their role) or a --console-database-url that reaches Postgres itself (docs/operations.md, \"Behind PgBouncer\")"
+    )]
+    Pooler { target: String, reason: String },
     #[error("cannot create database {name}: {reason}")]
     CreateDatabase { name: String, reason: String },
     #[error("migration failed: {0}")]
@@ -104,6 +108,17 @@ fn classify(target: String, name: String, e: &sqlx::Error) -> DbError {
         && db.code().as_deref() == Some("53300")
     {
         return DbError::Full {
+            target,
+            reason: db.message().to_string(),
+        };
+    }
+    // PgBouncer refuses startup parameters it cannot carry from one server
+    // connection to the next (sqlx's `extra_float_digits`, the pages'
+    // `statement_timeout` in `options`); checking the URL would not help.
+    if let Some(db) = e.as_database_error()
+        && db.message().contains("unsupported startup parameter")
+    {
+        return DbError::Pooler {
             target,
             reason: db.message().to_string(),
         };
@@ -194,18 +209,22 @@ pub async fn connect_idle(
 /// page waits on for at most 3 s. A heavy page (a week of charts, a search
 /// of every job's arguments) then fails alone instead of holding the
 /// connections jobs and heartbeats need. `application_name` tells them
-/// apart in `pg_stat_activity`.
+/// apart in `pg_stat_activity`. A zero timeout sends none: a pooler in
+/// transaction mode (PgBouncer) refuses a startup `statement_timeout`, as
+/// it cannot carry it from one server connection to the next, and the
+/// operator sets one on the pages' role instead.
 pub async fn connect_pages(
     url: &str,
     max_connections: u32,
     statement_timeout: Duration,
 ) -> Result<PgPool, DbError> {
-    let options = quiet_slow_statements(check_url(url)?)
-        .application_name("shepherd-console")
-        .options([(
+    let mut options = quiet_slow_statements(check_url(url)?).application_name("shepherd-console");
+    if !statement_timeout.is_zero() {
+        options = options.options([(
             "statement_timeout",
             format!("{}ms", statement_timeout.as_millis().max(1)),
         )]);
+    }
     open(
         options,
         max_connections,
@@ -263,15 +282,60 @@ pub fn migrator() -> sqlx::migrate::Migrator {
 }
 
 /// Applies the job queue's schema, then shepherd's (whose operator views
-/// read the queue's tables).
+/// read the queue's tables). A database already up to date is left alone
+/// without taking the migrators' lock: that lock is a session's advisory
+/// lock, which a pooler in transaction mode (PgBouncer) can leave held on
+/// a server connection another client then gets, so every worker started
+/// behind one would wait on it; and twenty workers starting at once need
+/// not queue on it to learn there is nothing to do.
 pub async fn migrate(pool: &PgPool) -> Result<(), DbError> {
+    let queue = apalis_postgres::PostgresStorage::<()>::migrations();
+    let ours = migrator();
+    if up_to_date(pool, &queue).await? && up_to_date(pool, &ours).await? {
+        return Ok(());
+    }
     apalis_postgres::PostgresStorage::<()>::setup(pool)
         .await
         .map_err(|e| DbError::Migrate(with_hint(format!("job queue schema: {e}"))))?;
-    migrator()
-        .run(pool)
+    ours.run(pool)
         .await
         .map_err(|e| DbError::Migrate(with_hint(e.to_string())))
+}
+
+/// Whether every migration of `migrator` is recorded as applied, clean and
+/// with its checksum, and nothing else is: anything less (a migration
+/// pending, a dirty or changed one, one this build does not know) goes to
+/// the migrator itself, which applies it or says what is wrong.
+pub async fn up_to_date(
+    pool: &PgPool,
+    migrator: &sqlx::migrate::Migrator,
+) -> Result<bool, DbError> {
+    // The ledger's name is the migrator's (apalis names its own); sqlx
+    // keeps it in a public field it does not document, so a later sqlx
+    // that moves it fails to build here rather than misread.
+    let table = migrator.table_name.as_ref();
+    let exists: bool = sqlx::query_scalar("select pg_catalog.to_regclass($1) is not null")
+        .bind(table)
+        .fetch_one(pool)
+        .await?;
+    if !exists {
+        return Ok(false);
+    }
+    let applied: Vec<(i64, Vec<u8>, bool)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "select version, checksum, success from {table}"
+    )))
+    .fetch_all(pool)
+    .await?;
+    let wanted: Vec<_> = migrator
+        .iter()
+        .filter(|m| !m.migration_type.is_down_migration())
+        .collect();
+    Ok(applied.len() == wanted.len()
+        && wanted.iter().all(|m| {
+            applied.iter().any(|(version, checksum, success)| {
+                *version == m.version && *success && checksum.as_slice() == m.checksum.as_ref()
+            })
+        }))
 }
 
 /// A migration a role may not run says who may: the least-privilege roles

@@ -487,7 +487,9 @@ pub struct ConsoleArgs {
     #[arg(long, env = "SHEPHERD_CONSOLE_CONNECTIONS", default_value_t = 2,
           value_parser = clap::value_parser!(u32).range(1..=20))]
     pub console_connections: u32,
-    /// The longest a page's query may run before it is cancelled
+    /// The longest a page's query may run before it is cancelled; 0 sends
+    /// none (behind PgBouncer, which refuses it: set one on the pages'
+    /// role instead)
     #[arg(long, env = "SHEPHERD_CONSOLE_STATEMENT_TIMEOUT", default_value = "5s",
           value_parser = parse_duration)]
     pub console_statement_timeout: Duration,
