@@ -37,6 +37,14 @@ pub struct FleetBench {
     /// The count it is lowered to once full
     #[arg(long, default_value_t = 20)]
     pub lower_to: usize,
+    /// Run the cluster through this pgbouncer (1.21 or later), started in
+    /// transaction mode as docs/operations.md configures it, the processes
+    /// polling (`--no-listen`)
+    #[arg(long)]
+    pub pgbouncer: Option<std::path::PathBuf>,
+    /// The server connections that pgbouncer may open (`default_pool_size`)
+    #[arg(long, default_value_t = 20)]
+    pub pgbouncer_connections: u32,
 }
 
 pub async fn run(args: FleetBench) -> anyhow::Result<()> {
@@ -53,7 +61,46 @@ pub async fn run(args: FleetBench) -> anyhow::Result<()> {
     let os = "ubuntu_24_04_x64_lts";
     let pools = format!("name=web,plan=c2-small-x86,site=DAL,count={n},os={os}");
     let (url, project) = (fake.base_url(), fake.project().to_string());
+    // Behind the pooler, the schema is the stage's (migrated directly), and
+    // every process and command connects through it.
+    let bouncer = match &args.pgbouncer {
+        Some(bin) => {
+            let server = shepherd::db::check_url(&stage.url)?;
+            let upstream = shepherd_fakes::pgbouncer::Upstream {
+                host: server.get_host().to_string(),
+                port: server.get_port(),
+                user: server.get_username().to_string(),
+                server_connections: args.pgbouncer_connections,
+            };
+            let port = std::net::TcpListener::bind("127.0.0.1:0")?
+                .local_addr()?
+                .port();
+            let dir = stage.dir().to_path_buf();
+            Some(
+                shepherd_fakes::pgbouncer::Bouncer::start(bin, &dir, port, &upstream)
+                    .map_err(anyhow::Error::msg)?,
+            )
+        }
+        None => None,
+    };
+    let through = match &bouncer {
+        Some(b) => b.url(&stage.url).map_err(anyhow::Error::msg)?,
+        None => stage.url.clone(),
+    };
+    if let Some(b) = &bouncer {
+        println!(
+            "through pgbouncer in transaction mode (port {}, at most {} server connections), the processes polling",
+            b.port(),
+            args.pgbouncer_connections
+        );
+    }
+    let pooled: &[&str] = if bouncer.is_some() {
+        &["--console-statement-timeout", "0"]
+    } else {
+        &[]
+    };
     let env = [
+        ("DATABASE_URL", through.as_str()),
         ("SHEPHERD_PROVIDER", "latitude"),
         ("LATITUDE_API_URL", url.as_str()),
         ("LATITUDE_PROJECT", project.as_str()),
@@ -85,9 +132,12 @@ pub async fn run(args: FleetBench) -> anyhow::Result<()> {
             .await?;
         tokio::spawn(async move {
             loop {
+                // The cluster's: every backend on its database but the
+                // bench's own (behind a pooler, the pooler's server
+                // connections carry whichever client's name they last ran).
                 let row: Result<(i64, i64, i64, i64, i64), _> = sqlx::query_as(
                     "select count(*) filter (where datname = current_database()
-                                               and application_name like 'shepherd%'),
+                                               and application_name <> 'bench'),
                             count(*) filter (where backend_type = 'client backend'),
                             count(*) filter (where datname = current_database()
                                                and application_name = 'shepherd-listen'),
@@ -116,27 +166,28 @@ pub async fn run(args: FleetBench) -> anyhow::Result<()> {
     };
     let max = (n + 5).to_string();
     let started = Instant::now();
-    stage.spawn_with_env(
-        &[
-            "scheduler",
-            "--metrics-listen",
-            "127.0.0.1:0",
-            "--skip-migrations",
-        ],
-        &env,
-    )?;
+    let mut scheduler = vec![
+        "scheduler",
+        "--metrics-listen",
+        "127.0.0.1:0",
+        "--skip-migrations",
+    ];
+    scheduler.extend_from_slice(pooled);
+    stage.spawn_with_env(&scheduler, &env)?;
+    let mut worker = vec![
+        "worker",
+        "--metrics-listen",
+        "127.0.0.1:0",
+        "--skip-migrations",
+        "--max-machines",
+        &max,
+    ];
+    worker.extend_from_slice(pooled);
+    if bouncer.is_some() {
+        worker.push("--no-listen");
+    }
     for _ in 0..args.workers.max(1) {
-        stage.spawn_with_env(
-            &[
-                "worker",
-                "--metrics-listen",
-                "127.0.0.1:0",
-                "--skip-migrations",
-                "--max-machines",
-                &max,
-            ],
-            &env,
-        )?;
+        stage.spawn_with_env(&worker, &env)?;
     }
     stage
         .wait_for(
@@ -221,6 +272,9 @@ pub async fn run(args: FleetBench) -> anyhow::Result<()> {
         "at the cluster's peak: {q} listening, {j} the pools' (queues and jobs), {p} the pages'; connection errors logged by the processes: {errors}; samples of pg_stat_activity that failed: {}",
         missed.load(Ordering::Relaxed)
     );
+    // The pooler goes before the stage drops its database: it holds server
+    // connections to it.
+    drop(bouncer);
     stage.finish().await?;
     fake.shutdown().await;
     Ok(())

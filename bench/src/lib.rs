@@ -417,6 +417,11 @@ impl Stage {
 
     /// Runs `shepherd ARGS` with `env` to its end; its failure is the
     /// scenario's, with what it said.
+    /// The stage's own folder (keys, the processes' logs).
+    pub fn dir(&self) -> &std::path::Path {
+        &self.dir
+    }
+
     pub fn run_command(&self, env: &[(&str, &str)], args: &[&str]) -> anyhow::Result<()> {
         let out = self.command(args)?.envs(env.iter().copied()).output()?;
         anyhow::ensure!(

@@ -7,6 +7,7 @@
 pub mod faults;
 pub mod latitude;
 pub mod metal;
+pub mod pgbouncer;
 
 /// A fake's server task: serves `app` on `listener` until the returned
 /// sender is used or dropped (a dropped handle stops its server too).
