@@ -556,3 +556,57 @@ async fn a_machines_first_readiness_survives_every_later_event(pool: PgPool) {
     let report = views::rebuild(&pool, false).await.unwrap();
     assert_eq!(report.differences, Vec::<String>::new());
 }
+
+/// An append takes its keys' locks (here the device's) before its first
+/// row goes in, in the statement that inserts it: a writer holding the
+/// device's lock holds the append back until it commits, and the append
+/// then folds into views that include what that writer recorded.
+#[sqlx::test(migrations = false)]
+async fn an_append_waits_for_the_writer_holding_its_keys(pool: PgPool) {
+    common::migrated(&pool).await;
+    let (r, device) = (Uuid::new_v4(), Uuid::new_v4().to_string());
+    let mut holder = pool.begin().await.unwrap();
+    sqlx::query("select pg_advisory_xact_lock(hashtextextended($1::text, 0::int8))")
+        .bind(format!("device/{device}"))
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let append = tokio::spawn({
+        let (pool, device) = (pool.clone(), device.clone());
+        async move {
+            let mut tx = pool.begin().await.unwrap();
+            record(
+                &mut tx,
+                vec![NewEvent::new(DeviceCreated {
+                    reservation: r,
+                    device,
+                    hostname: "h".into(),
+                    witness: "w".into(),
+                    recovered: false,
+                    request: None,
+                })],
+            )
+            .await
+            .unwrap();
+            tx.commit().await.unwrap();
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(
+        !append.is_finished(),
+        "the append went ahead while another writer held its device's lock"
+    );
+    holder.commit().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), append)
+        .await
+        .expect("the append goes on once the lock is free")
+        .unwrap();
+    let rows: i64 = sqlx::query_scalar(
+        "select count(*) from shepherd.unassimilated_devices where device_id = $1",
+    )
+    .bind(&device)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(rows, 1);
+}

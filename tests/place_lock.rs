@@ -157,3 +157,54 @@ async fn a_fence_renews_the_lease_and_refuses_once_another_holds_it(db: PgPool) 
         .unwrap();
     assert_eq!(holder, "other:2");
 }
+
+/// A creation gives its unit back in the transaction that records its
+/// outcome: the unit is free exactly when that commits, never before (a
+/// rollback keeps it held, and the holder's own release still frees it),
+/// and a holder that gave it back cannot free it again from a later one.
+#[sqlx::test(migrations = false)]
+async fn a_unit_given_back_with_its_outcome_is_free_only_once_that_commits(db: PgPool) {
+    common::migrated(&db).await;
+    let unit = Uuid::new_v4();
+    let first = PlaceLock::try_take(&db, unit, TERM)
+        .await
+        .unwrap()
+        .expect("a free unit is taken");
+
+    let mut tx = db.begin().await.unwrap();
+    first.release_in(&mut tx).await.unwrap();
+    tx.rollback().await.unwrap();
+    assert!(
+        PlaceLock::try_take(&db, unit, TERM)
+            .await
+            .unwrap()
+            .is_none(),
+        "a give-back that rolled back left the unit free"
+    );
+    // Not given back: its own release frees the unit, as before.
+    first.release().await;
+    let second = PlaceLock::try_take(&db, unit, TERM)
+        .await
+        .unwrap()
+        .expect("released, the unit is free");
+
+    let mut tx = db.begin().await.unwrap();
+    second.release_in(&mut tx).await.unwrap();
+    tx.commit().await.unwrap();
+    second.given_back();
+    let third = PlaceLock::try_take(&db, unit, TERM)
+        .await
+        .unwrap()
+        .expect("given back with a committed outcome, the unit is free");
+    // The second holder's release, later, leaves the third's lease alone.
+    second.release().await;
+    assert!(
+        PlaceLock::try_take(&db, unit, TERM)
+            .await
+            .unwrap()
+            .is_none(),
+        "an old holder freed a unit another holds"
+    );
+    assert!(expires_in(&db, unit).await > 50.0);
+    third.release().await;
+}

@@ -51,10 +51,13 @@ impl NewEvent {
 /// transaction. Returns the events actually stored (a retried event id is
 /// skipped, and not applied twice).
 ///
-/// The per-key locks are taken before the insert so that, for any one
-/// reservation or device, log order equals the order the views saw: a
-/// rebuild by position then reproduces the live views exactly. The insert is
-/// the transaction's first write, which keeps a stream's order in the feed.
+/// The per-key locks are taken before the insert (by the insert itself,
+/// ahead of its first row: one statement, where it was two) so that, for
+/// any one reservation or device, log order equals the order the views
+/// saw: a rebuild by position then reproduces the live views exactly. The
+/// views are read by the next statement, whose snapshot is taken with the
+/// locks held. The insert is the transaction's first write, which keeps a
+/// stream's order in the feed.
 pub async fn record(
     conn: &mut PgConnection,
     events: Vec<NewEvent>,
@@ -63,8 +66,7 @@ pub async fn record(
         return Ok(vec![]);
     }
     let keys = views::Keys::of(events.iter().map(|e| &e.event));
-    keys.lock(conn).await?;
-    let stored = append(conn, events).await?;
+    let stored = append_locked(conn, events, &keys.lock_names()).await?;
     views::apply_live(conn, &keys, &stored).await?;
     Ok(stored)
 }
@@ -74,6 +76,16 @@ pub async fn record(
 pub async fn append(
     conn: &mut PgConnection,
     events: Vec<NewEvent>,
+) -> Result<Vec<StoredEvent>, StoreError> {
+    append_locked(conn, events, &[]).await
+}
+
+/// [`append`], taking the advisory locks `locks` (in sorted order) before
+/// the first row goes in.
+async fn append_locked(
+    conn: &mut PgConnection,
+    events: Vec<NewEvent>,
+    locks: &[String],
 ) -> Result<Vec<StoredEvent>, StoreError> {
     let mut ids = Vec::with_capacity(events.len());
     let mut streams = Vec::with_capacity(events.len());
@@ -89,18 +101,22 @@ pub async fn append(
         bodies.push(e.event.body());
         jobs.push(e.job_id.clone());
     }
-    let rows = sqlx::query(
+    let rows = sqlx::query(concat!(
         "insert into shepherd.events (event_id, stream, event_type, schema_version, body, job_id)
          select * from unnest($1::uuid[], $2::text[], $3::text[], $4::int[], $5::jsonb[], $6::text[])
+         where ",
+        views::lock_keys!(7),
+        "
          on conflict (event_id) do nothing
-         returning position, event_id, recorded_at, tx_id::text::bigint as tx_id",
-    )
+         returning position, event_id, recorded_at, tx_id::text::bigint as tx_id"
+    ))
     .bind(&ids)
     .bind(&streams)
     .bind(&types)
     .bind(&versions)
     .bind(&bodies)
     .bind(&jobs)
+    .bind(locks)
     .fetch_all(&mut *conn)
     .await?;
     let mut by_id: std::collections::HashMap<Uuid, NewEvent> =

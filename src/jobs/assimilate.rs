@@ -14,7 +14,6 @@ use super::place::PlaceLock;
 use super::queue;
 use super::{AssimilateArgs, JobContext, JobError};
 use crate::events::event::*;
-use crate::events::views;
 use crate::events::{NewEvent, record};
 use crate::provider::ErrorClass;
 
@@ -157,20 +156,58 @@ async fn record_machine(
     if args.created.is_some() {
         let mut tx = ctx.pool.begin().await?;
         lock_device(&mut tx, &args.device).await?;
-        let counted: bool = sqlx::query_scalar(
-            "select exists(select 1 from shepherd.unassimilated_devices where device_id = $1)",
-        )
-        .bind(&args.device)
-        .fetch_one(&mut *tx)
-        .await?;
-        if counted {
-            return record_locked(ctx, args, job_id, found, tx, None).await;
+        let seen = Seen::read(&mut tx, ctx, &args.device, found.unit).await?;
+        if seen.in_flight {
+            return record_locked(ctx, args, job_id, found, tx, seen, None).await;
         }
     }
     let mut tx = ctx.pool.begin().await?;
     let capacity = queue::lock_capacity(&mut tx).await?;
     lock_device(&mut tx, &args.device).await?;
-    record_locked(ctx, args, job_id, found, tx, Some(capacity)).await
+    let seen = Seen::read(&mut tx, ctx, &args.device, found.unit).await?;
+    record_locked(ctx, args, job_id, found, tx, seen, Some(capacity)).await
+}
+
+/// What the record depends on, read in one statement under the device's
+/// lock (issue 31: each statement a job sends costs Postgres more than the
+/// reads in it).
+struct Seen {
+    /// The machine that already manages the device.
+    existing: Option<Uuid>,
+    /// Counted in flight: made (or adopted) and not yet assimilated.
+    in_flight: bool,
+    /// The request whose creation owns the unit.
+    owner: Option<String>,
+    /// The unit is in the sinbin.
+    penalised: bool,
+}
+
+impl Seen {
+    async fn read(
+        conn: &mut sqlx::PgConnection,
+        ctx: &JobContext,
+        device: &str,
+        unit: Option<Uuid>,
+    ) -> Result<Seen, sqlx::Error> {
+        let (existing, in_flight, owner, penalised) = sqlx::query_as(
+            "select (select machine_id from shepherd.managed_machines
+                     where provider = $1 and provider_id = $2),
+                    exists(select 1 from shepherd.unassimilated_devices where device_id = $2),
+                    (select request from shepherd.pending_creations where reservation_id = $3),
+                    exists(select 1 from shepherd.sinbin where reservation_id = $3)",
+        )
+        .bind(ctx.provider.name())
+        .bind(device)
+        .bind(unit)
+        .fetch_one(&mut *conn)
+        .await?;
+        Ok(Seen {
+            existing,
+            in_flight,
+            owner,
+            penalised,
+        })
+    }
 }
 
 async fn lock_device(conn: &mut sqlx::PgConnection, device: &str) -> Result<(), sqlx::Error> {
@@ -183,27 +220,24 @@ async fn lock_device(conn: &mut sqlx::PgConnection, device: &str) -> Result<(), 
     .map(drop)
 }
 
-/// The record, with the device's lock held in `tx`, and the capacity lock
-/// too where `capacity` is given (a machine not yet counted in flight).
+/// The record, with the device's lock held in `tx` (and `seen` read under
+/// it), and the capacity lock too where `capacity` is given (a machine not
+/// yet counted in flight).
 async fn record_locked(
     ctx: &JobContext,
     args: &AssimilateArgs,
     job_id: &str,
     found: Found,
     mut tx: sqlx::Transaction<'static, sqlx::Postgres>,
+    seen: Seen,
     capacity: Option<queue::Capacity>,
 ) -> Result<AssimilateOutcome, JobError> {
-    let (existing, in_flight, owner): (Option<Uuid>, bool, Option<String>) = sqlx::query_as(
-        "select (select machine_id from shepherd.managed_machines
-                 where provider = $1 and provider_id = $2),
-                exists(select 1 from shepherd.unassimilated_devices where device_id = $2),
-                (select request from shepherd.pending_creations where reservation_id = $3)",
-    )
-    .bind(ctx.provider.name())
-    .bind(&args.device)
-    .bind(found.unit)
-    .fetch_one(&mut *tx)
-    .await?;
+    let Seen {
+        existing,
+        in_flight,
+        owner,
+        penalised,
+    } = seen;
     if let Some(machine_id) = existing {
         record(
             &mut tx,
@@ -263,7 +297,7 @@ async fn record_locked(
         }));
     }
     if let Some(unit) = found.unit
-        && views::penalty(&mut tx, unit).await?.is_some()
+        && penalised
     {
         events.push(NewEvent::new(PenaltyCleared {
             reservation: unit,

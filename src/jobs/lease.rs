@@ -38,6 +38,8 @@ pub struct Lease {
     lost: Arc<AtomicBool>,
     keeper: tokio::task::JoinHandle<()>,
     released: bool,
+    /// Deleted by a transaction that committed ([`Lease::release_in`]).
+    given_back: AtomicBool,
 }
 
 impl std::fmt::Debug for Lease {
@@ -93,6 +95,7 @@ impl Lease {
             lost,
             keeper,
             released: false,
+            given_back: AtomicBool::new(false),
         }))
     }
 
@@ -135,10 +138,34 @@ impl Lease {
         Ok(ours)
     }
 
+    /// Gives the lease back in `conn`'s transaction, the one that records
+    /// what the lease guarded: the unit is free exactly when the outcome is
+    /// in, and no statement of its own is spent on it (issue 31). Renewals
+    /// stop here (one after the delete would find the lease gone and cry
+    /// "lost"); say [`Lease::given_back`] once the transaction commits, or
+    /// [`Lease::release`] gives it back on its own.
+    pub async fn release_in(&self, conn: &mut sqlx::PgConnection) -> Result<(), sqlx::Error> {
+        self.keeper.abort();
+        sqlx::query("delete from shepherd.leases where key = $1 and lease = $2")
+            .bind(&self.key)
+            .bind(self.id)
+            .execute(conn)
+            .await?;
+        Ok(())
+    }
+
+    /// The transaction of [`Lease::release_in`] committed.
+    pub fn given_back(&self) {
+        self.given_back.store(true, Ordering::Relaxed);
+    }
+
     /// Gives the lease back (only if it is still ours).
     pub async fn release(mut self) {
         self.keeper.abort();
         self.released = true;
+        if self.given_back.load(Ordering::Relaxed) {
+            return;
+        }
         if let Err(e) = release(&self.pool, &self.key, self.id).await {
             tracing::warn!(key = %self.key, error = %e, "could not give a lease back; it expires on its own");
         }
@@ -148,7 +175,7 @@ impl Lease {
 impl Drop for Lease {
     fn drop(&mut self) {
         self.keeper.abort();
-        if self.released {
+        if self.released || self.given_back.load(Ordering::Relaxed) {
             return;
         }
         if let Ok(rt) = tokio::runtime::Handle::try_current() {

@@ -56,6 +56,16 @@ impl PlaceLock {
         self.lease.release().await;
     }
 
+    /// Lets the unit go in `conn`'s transaction, the one recording the
+    /// outcome; [`PlaceLock::given_back`] once it commits.
+    pub async fn release_in(&self, conn: &mut sqlx::PgConnection) -> Result<(), sqlx::Error> {
+        self.lease.release_in(conn).await
+    }
+
+    pub fn given_back(&self) {
+        self.lease.given_back();
+    }
+
     /// Who stands on the unit, read in the statement that renews the
     /// lease: an error means the lease is lost or cannot be confirmed.
     pub async fn standing(&self) -> Result<Standing, String> {

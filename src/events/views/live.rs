@@ -9,7 +9,8 @@ use uuid::Uuid;
 
 use super::tables::*;
 use super::{
-    Keys, ManagedMachine, Penalty, PendingCreation, UnassimilatedDevice, ViewState, apply,
+    Keys, ManagedMachine, Penalty, PendingCreation, PendingDeletion, UnassimilatedDevice,
+    ViewState, apply,
 };
 use crate::events::stored::{StoreError, StoredEvent};
 
@@ -53,17 +54,15 @@ pub(super) async fn load(
         state.paused = read_pause(&mut *conn).await?;
         state.deletions_paused = read_deletions_pause(&mut *conn).await?;
     }
-    if !devices.is_empty() {
-        state.pending_deletions = read_deletions(&mut *conn, Some(devices)).await?;
-    }
     if settings {
         state.settings = read_settings(&mut *conn).await?;
     }
     // Whole rows (`*`): the write-back upserts whole rows, and a column
     // left out of a list here decoded as empty and was written back so (a
     // protected machine lost its readiness: tests/event_log.rs).
-    // One round trip for the four views, each as a JSON array: an append
-    // is a handful of statements and this was four of them. A machine can
+    // One round trip for the five views, each as a JSON array: an append
+    // is a handful of statements and this was five of them (issue 31: a
+    // statement's round trip costs Postgres more than the reads in it). A machine can
     // be keyed by its device, or found through its reservation: two
     // branches, not an OR, so each uses its own index whatever the
     // statistics say (an OR was planned as a scan of every machine).
@@ -83,7 +82,9 @@ pub(super) async fn load(
            (select coalesce(json_agg(p), '[]') from (
               select * from shepherd.pending_creations where reservation_id = any($2)) p) as pending,
            (select coalesce(json_agg(u), '[]') from (
-              select * from shepherd.unassimilated_devices where device_id = any($1)) u) as unassimilated",
+              select * from shepherd.unassimilated_devices where device_id = any($1)) u) as unassimilated,
+           (select coalesce(json_agg(d), '[]') from (
+              select * from shepherd.pending_deletions where provider_id = any($1)) d) as deletions",
     )
     .bind(devices)
     .bind(reservations)
@@ -107,6 +108,9 @@ pub(super) async fn load(
     }
     for d in rows::<UnassimilatedDevice>(&row, "unassimilated")? {
         state.unassimilated.insert(d.device_id.clone(), d);
+    }
+    for d in rows::<PendingDeletion>(&row, "deletions")? {
+        state.pending_deletions.insert(d.machine_id, d);
     }
     Ok(state)
 }

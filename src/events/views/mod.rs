@@ -9,7 +9,6 @@
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, SubsecRound, Utc};
-use sqlx::PgConnection;
 use uuid::Uuid;
 
 use super::event::Event;
@@ -592,31 +591,34 @@ impl Keys {
             && !self.settings
     }
 
-    /// Serialises writers per reservation and device, in a fixed order so two
-    /// writers cannot deadlock. Transaction-scoped: released at commit.
-    pub(crate) async fn lock(&self, conn: &mut PgConnection) -> Result<(), sqlx::Error> {
-        if self.is_empty() {
-            return Ok(());
-        }
-        let names: Vec<String> = self
-            .reservations
+    /// The advisory locks that serialise writers per reservation and device
+    /// (and pool, and the operator's controls and settings). The append
+    /// takes them in a fixed order (`LOCK_KEYS`), so two writers cannot
+    /// deadlock; transaction-scoped, released at commit.
+    pub(crate) fn lock_names(&self) -> Vec<String> {
+        self.reservations
             .iter()
             .map(|r| format!("reservation/{r}"))
             .chain(self.devices.iter().map(|d| format!("device/{d}")))
             .chain(self.pools.iter().map(|p| format!("pool/{p}")))
             .chain(self.controls.then(|| "operator/controls".to_string()))
             .chain(self.settings.then(|| "operator/settings".to_string()))
-            .collect();
-        sqlx::query(
-            "select pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended(k::text, 0::int8))
-             from (select unnest($1::text[]) as k order by 1) keys",
-        )
-        .bind(&names)
-        .execute(&mut *conn)
-        .await?;
-        Ok(())
+            .collect()
     }
 }
+
+/// Takes the advisory locks named by the text array `$N` in sorted order,
+/// as a scalar subquery: in an append's WHERE it is evaluated once, before
+/// the first row is inserted.
+macro_rules! lock_keys {
+    ($n:literal) => {
+        concat!(
+            "(select count(pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended(k::text, 0::int8)))
+              from (select unnest($", $n, "::text[]) as k order by 1) keys) >= 0"
+        )
+    };
+}
+pub(crate) use lock_keys;
 
 mod live;
 mod rebuild;

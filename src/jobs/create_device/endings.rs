@@ -11,6 +11,7 @@ use crate::cluster::ClusterSettings;
 use crate::events::event::*;
 use crate::events::views;
 use crate::events::{NewEvent, record};
+use crate::jobs::place::PlaceLock;
 use crate::jobs::queue;
 use crate::jobs::{AssimilateArgs, CreateDeviceArgs, JobContext, JobError};
 use crate::provider::ErrorClass;
@@ -19,11 +20,13 @@ use crate::provider::{Created, ProviderError};
 use super::CreateOutcome;
 
 /// Records the device and enqueues its assimilation, in one transaction.
+/// `lock`, where given, is let go in the same transaction.
 pub(super) async fn created_outcome(
     ctx: &JobContext,
     args: &CreateDeviceArgs,
     job_id: &str,
     created: Created,
+    lock: Option<&PlaceLock>,
 ) -> Result<CreateOutcome, JobError> {
     let recovered = created.recovered;
     let id = created.machine.id;
@@ -55,7 +58,13 @@ pub(super) async fn created_outcome(
         attempt: 1,
     };
     queue::push_assimilate(&mut tx, &next, None).await?;
+    if let Some(lock) = lock {
+        lock.release_in(&mut tx).await?;
+    }
     tx.commit().await?;
+    if let Some(lock) = lock {
+        lock.given_back();
+    }
     Ok(CreateOutcome::Created {
         device: id,
         recovered,

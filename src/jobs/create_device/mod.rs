@@ -315,7 +315,7 @@ async fn holding(
         });
 
     match result {
-        Ok(created) => created_outcome(ctx, args, job_id, created).await,
+        Ok(created) => created_outcome(ctx, args, job_id, created, Some(lock)).await,
         Err(ProviderError {
             failure: Failure::RaceLost { other },
             ..
@@ -391,7 +391,7 @@ async fn settle(
         .find_created(args.reservation, args.request)
         .await;
     Ok(match looked {
-        Ok(Some(created)) => Looked::Done(created_outcome(ctx, args, job_id, created).await?),
+        Ok(Some(created)) => Looked::Done(created_outcome(ctx, args, job_id, created, None).await?),
         Err(ProviderError {
             failure: Failure::RaceLost { other },
             ..
