@@ -62,7 +62,8 @@ ensure_chromium() {
 # when no new enough pgbouncer is at hand, Debian 13's source package is
 # fetched (apt checks its signature against Debian's archive key) and
 # built into target/tools: about ten seconds here. Needs libevent's
-# headers (Debian's libevent-dev, installed when missing, as chromium is).
+# headers, pkg-config, make and a C compiler (Debian's packages, installed
+# when missing, as chromium is).
 # Sets SHEPHERD_PGBOUNCER.
 PGBOUNCER_SUITE=trixie
 ensure_pgbouncer() {
@@ -97,12 +98,18 @@ build_pgbouncer() {
   if [ "$(id -u)" -ne 0 ]; then
     sudo="sudo"
   fi
-  if ! pkg-config --exists libevent 2>/dev/null; then
-    echo "installing Debian's libevent-dev to build pgbouncer" >&2
-    if ! $sudo apt-get install -y -qq libevent-dev >/dev/null 2>&1; then
+  # configure finds libevent only through pkg-config; a minimal Debian
+  # lacks pkg-config and make as well as the headers.
+  if ! command -v pkg-config >/dev/null 2>&1 || ! command -v make >/dev/null 2>&1 ||
+    ! command -v cc >/dev/null 2>&1 || ! pkg-config --exists libevent 2>/dev/null; then
+    local needs="pkg-config make gcc libevent-dev"
+    echo "installing Debian's $needs to build pgbouncer" >&2
+    # shellcheck disable=SC2086
+    if ! $sudo apt-get install -y -qq $needs >/dev/null 2>&1; then
       $sudo apt-get update -qq >/dev/null 2>&1 || true
-      if ! $sudo apt-get install -y -qq libevent-dev >/dev/null 2>&1; then
-        echo "cannot install libevent-dev to build pgbouncer; install pgbouncer 1.21 or later, or set SHEPHERD_PGBOUNCER" >&2
+      # shellcheck disable=SC2086
+      if ! $sudo apt-get install -y -qq $needs >/dev/null 2>&1; then
+        echo "cannot install $needs to build pgbouncer; install pgbouncer 1.21 or later, or set SHEPHERD_PGBOUNCER" >&2
         return 1
       fi
     fi

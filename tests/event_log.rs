@@ -558,32 +558,40 @@ async fn a_machines_first_readiness_survives_every_later_event(pool: PgPool) {
 }
 
 /// An append takes its keys' locks (here the device's) before its first
-/// row goes in, in the statement that inserts it: a writer holding the
-/// device's lock holds the append back until it commits, and the append
-/// then folds into views that include what that writer recorded.
+/// row goes in, in the statement that inserts it: a writer recording on the
+/// same device holds the append back until it commits, and the append then
+/// folds into views that include what that writer recorded (the device it
+/// made, which the machine's assimilation takes out of flight).
 #[sqlx::test(migrations = false)]
 async fn an_append_waits_for_the_writer_holding_its_keys(pool: PgPool) {
     common::migrated(&pool).await;
     let (r, device) = (Uuid::new_v4(), Uuid::new_v4().to_string());
     let mut holder = pool.begin().await.unwrap();
-    sqlx::query("select pg_advisory_xact_lock(hashtextextended($1::text, 0::int8))")
-        .bind(format!("device/{device}"))
-        .execute(&mut *holder)
-        .await
-        .unwrap();
+    record(
+        &mut holder,
+        vec![NewEvent::new(DeviceCreated {
+            reservation: r,
+            device: device.clone(),
+            hostname: "h".into(),
+            witness: "w".into(),
+            recovered: false,
+            request: None,
+        })],
+    )
+    .await
+    .unwrap();
     let append = tokio::spawn({
         let (pool, device) = (pool.clone(), device.clone());
         async move {
             let mut tx = pool.begin().await.unwrap();
             record(
                 &mut tx,
-                vec![NewEvent::new(DeviceCreated {
-                    reservation: r,
-                    device,
-                    hostname: "h".into(),
-                    witness: "w".into(),
-                    recovered: false,
-                    request: None,
+                vec![NewEvent::new(MachineAssimilated {
+                    machine_id: Uuid::new_v4(),
+                    provider: PROVIDER_METAL.into(),
+                    provider_id: device,
+                    reservation: Some(r),
+                    hostname: Some("h".into()),
                 })],
             )
             .await
@@ -601,12 +609,18 @@ async fn an_append_waits_for_the_writer_holding_its_keys(pool: PgPool) {
         .await
         .expect("the append goes on once the lock is free")
         .unwrap();
-    let rows: i64 = sqlx::query_scalar(
-        "select count(*) from shepherd.unassimilated_devices where device_id = $1",
+    let (in_flight, managed): (i64, i64) = sqlx::query_as(
+        "select (select count(*) from shepherd.unassimilated_devices where device_id = $1),
+                (select count(*) from shepherd.managed_machines where provider_id = $1)",
     )
     .bind(&device)
     .fetch_one(&pool)
     .await
     .unwrap();
-    assert_eq!(rows, 1);
+    assert_eq!(
+        (in_flight, managed),
+        (0, 1),
+        "the assimilation folded into views without the device its holder made"
+    );
+    common::assert_rebuild_equals_live(&pool).await;
 }

@@ -71,9 +71,15 @@ impl Bouncer {
             .stderr(err)
             .spawn()
             .map_err(|e| format!("cannot start {}: {e}", bin.display()))?;
-        let bouncer = Bouncer { child, port, log };
+        let mut bouncer = Bouncer { child, port, log };
         let started = Instant::now();
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if let Ok(Some(status)) = bouncer.child.try_wait() {
+                return Err(format!(
+                    "pgbouncer exited ({status}) before it listened: {}",
+                    bouncer.log_text()
+                ));
+            }
             if started.elapsed() > Duration::from_secs(10) {
                 return Err(format!(
                     "pgbouncer did not listen on {port} within 10 s: {}",

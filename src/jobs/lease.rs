@@ -40,6 +40,9 @@ pub struct Lease {
     released: bool,
     /// Deleted by a transaction that committed ([`Lease::release_in`]).
     given_back: AtomicBool,
+    /// A transaction is giving the lease back: a renewal that finds it gone
+    /// is that, not a loss.
+    giving_back: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for Lease {
@@ -86,7 +89,15 @@ impl Lease {
             return Ok(None);
         }
         let lost = Arc::new(AtomicBool::new(false));
-        let keeper = tokio::spawn(keep(pool.clone(), key.to_string(), id, term, lost.clone()));
+        let giving_back = Arc::new(AtomicBool::new(false));
+        let keeper = tokio::spawn(keep(
+            pool.clone(),
+            key.to_string(),
+            id,
+            term,
+            lost.clone(),
+            giving_back.clone(),
+        ));
         Ok(Some(Lease {
             pool: pool.clone(),
             key: key.to_string(),
@@ -96,6 +107,7 @@ impl Lease {
             keeper,
             released: false,
             given_back: AtomicBool::new(false),
+            giving_back,
         }))
     }
 
@@ -141,11 +153,12 @@ impl Lease {
     /// Gives the lease back in `conn`'s transaction, the one that records
     /// what the lease guarded: the unit is free exactly when the outcome is
     /// in, and no statement of its own is spent on it (issue 31). Renewals
-    /// stop here (one after the delete would find the lease gone and cry
-    /// "lost"); say [`Lease::given_back`] once the transaction commits, or
-    /// [`Lease::release`] gives it back on its own.
+    /// go on until [`Lease::given_back`] (a transaction rolled back leaves
+    /// the lease held and kept); one that finds the row gone meanwhile
+    /// stops quietly, as that is the give-back committing. Without
+    /// `given_back`, [`Lease::release`] gives it back on its own.
     pub async fn release_in(&self, conn: &mut sqlx::PgConnection) -> Result<(), sqlx::Error> {
-        self.keeper.abort();
+        self.giving_back.store(true, Ordering::Relaxed);
         sqlx::query("delete from shepherd.leases where key = $1 and lease = $2")
             .bind(&self.key)
             .bind(self.id)
@@ -156,6 +169,7 @@ impl Lease {
 
     /// The transaction of [`Lease::release_in`] committed.
     pub fn given_back(&self) {
+        self.keeper.abort();
         self.given_back.store(true, Ordering::Relaxed);
     }
 
@@ -216,12 +230,26 @@ async fn release(pool: &PgPool, key: &str, id: Uuid) -> Result<(), sqlx::Error> 
 /// Renews every third of the term. A database that does not answer is
 /// tried again at the next beat: the lease still has two thirds of its
 /// term, and every fence checks it anyway.
-async fn keep(pool: PgPool, key: String, id: Uuid, term: Duration, lost: Arc<AtomicBool>) {
+async fn keep(
+    pool: PgPool,
+    key: String,
+    id: Uuid,
+    term: Duration,
+    lost: Arc<AtomicBool>,
+    giving_back: Arc<AtomicBool>,
+) {
     let beat = (term / 3).max(Duration::from_millis(100));
     loop {
         tokio::time::sleep(beat).await;
         match renew(&pool, &key, id, term).await {
             Ok(true) => {}
+            // Gone while a transaction gives it back: most likely that
+            // committed; said nowhere, but marked, as the lease is not
+            // held either way.
+            Ok(false) if giving_back.load(Ordering::Relaxed) => {
+                lost.store(true, Ordering::Relaxed);
+                return;
+            }
             Ok(false) => {
                 lost.store(true, Ordering::Relaxed);
                 tracing::error!(

@@ -608,8 +608,10 @@ impl Keys {
 }
 
 /// Takes the advisory locks named by the text array `$N` in sorted order,
-/// as a scalar subquery: in an append's WHERE it is evaluated once, before
-/// the first row is inserted.
+/// as a scalar subquery: in an append's WHERE it is evaluated once (an
+/// InitPlan behind a One-Time Filter), before the first row is inserted.
+/// `count` of the volatile lock call evaluates the call on every row; the
+/// `order by` keeps the subquery whole, so the order holds.
 macro_rules! lock_keys {
     ($n:literal) => {
         concat!(
