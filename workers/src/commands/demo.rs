@@ -391,6 +391,7 @@ pub async fn run(args: DemoArgs, stop: Stop) -> anyhow::Result<DemoSummary> {
             drain_timeout: Duration::from_secs(5),
             job_metrics: Default::default(),
             listen: true,
+            outage: Default::default(),
         };
         tasks.push(tokio::spawn(runtime::run(
             pool.clone(),
@@ -404,6 +405,7 @@ pub async fn run(args: DemoArgs, stop: Stop) -> anyhow::Result<DemoSummary> {
         config.reconcile_rate,
         Duration::from_secs(7 * 86400),
         workers_stop.clone(),
+        crate::services::outage::Outage::default(),
     )));
 
     let mut interrupted = false;

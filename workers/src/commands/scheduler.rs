@@ -67,7 +67,14 @@ pub async fn scheduler(args: SchedulerArgs) -> anyhow::Result<()> {
         },
         http_stop,
     ));
-    crate::services::scheduler::run(pool, args.reconcile_rate, args.job_retention, stop).await;
+    crate::services::scheduler::run(
+        pool,
+        args.reconcile_rate,
+        args.job_retention,
+        stop,
+        crate::services::outage::Outage::default(),
+    )
+    .await;
     let _ = http_stop_tx.send(true);
     match http.await {
         Ok(Ok(())) => {}

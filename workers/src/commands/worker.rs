@@ -421,12 +421,14 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
         drain_timeout: args.drain_timeout,
         job_metrics,
         listen: !args.no_listen,
+        outage: crate::services::outage::Outage::default(),
     };
     tracing::info!(process = %opts.process_name, scheduler = args.scheduler, "worker starting");
     let sweeper = tokio::spawn(crate::services::sweeper::run(
         pool.clone(),
         args.sweep_interval,
         stop.clone(),
+        opts.outage.clone(),
     ));
     let scheduler = args.scheduler.then(|| {
         tokio::spawn(crate::services::scheduler::run(
@@ -434,6 +436,7 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
             config.reconcile_rate,
             args.job_retention,
             stop.clone(),
+            opts.outage.clone(),
         ))
     });
     runtime::run(pool.clone(), ctx, opts, stop).await;

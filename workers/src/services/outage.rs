@@ -1,6 +1,7 @@
 //! A process that loses its database says so once, with the server's own
 //! reason, and then quietly until the server answers again. Its four queue
-//! workers each fail and restart while it is gone; said each time, with
+//! workers (and its scheduler's ticks and sweeps) each fail and retry while
+//! it is gone; said each time, with
 //! the pool's "timed out while waiting for an open connection", that was a
 //! dozen errors a minute that named neither the cause (a full server, a
 //! role at its limit, a server down) nor the next step. Meanwhile no queue
@@ -18,7 +19,7 @@ use super::runtime::Stop;
 /// How often a process that lost its database asks whether it is back.
 const RECHECK: Duration = Duration::from_secs(5);
 
-#[derive(Clone, Default)]
+#[derive(Clone, Default, Debug)]
 pub struct Outage {
     down: Arc<AtomicBool>,
     /// One failure at a time asks the server: the four queues fail
@@ -46,7 +47,7 @@ impl Outage {
             tracing::error!(
                 what,
                 error,
-                "failed, though the database takes connections; restarting"
+                "failed, though the database takes connections; trying again"
             );
             return;
         };

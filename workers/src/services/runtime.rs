@@ -79,6 +79,9 @@ pub struct RuntimeOptions {
     /// Hold one LISTEN connection to wake the queues at once; without it
     /// (`--no-listen`, behind PgBouncer in transaction mode) they poll.
     pub listen: bool,
+    /// The process's one account of a database outage, shared with its
+    /// scheduler and sweeper so that an outage is said once.
+    pub outage: super::outage::Outage,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
@@ -449,7 +452,7 @@ pub async fn run(pool: PgPool, ctx: Arc<JobContext>, opts: RuntimeOptions, stop:
         drain_timeout: opts.drain_timeout,
         job_metrics: opts.job_metrics.clone(),
         wakeups: super::wakeups::Wakeups::default(),
-        outage: super::outage::Outage::default(),
+        outage: opts.outage.clone(),
     };
     let listener = opts.listen.then(|| {
         tokio::spawn(

@@ -57,7 +57,15 @@ pub async fn prune(pool: &PgPool, retention: Duration) -> Result<i64, sqlx::Erro
         .await
 }
 
-pub async fn run(pool: PgPool, rate: Rate, retention: Duration, stop: Stop) {
+/// A tick that fails while the database is gone is said once for the
+/// outage (`outage`), not every 2 s.
+pub async fn run(
+    pool: PgPool,
+    rate: Rate,
+    retention: Duration,
+    stop: Stop,
+    outage: super::outage::Outage,
+) {
     let period = if rate.is_unlimited() {
         Duration::from_secs(1)
     } else {
@@ -79,7 +87,9 @@ pub async fn run(pool: PgPool, rate: Rate, retention: Duration, stop: Stop) {
                 next
             }
             Err(e) => {
-                tracing::error!(error = %e, "scheduler tick failed (database unreachable?); retrying");
+                outage
+                    .failed(&pool, &stop, "scheduler tick", &e.to_string())
+                    .await;
                 Duration::from_secs(2)
             }
         };

@@ -7,9 +7,12 @@ use std::time::Duration;
 use shepherd::jobs::sweep;
 use sqlx::PgPool;
 
+use crate::services::outage::Outage;
 use crate::services::runtime::Stop;
 
-pub async fn run(pool: PgPool, interval: Duration, stop: Stop) {
+/// A sweep that fails while the database is gone is said once for the
+/// outage (`outage`), not at every interval.
+pub async fn run(pool: PgPool, interval: Duration, stop: Stop, outage: Outage) {
     loop {
         tokio::select! {
             _ = tokio::time::sleep(interval) => {}
@@ -26,9 +29,7 @@ pub async fn run(pool: PgPool, interval: Duration, stop: Stop) {
                     );
                 }
             }
-            Err(e) => {
-                tracing::warn!(error = %e, "sweep failed (database unreachable?); trying again later")
-            }
+            Err(e) => outage.failed(&pool, &stop, "sweep", &e.to_string()).await,
         }
     }
 }

@@ -228,6 +228,11 @@ async fn a_worker_that_loses_its_database_says_so_once_and_carries_on(pool: PgPo
             "2",
             "--device-creation-rate",
             "10ms,1",
+            // Its scheduler's ticks and its sweeps fail too while the
+            // database is away: said once with the queues', not each time.
+            "--scheduler",
+            "--sweep-interval",
+            "2s",
         ],
         &[
             ("DATABASE_URL", &door.url),
@@ -283,6 +288,27 @@ async fn a_worker_that_loses_its_database_says_so_once_and_carries_on(pool: PgPo
         "said more or less than once: {during}"
     );
     assert!(during.contains("cannot reach Postgres"), "{during}");
+    for what in ["scheduler tick", "sweep"] {
+        let said = |level: &str| {
+            during
+                .lines()
+                .filter(|l| l.contains(level) && l.contains(&format!("what=\"{what}\"")))
+                .count()
+        };
+        assert!(
+            said(" DEBUG ") >= 1,
+            "the {what} never failed quietly: {during}"
+        );
+        assert!(
+            said(" WARN ") == 0 && said(" ERROR ") <= 1,
+            "the {what}'s failures were said aloud: {during}"
+        );
+    }
+    assert!(
+        !during.contains("scheduler tick failed (database unreachable?)")
+            && !during.contains("sweep failed (database unreachable?)"),
+        "{during}"
+    );
     let spent = cpu().await - cpu_before;
     eprintln!("{spent:.2} s of CPU in 25 s without a database");
     assert!(
