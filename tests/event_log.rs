@@ -268,14 +268,7 @@ async fn a_rollback_leaves_neither_events_nor_view_changes(pool: PgPool) {
                 sinbin_override: None,
                 place: None,
             }),
-            NewEvent::new(DeviceCreated {
-                reservation: r,
-                device: d.to_string(),
-                hostname: "h".into(),
-                witness: "w".into(),
-                recovered: false,
-                request: None,
-            }),
+            device_created(r, d.to_string()),
         ],
     )
     .await
@@ -450,19 +443,9 @@ async fn a_growing_penalty_resets_on_success(pool: PgPool) {
     }
     assert_eq!(durations, vec![60, 120, 240]);
     let mut tx = pool.begin().await.unwrap();
-    record(
-        &mut tx,
-        vec![NewEvent::new(DeviceCreated {
-            reservation: r,
-            device: Uuid::new_v4().to_string(),
-            hostname: "h".into(),
-            witness: "w".into(),
-            recovered: false,
-            request: None,
-        })],
-    )
-    .await
-    .unwrap();
+    record(&mut tx, vec![device_created(r, Uuid::new_v4().to_string())])
+        .await
+        .unwrap();
     tx.commit().await.unwrap();
     assert!(views::penalty(&mut conn, r).await.unwrap().is_none());
 }
@@ -567,19 +550,9 @@ async fn an_append_waits_for_the_writer_holding_its_keys(pool: PgPool) {
     common::migrated(&pool).await;
     let (r, device) = (Uuid::new_v4(), Uuid::new_v4().to_string());
     let mut holder = pool.begin().await.unwrap();
-    record(
-        &mut holder,
-        vec![NewEvent::new(DeviceCreated {
-            reservation: r,
-            device: device.clone(),
-            hostname: "h".into(),
-            witness: "w".into(),
-            recovered: false,
-            request: None,
-        })],
-    )
-    .await
-    .unwrap();
+    record(&mut holder, vec![device_created(r, device.clone())])
+        .await
+        .unwrap();
     let append = tokio::spawn({
         let (pool, device) = (pool.clone(), device.clone());
         async move {
@@ -623,4 +596,16 @@ async fn an_append_waits_for_the_writer_holding_its_keys(pool: PgPool) {
         "the assimilation folded into views without the device its holder made"
     );
     common::assert_rebuild_equals_live(&pool).await;
+}
+
+/// Our create's answer for `device` on `reservation`, as the tests record it.
+fn device_created(reservation: Uuid, device: impl Into<String>) -> NewEvent {
+    NewEvent::new(DeviceCreated {
+        reservation,
+        device: device.into(),
+        hostname: "h".into(),
+        witness: "w".into(),
+        recovered: false,
+        request: None,
+    })
 }
