@@ -94,3 +94,35 @@ async fn a_changed_or_unknown_migration_is_not_up_to_date(pool: PgPool) {
     .unwrap();
     assert!(!shepherd::db::up_to_date(&pool, &ours).await.unwrap());
 }
+
+/// A role that may not read the ledgers (a least-privilege role started
+/// without --skip-migrations) is told what to do, as one that may not
+/// migrate is, not handed the bare permission error.
+#[sqlx::test(migrations = false)]
+async fn a_role_that_cannot_read_the_ledgers_is_told_to_skip_migrations(pool: PgPool) {
+    shepherd::db::migrate(&pool).await.expect("first migration");
+    let role = format!("shepherd_ledger_{}", uuid::Uuid::new_v4().simple());
+    sqlx::query(sqlx::AssertSqlSafe(format!("create role {role} login")))
+        .execute(&pool)
+        .await
+        .unwrap();
+    let options = (*pool.connect_options()).clone().username(&role);
+    let outsider = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(options)
+        .await
+        .expect("the role logs in");
+    let refused = shepherd::db::migrate(&outsider)
+        .await
+        .unwrap_err()
+        .to_string();
+    outsider.close().await;
+    sqlx::query(sqlx::AssertSqlSafe(format!("drop role {role}")))
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert!(
+        refused.contains("permission denied") && refused.contains("--skip-migrations"),
+        "{refused}"
+    );
+}

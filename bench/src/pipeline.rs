@@ -148,13 +148,17 @@ struct Run {
 
 /// [`Run::span`], read from the queue before the stage is dropped.
 async fn span(pool: &sqlx::PgPool, kinds: &[&str]) -> anyhow::Result<f64> {
-    Ok(sqlx::query_scalar(
-        "select coalesce(extract(epoch from max(done_at) - min(lock_at))::float8, 0)
+    let span: Option<f64> = sqlx::query_scalar(
+        "select extract(epoch from max(done_at) - min(lock_at))::float8
          from apalis.jobs where status in ('Done', 'Killed') and job_type = any($1)",
     )
     .bind(kinds)
     .fetch_one(pool)
-    .await?)
+    .await?;
+    // No stamps (or a run over within one clock tick) is a bench that
+    // measured nothing, not an infinite rate.
+    span.filter(|s| *s > 0.0)
+        .ok_or_else(|| anyhow::anyhow!("the queue holds no claim and end stamps for {kinds:?}"))
 }
 
 const DONE_NOOP: &str = "select count(*) from apalis.jobs where status = 'Done'";

@@ -593,7 +593,7 @@ impl Keys {
 
     /// The advisory locks that serialise writers per reservation and device
     /// (and pool, and the operator's controls and settings). The append
-    /// takes them in a fixed order (`LOCK_KEYS`), so two writers cannot
+    /// takes them in a fixed order (`lock_keys!`), so two writers cannot
     /// deadlock; transaction-scoped, released at commit.
     pub(crate) fn lock_names(&self) -> Vec<String> {
         self.reservations
