@@ -72,6 +72,7 @@ grant execute on function
     shepherd.pool_occupancy(text),
     shepherd.managed_machine(text),
     shepherd.declare_pool(text, text, text, integer, text, text[], text, text),
+    shepherd.view_rows(text[], uuid[]),
     shepherd.job_args(bytea), shepherd.history(text), shepherd.reservation_history(uuid),
     shepherd.device_history(text), shepherd.device_history(uuid)
     to shepherd_worker;

@@ -34,6 +34,8 @@ const WORKER_FUNCTIONS: &[&str] = &[
     "shepherd.require(boolean,text)",
     "shepherd.reservation_history(uuid)",
     "shepherd.take_window_slot(text,integer,double precision)",
+    // An append's read of the views it changes (issue 31).
+    "shepherd.view_rows(text[],uuid[])",
 ];
 
 /// The functions a reader may run: the read helpers its views call.

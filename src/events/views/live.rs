@@ -60,31 +60,14 @@ pub(super) async fn load(
     // Whole rows (`*`): the write-back upserts whole rows, and a column
     // left out of a list here decoded as empty and was written back so (a
     // protected machine lost its readiness: tests/event_log.rs).
-    // One round trip for the five views, each as a JSON array: an append
-    // is a handful of statements and this was five of them (issue 31: a
-    // statement's round trip costs Postgres more than the reads in it). A machine can
-    // be keyed by its device, or found through its reservation: two
-    // branches, not an OR, so each uses its own index whatever the
-    // statistics say (an OR was planned as a scan of every machine).
+    // One round trip for the five views, each as a JSON array (issue 31: a
+    // statement's round trip costs Postgres more than the reads in it),
+    // through a function that is planned once a session and only ever
+    // looks keys up (migrations/20261206000010_cheaper_appends.sql says
+    // why a statement could not).
     let row = sqlx::query(
-        "select
-           (select coalesce(json_agg(m), '[]') from (
-              select *
-              from shepherd.managed_machines
-              where provider_id = any($1)
-              union
-              select *
-              from shepherd.managed_machines
-              where reservation_id = any($2)) m) as machines,
-           (select coalesce(json_agg(s), '[]') from (
-              select * from shepherd.sinbin
-              where reservation_id = any($2)) s) as sinbin,
-           (select coalesce(json_agg(p), '[]') from (
-              select * from shepherd.pending_creations where reservation_id = any($2)) p) as pending,
-           (select coalesce(json_agg(u), '[]') from (
-              select * from shepherd.unassimilated_devices where device_id = any($1)) u) as unassimilated,
-           (select coalesce(json_agg(d), '[]') from (
-              select * from shepherd.pending_deletions where provider_id = any($1)) d) as deletions",
+        "select machines, sinbin, pending, unassimilated, deletions
+         from shepherd.view_rows($1, $2)",
     )
     .bind(devices)
     .bind(reservations)
