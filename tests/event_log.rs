@@ -697,3 +697,65 @@ async fn view_scans(tx: &mut sqlx::PgConnection) -> Vec<(String, i64, i64)> {
     .await
     .unwrap()
 }
+
+/// An append that ends rows of a view for several keys at once removes
+/// each of them, as one key at a time does (two ways to send the keys).
+#[sqlx::test(migrations = false)]
+async fn an_append_ends_several_rows_of_a_view_at_once(pool: PgPool) {
+    common::migrated(&pool).await;
+    let reservations: Vec<Uuid> = (0..3).map(|_| Uuid::new_v4()).collect();
+    let requested: Vec<NewEvent> = reservations
+        .iter()
+        .map(|r| {
+            NewEvent::new(CreationRequested {
+                reservation: *r,
+                request: Uuid::new_v4(),
+                manual: false,
+                requested_by: None,
+                sinbin_override: None,
+                place: None,
+            })
+        })
+        .collect();
+    let created = |r: &Uuid, i: usize| {
+        NewEvent::new(DeviceCreated {
+            reservation: *r,
+            device: format!("device-{i}"),
+            hostname: format!("host-{i}"),
+            witness: "w".into(),
+            recovered: false,
+            request: None,
+        })
+    };
+    let pending = |pool: PgPool| async move {
+        let keys: Vec<Uuid> = sqlx::query_scalar(
+            "select reservation_id from shepherd.pending_creations order by reservation_id",
+        )
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+        keys
+    };
+    let mut sorted = reservations.clone();
+    sorted.sort();
+    for (step, events, left) in [
+        ("three requested", requested, sorted.clone()),
+        (
+            "two created in one append",
+            vec![created(&reservations[0], 0), created(&reservations[1], 1)],
+            vec![reservations[2]],
+        ),
+        (
+            "the last one created",
+            vec![created(&reservations[2], 2)],
+            vec![],
+        ),
+    ] {
+        let mut tx = pool.begin().await.unwrap();
+        record(&mut tx, events).await.unwrap();
+        tx.commit().await.unwrap();
+        assert_eq!(pending(pool.clone()).await, left, "{step}");
+    }
+    let report = views::rebuild(&pool, false).await.unwrap();
+    assert_eq!(report.differences, Vec::<String>::new());
+}

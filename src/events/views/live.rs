@@ -124,12 +124,13 @@ pub(super) async fn write_changes(
         write_control(conn, "deletions", after.deletions_paused.as_ref()).await?;
     }
     let (gone, changed) = diff(&before.pending_deletions, &after.pending_deletions);
-    if !gone.is_empty() {
-        sqlx::query("delete from shepherd.pending_deletions where machine_id = any($1)")
-            .bind(gone.into_iter().copied().collect::<Vec<_>>())
-            .execute(&mut *conn)
-            .await?;
-    }
+    delete_keys(
+        conn,
+        "delete from shepherd.pending_deletions where machine_id = $1",
+        "delete from shepherd.pending_deletions where machine_id = any($1)",
+        gone.into_iter().copied().collect::<Vec<_>>(),
+    )
+    .await?;
     insert_deletions(conn, changed.into_iter()).await?;
     let changed = after
         .settings
@@ -137,47 +138,79 @@ pub(super) async fn write_changes(
         .filter(|(k, v)| before.settings.get(*k) != Some(*v));
     write_settings(conn, changed).await?;
     let (gone, changed) = diff(&before.pools, &after.pools);
-    if !gone.is_empty() {
-        sqlx::query("delete from shepherd.pools where name = any($1)")
-            .bind(gone.into_iter().cloned().collect::<Vec<_>>())
-            .execute(&mut *conn)
-            .await?;
-    }
+    delete_keys(
+        conn,
+        "delete from shepherd.pools where name = $1",
+        "delete from shepherd.pools where name = any($1)",
+        gone.into_iter().cloned().collect::<Vec<_>>(),
+    )
+    .await?;
     insert_pools(conn, changed.into_iter()).await?;
     let (gone, changed) = diff(&before.machines, &after.machines);
-    if !gone.is_empty() {
-        sqlx::query("delete from shepherd.managed_machines where provider_id = any($1)")
-            .bind(gone.into_iter().cloned().collect::<Vec<_>>())
-            .execute(&mut *conn)
-            .await?;
-    }
+    delete_keys(
+        conn,
+        "delete from shepherd.managed_machines where provider_id = $1",
+        "delete from shepherd.managed_machines where provider_id = any($1)",
+        gone.into_iter().cloned().collect::<Vec<_>>(),
+    )
+    .await?;
     insert_machines(conn, changed.into_iter()).await?;
 
     let (gone, changed) = diff(&before.sinbin, &after.sinbin);
-    if !gone.is_empty() {
-        sqlx::query("delete from shepherd.sinbin where reservation_id = any($1)")
-            .bind(gone.into_iter().copied().collect::<Vec<_>>())
-            .execute(&mut *conn)
-            .await?;
-    }
+    delete_keys(
+        conn,
+        "delete from shepherd.sinbin where reservation_id = $1",
+        "delete from shepherd.sinbin where reservation_id = any($1)",
+        gone.into_iter().copied().collect::<Vec<_>>(),
+    )
+    .await?;
     insert_penalties(conn, changed.into_iter()).await?;
 
     let (gone, changed) = diff(&before.pending_creations, &after.pending_creations);
-    if !gone.is_empty() {
-        sqlx::query("delete from shepherd.pending_creations where reservation_id = any($1)")
-            .bind(gone.into_iter().copied().collect::<Vec<_>>())
-            .execute(&mut *conn)
-            .await?;
-    }
+    delete_keys(
+        conn,
+        "delete from shepherd.pending_creations where reservation_id = $1",
+        "delete from shepherd.pending_creations where reservation_id = any($1)",
+        gone.into_iter().copied().collect::<Vec<_>>(),
+    )
+    .await?;
     insert_pending(conn, changed.into_iter()).await?;
 
     let (gone, changed) = diff(&before.unassimilated, &after.unassimilated);
-    if !gone.is_empty() {
-        sqlx::query("delete from shepherd.unassimilated_devices where device_id = any($1)")
-            .bind(gone.into_iter().cloned().collect::<Vec<_>>())
-            .execute(&mut *conn)
-            .await?;
-    }
+    delete_keys(
+        conn,
+        "delete from shepherd.unassimilated_devices where device_id = $1",
+        "delete from shepherd.unassimilated_devices where device_id = any($1)",
+        gone.into_iter().cloned().collect::<Vec<_>>(),
+    )
+    .await?;
     insert_unassimilated(conn, changed.into_iter()).await?;
+    Ok(())
+}
+
+/// Deletes the view rows whose key is one of `keys`. One key, as nearly
+/// every append has, goes as `= $1`: for `= any($1)` Postgres's custom plan
+/// of a short array always looks cheaper than its generic plan, so that
+/// statement was planned afresh at every call (issue 31).
+async fn delete_keys<K>(
+    conn: &mut PgConnection,
+    one: &'static str,
+    many: &'static str,
+    mut keys: Vec<K>,
+) -> Result<(), sqlx::Error>
+where
+    K: for<'q> sqlx::Encode<'q, sqlx::Postgres> + sqlx::Type<sqlx::Postgres> + Send,
+    Vec<K>: for<'q> sqlx::Encode<'q, sqlx::Postgres> + sqlx::Type<sqlx::Postgres> + Send,
+{
+    match keys.len() {
+        0 => {}
+        1 => {
+            let key = keys.pop().expect("one key");
+            sqlx::query(one).bind(key).execute(&mut *conn).await?;
+        }
+        _ => {
+            sqlx::query(many).bind(keys).execute(&mut *conn).await?;
+        }
+    }
     Ok(())
 }
