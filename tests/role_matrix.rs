@@ -461,3 +461,52 @@ async fn the_worker_role_starts_a_new_cluster_and_changes_no_existing_one(db: Pg
     }
     worker.close().await;
 }
+
+/// A cluster whose roles were made before the views' read became a
+/// function (deploy/roles.sql run by an earlier release, not again since)
+/// keeps recording once upgraded: the migration that adds the function
+/// grants it to the worker itself, and the worker records as itself.
+#[sqlx::test(migrations = false)]
+async fn an_upgrade_keeps_the_worker_recording_without_a_new_roles_run(db: PgPool) {
+    common::migrated(&db).await;
+    apply_roles(&db).await;
+    // The roles as an earlier release left them: no grant of the function.
+    sqlx::raw_sql(
+        "revoke execute on function shepherd.view_rows(text[], uuid[]) from shepherd_worker",
+    )
+    .execute(&db)
+    .await
+    .unwrap();
+    let worker = login(&db, "shepherd_worker").await;
+    let refused = code_of(&worker, "select * from shepherd.view_rows('{}', '{}')").await;
+    assert_eq!(refused.as_deref(), Some("42501"), "revoked, as before");
+    sqlx::raw_sql(include_str!(
+        "../migrations/20261206000010_cheaper_appends.sql"
+    ))
+    .execute(&db)
+    .await
+    .unwrap();
+    assert_eq!(
+        code_of(&worker, "select * from shepherd.view_rows('{}', '{}')").await,
+        None,
+        "the migration grants the worker its read"
+    );
+    let mut conn = worker.acquire().await.unwrap();
+    let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
+    shepherd::events::record(
+        &mut tx,
+        vec![shepherd::events::NewEvent::new(
+            shepherd::events::event::CreationRequested {
+                reservation: uuid::Uuid::new_v4(),
+                request: uuid::Uuid::new_v4(),
+                manual: false,
+                requested_by: None,
+                sinbin_override: None,
+                place: None,
+            },
+        )],
+    )
+    .await
+    .expect("the worker records an event, its views read through the function");
+    tx.commit().await.unwrap();
+}
