@@ -463,7 +463,7 @@ async fn refusals_name_the_next_step(pool: PgPool) {
 }
 
 /// A Metal cluster has no pools: `pools set` on one is refused with why,
-/// and nothing is recorded.
+/// nothing is recorded, and `pools list` says why it lists none.
 #[sqlx::test(migrations = false)]
 async fn pools_on_a_metal_cluster_are_refused(pool: PgPool) {
     let w = World::new(pool).await;
@@ -495,6 +495,14 @@ async fn pools_on_a_metal_cluster_are_refused(pool: PgPool) {
         .await
         .unwrap();
     assert_eq!(pools, 0);
+    // Nor does listing them suggest declaring one.
+    let (ok, out, stderr) = w.run(&["pools", "list"]).await;
+    assert!(ok, "{stderr}");
+    assert!(
+        out.contains("Equinix Metal hardware reservations, which have none"),
+        "{out}"
+    );
+    assert!(!out.contains("declare one"), "{out}");
 }
 
 /// `status` lists the jobs that ended failed or killed with the ids

@@ -169,9 +169,23 @@ async fn list(args: ListArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     if rows.is_empty() {
-        println!(
-            "the cluster has no pools (declare one: shepherd pools set NAME plan=...,site=...,count=N,os=... --reason \"...\")"
-        );
+        // A Metal cluster refuses pools: telling its operator to declare
+        // one would only lead to that refusal.
+        let provider: Option<String> = sqlx::query_scalar(
+            "select value #>> '{}' from shepherd.cluster_settings where key = 'provider'",
+        )
+        .fetch_optional(&pool)
+        .await?
+        .flatten();
+        if provider.as_deref() == Some("metal") {
+            println!(
+                "the cluster has no pools: it provisions Equinix Metal hardware reservations, which have none (pools are a Latitude.sh cluster's)"
+            );
+        } else {
+            println!(
+                "the cluster has no pools (declare one: shepherd pools set NAME plan=...,site=...,count=N,os=... --reason \"...\")"
+            );
+        }
         return Ok(());
     }
     let mut t = Table::new(&[
