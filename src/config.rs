@@ -155,6 +155,22 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_fence_grace_is_half_the_windows_margin_over_an_attempt_and_at_most_a_second() {
+        let rescue = |heartbeat: u64, missed: u32, api: u64| Rescue {
+            heartbeat: Duration::from_secs(heartbeat),
+            missed_heartbeats: missed,
+            api_timeout: Duration::from_secs(api),
+        };
+        // 60 s window, 35 s for an attempt and a heartbeat: capped.
+        assert_eq!(rescue(5, 12, 30).fence_grace(), Duration::from_secs(1));
+        // 36 s window: a margin of 1 s, half of it.
+        assert_eq!(rescue(4, 9, 31).fence_grace(), Duration::from_millis(500));
+        // No margin (refused for creates anyway): always renew.
+        assert_eq!(rescue(5, 6, 30).fence_grace(), Duration::ZERO);
+        assert_eq!(rescue(5, 6, 40).fence_grace(), Duration::ZERO);
+    }
+
+    #[test]
     fn durations() {
         assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
         assert_eq!(parse_duration("5s").unwrap(), Duration::from_secs(5));
@@ -504,6 +520,18 @@ impl Rescue {
             ));
         }
         Ok(())
+    }
+
+    /// How much of a unit's lease a creation's fence may find already spent
+    /// and still let the create go without renewing it: half the margin the
+    /// window keeps over one API attempt and a heartbeat, at most a second.
+    /// A lease taken or renewed that recently still outlasts the attempt by
+    /// half that margin, and the fence's statement writes nothing.
+    pub fn fence_grace(&self) -> Duration {
+        self.window()
+            .saturating_sub(self.api_timeout + self.heartbeat)
+            .div_f64(2.0)
+            .min(Duration::from_secs(1))
     }
 
     /// Refuses values with which a second run of a creation could start

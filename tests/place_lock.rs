@@ -13,6 +13,7 @@ use sqlx::postgres::PgPoolOptions;
 use uuid::Uuid;
 
 const TERM: Duration = Duration::from_secs(60);
+const GRACE: Duration = Duration::from_secs(1);
 
 async fn one_connection(db: &PgPool) -> PgPool {
     PgPoolOptions::new()
@@ -144,7 +145,7 @@ async fn a_fence_renews_the_lease_and_refuses_once_another_holds_it(db: PgPool) 
         .await
         .expect_err("a lost lease was confirmed");
     assert!(err.contains("lease was lost"), "{err}");
-    let fence = lock.creation(Uuid::new_v4());
+    let fence = lock.creation(Uuid::new_v4(), GRACE);
     assert!(
         fence.check().await.is_err(),
         "a creation's fence let a write out on a lost lease"
@@ -207,4 +208,128 @@ async fn a_unit_given_back_with_its_outcome_is_free_only_once_that_commits(db: P
     );
     assert!(expires_in(&db, unit).await > 50.0);
     third.release().await;
+}
+
+/// The xmin of the unit's lease row: it changes exactly when a statement
+/// wrote the row.
+async fn row_version(pool: &PgPool, unit: Uuid) -> String {
+    sqlx::query_scalar("select xmin::text from shepherd.leases where key = 'place/' || $1::text")
+        .bind(unit)
+        .fetch_one(pool)
+        .await
+        .expect("the unit's lease row")
+}
+
+/// A creation's fence right after the take only reads the lease (its commit
+/// flushes nothing); once more than its grace has gone it renews the lease
+/// for a whole term, as before; and a lease not this holder's is refused
+/// whichever way the check goes.
+#[sqlx::test(migrations = false)]
+async fn a_fence_within_its_grace_reads_the_lease_and_renews_it_past_that(db: PgPool) {
+    common::migrated(&db).await;
+    let unit = Uuid::new_v4();
+    let request = Uuid::new_v4();
+    sqlx::query("insert into shepherd.pending_creations (reservation_id, request, enqueued_at) values ($1, $2, now())")
+        .bind(unit)
+        .bind(request.to_string())
+        .execute(&db)
+        .await
+        .unwrap();
+    let lock = PlaceLock::try_take(&db, unit, TERM)
+        .await
+        .unwrap()
+        .expect("free");
+    let fence = lock.creation(request, GRACE);
+    let before = row_version(&db, unit).await;
+    fence.check().await.expect("the creation owns the unit");
+    assert_eq!(
+        row_version(&db, unit).await,
+        before,
+        "a fence within its grace wrote the lease row"
+    );
+    // More than the grace gone since the take: the fence renews.
+    sqlx::query(
+        "update shepherd.leases
+         set expires_at = clock_timestamp() + interval '58 seconds'",
+    )
+    .execute(&db)
+    .await
+    .unwrap();
+    fence.check().await.expect("the creation owns the unit");
+    let left = expires_in(&db, unit).await;
+    assert!(
+        left > 59.0,
+        "a fence past its grace did not renew the lease: {left} s left"
+    );
+    // Within its grace again, but the lease is another holder's now.
+    sqlx::query("update shepherd.leases set lease = gen_random_uuid(), holder = 'other:2'")
+        .execute(&db)
+        .await
+        .unwrap();
+    let err = fence
+        .check()
+        .await
+        .expect_err("a lost lease let the write out");
+    assert!(err.contains("lease was lost"), "{err}");
+    lock.release().await;
+}
+
+async fn leases_on(pool: &PgPool, unit: Uuid) -> i64 {
+    sqlx::query_scalar("select count(*) from shepherd.leases where key = 'place/' || $1::text")
+        .bind(unit)
+        .fetch_one(pool)
+        .await
+        .expect("counting the unit's leases")
+}
+
+/// A creation takes its unit's lease in its first statement only when its
+/// request owns the creation: a run of a request that does not own it ends
+/// without holding the unit, and the owner's run then takes it, creates,
+/// and gives it back with the machine's record.
+#[sqlx::test(migrations = false)]
+async fn a_creation_takes_its_unit_only_as_the_owner_and_gives_it_back_with_its_machine(
+    db: PgPool,
+) {
+    use common::world::*;
+    use shepherd::jobs::CreateDeviceArgs;
+    use shepherd::jobs::create_device::{CreateOutcome, create_device};
+    let w = World::with(db.clone(), 1, fast_config()).await;
+    w.reconcile().await;
+    let (id, body): (String, serde_json::Value) = sqlx::query_as(
+        "select id, convert_from(job, 'UTF8')::jsonb from apalis.jobs
+         where job_type = 'create_device'",
+    )
+    .fetch_one(&db)
+    .await
+    .expect("the pass's creation job");
+    let owner: CreateDeviceArgs = serde_json::from_value(body).unwrap();
+    let stranger = CreateDeviceArgs {
+        request: Uuid::new_v4(),
+        ..owner.clone()
+    };
+    let outcome = create_device(&w.ctx, &stranger, "01J00000000000000000000000")
+        .await
+        .expect("the stranger's run");
+    assert!(
+        matches!(outcome, CreateOutcome::Skipped { .. }),
+        "{outcome:?}"
+    );
+    assert_eq!(
+        leases_on(&db, owner.reservation).await,
+        0,
+        "a stranger held the unit"
+    );
+    let outcome = create_device(&w.ctx, &owner, &id)
+        .await
+        .expect("the owner's run");
+    assert!(
+        matches!(outcome, CreateOutcome::Created { .. }),
+        "{outcome:?}"
+    );
+    assert_eq!(
+        leases_on(&db, owner.reservation).await,
+        0,
+        "the unit's lease outlived the creation's record"
+    );
+    assert_eq!(w.fake.devices().len(), 1);
 }

@@ -10,14 +10,16 @@
 //! - one holder at a time: taking is one statement that inserts the row or
 //!   takes it over only once it has expired;
 //! - nothing acts on a lease it lost: every check a holder makes before it
-//!   writes to the provider (a `Fence`) renews the lease in the same
-//!   statement that reads who stands on the unit, and fails when the row
+//!   writes to the provider (a `Fence`) confirms the lease in the same
+//!   statement that reads who stands on the unit (renewing it unless that
+//!   was done within the fence's grace, `CONFIRM`), and fails when the row
 //!   is no longer its own, so the write does not leave;
 //! - a crash frees the unit: a lease not renewed expires after the
 //!   cluster's rescue window, when the crashed worker's jobs go to others
-//!   (`Rescue`). The check right before a write renews the lease for a
-//!   whole window, and one API attempt ends well inside it, so a second
-//!   holder can never start while a first one's write is on the wire.
+//!   (`Rescue`). The check right before a write leaves the lease at least
+//!   a whole window less the grace, and one API attempt and a heartbeat end
+//!   inside that (`Rescue::fence_grace`), so a second holder can never
+//!   start while a first one's write is on the wire.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -54,10 +56,29 @@ impl std::fmt::Debug for Lease {
     }
 }
 
-/// The expiry of a lease renewed now, as SQL of its term in milliseconds.
-const EXPIRES: &str = "pg_catalog.clock_timestamp() + $3::int8 * interval '1 millisecond'";
+/// The statement that takes `$1` as lease `$2` for `$3` milliseconds, held
+/// by `$4`, where `cond` holds and nobody holds it or its holder's lease has
+/// expired; it returns `$2` when taken. A caller that needs to know
+/// something else before deciding to take a lease asks it in the same round
+/// trip, with this in front (`create_device`); what it reads shares the
+/// statement's snapshot, taken before any wait on a holder, so what the
+/// lease guards is read again after.
+pub(crate) fn take_where(cond: &str) -> String {
+    format!(
+        "insert into shepherd.leases as l (key, lease, holder, taken_at, expires_at)
+         select $1::text, $2::uuid, $4::text, pg_catalog.clock_timestamp(),
+                pg_catalog.clock_timestamp() + $3::int8 * interval '1 millisecond'
+         where {cond}
+         on conflict (key) do update
+             set lease = excluded.lease, holder = excluded.holder,
+                 taken_at = excluded.taken_at, expires_at = excluded.expires_at
+             where l.expires_at <= pg_catalog.clock_timestamp()
+         returning lease"
+    )
+}
 
-fn millis(d: Duration) -> i64 {
+/// A term as the lease statements bind it, in milliseconds.
+pub(crate) fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX / 2)
 }
 
@@ -70,24 +91,20 @@ impl Lease {
         term: Duration,
     ) -> Result<Option<Lease>, sqlx::Error> {
         let id = Uuid::new_v4();
-        let taken: Option<Uuid> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-            "insert into shepherd.leases as l (key, lease, holder, taken_at, expires_at)
-             values ($1, $2, $4, pg_catalog.clock_timestamp(), {EXPIRES})
-             on conflict (key) do update
-                 set lease = excluded.lease, holder = excluded.holder,
-                     taken_at = excluded.taken_at, expires_at = excluded.expires_at
-                 where l.expires_at <= pg_catalog.clock_timestamp()
-             returning lease"
-        )))
-        .bind(key)
-        .bind(id)
-        .bind(millis(term))
-        .bind(crate::fleet::process_name())
-        .fetch_optional(pool)
-        .await?;
-        if taken != Some(id) {
-            return Ok(None);
-        }
+        let taken: Option<Uuid> = sqlx::query_scalar(sqlx::AssertSqlSafe(take_where("true")))
+            .bind(key)
+            .bind(id)
+            .bind(millis(term))
+            .bind(crate::fleet::process_name())
+            .fetch_optional(pool)
+            .await?;
+        Ok((taken == Some(id)).then(|| Lease::taken(pool, key, id, term)))
+    }
+
+    /// The lease `id` that a statement built on [`take_where`] has just taken
+    /// (it returned `id`): kept from now on, as [`Lease::try_take`] keeps
+    /// its own.
+    pub(crate) fn taken(pool: &PgPool, key: &str, id: Uuid, term: Duration) -> Lease {
         let lost = Arc::new(AtomicBool::new(false));
         let giving_back = Arc::new(AtomicBool::new(false));
         let keeper = tokio::spawn(keep(
@@ -98,7 +115,7 @@ impl Lease {
             lost.clone(),
             giving_back.clone(),
         ));
-        Ok(Some(Lease {
+        Lease {
             pool: pool.clone(),
             key: key.to_string(),
             id,
@@ -108,7 +125,7 @@ impl Lease {
             released: false,
             given_back: AtomicBool::new(false),
             giving_back,
-        }))
+        }
     }
 
     pub fn key(&self) -> &str {
@@ -167,6 +184,15 @@ impl Lease {
         Ok(())
     }
 
+    /// The lease as a statement of the caller's gives it back in a
+    /// transaction (as [`Lease::release_in`] does, in a statement of the
+    /// caller's own): its key and holder. [`Lease::given_back`] once that
+    /// commits.
+    pub(crate) fn giving_back(&self) -> (&str, Uuid) {
+        self.giving_back.store(true, Ordering::Relaxed);
+        (&self.key, self.id)
+    }
+
     /// The transaction of [`Lease::release_in`] committed.
     pub fn given_back(&self) {
         self.keeper.abort();
@@ -207,6 +233,25 @@ pub(crate) const RENEW: &str = "update shepherd.leases
      set expires_at = pg_catalog.clock_timestamp() + $3::int8 * interval '1 millisecond'
      where key = $1 and lease = $2 and expires_at > pg_catalog.clock_timestamp()
      returning 1 as held";
+
+/// [`RENEW`] for a holder about to write: the lease is renewed only when
+/// more than `$5` milliseconds of its term `$3` have gone since it was taken
+/// or renewed, and otherwise only read. A read commits without a WAL flush,
+/// and a creation's fence follows the take by milliseconds. Ends in `held`,
+/// a row when the lease is this holder's with at least `$3 - $5` left.
+pub(crate) const CONFIRM: &str = "now as (select pg_catalog.clock_timestamp() as t),
+     renewed as (
+         update shepherd.leases l set expires_at = now.t + $3::int8 * interval '1 millisecond'
+         from now
+         where l.key = $1 and l.lease = $2 and l.expires_at > now.t
+           and l.expires_at < now.t + ($3::int8 - $5::int8) * interval '1 millisecond'
+         returning 1),
+     held as (
+         select 1 from renewed
+         union all
+         select 1 from shepherd.leases l, now
+         where l.key = $1 and l.lease = $2
+           and l.expires_at >= now.t + ($3::int8 - $5::int8) * interval '1 millisecond')";
 
 async fn renew(pool: &PgPool, key: &str, id: Uuid, term: Duration) -> Result<bool, sqlx::Error> {
     let row: Option<i32> = sqlx::query_scalar(RENEW)

@@ -6,9 +6,10 @@
 //!
 //! The lease alone cannot stop a request already waiting for its turn
 //! under the provider's budget: the wait can outlast it. So every write is
-//! fenced (`provider::Fence`): right before it leaves, one statement renews
-//! the lease (failing if it is no longer this holder's) and reads whether
-//! the work still owns the unit (its pending row is still its own, and no
+//! fenced (`provider::Fence`): right before it leaves, one statement
+//! confirms the lease (failing if it is no longer this holder's; renewing
+//! it unless that was done within the fence's grace) and reads whether the
+//! work still owns the unit (its pending row is still its own, and no
 //! machine stands there).
 
 use std::time::Duration;
@@ -17,7 +18,7 @@ use futures::future::BoxFuture;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use super::lease::{Lease, RENEW};
+use super::lease::{CONFIRM, Lease, RENEW, millis};
 use crate::provider::Fence;
 
 /// A unit's lease, held until [`PlaceLock::release`] or until dropped.
@@ -62,67 +63,124 @@ impl PlaceLock {
         self.lease.release_in(conn).await
     }
 
+    /// The lease for a statement of the caller's that deletes it in the
+    /// transaction recording the outcome (`queue::push_assimilate_releasing`);
+    /// [`PlaceLock::given_back`] once it commits.
+    pub(crate) fn giving_back(&self) -> (&str, Uuid) {
+        self.lease.giving_back()
+    }
+
     pub fn given_back(&self) {
         self.lease.given_back();
+    }
+
+    /// The unit's lease, just taken as `id` by a statement of the caller's
+    /// built on [`super::lease::take_where`] and bound as [`PlaceLock::key_of`].
+    pub(crate) fn taken(pool: &PgPool, unit: Uuid, id: Uuid, term: Duration) -> PlaceLock {
+        PlaceLock {
+            unit,
+            lease: Lease::taken(pool, &key(unit), id, term),
+        }
+    }
+
+    /// The lease key of `unit`.
+    pub(crate) fn key_of(unit: Uuid) -> String {
+        key(unit)
     }
 
     /// Who stands on the unit, read in the statement that renews the
     /// lease: an error means the lease is lost or cannot be confirmed.
     pub async fn standing(&self) -> Result<Standing, String> {
+        self.read_standing(&format!("held as ({RENEW})"), None)
+            .await
+    }
+
+    /// [`PlaceLock::standing`] right before a write: the lease is renewed
+    /// only if more than `grace` of its term has gone (`lease::CONFIRM`).
+    pub async fn confirmed(&self, grace: Duration) -> Result<Standing, String> {
+        self.read_standing(CONFIRM, Some(millis(grace))).await
+    }
+
+    async fn read_standing(&self, lease: &str, grace: Option<i64>) -> Result<Standing, String> {
         if self.lease.known_lost() {
             return Err("the unit's lease was lost".into());
         }
-        type Row = (
-            bool,
-            Option<String>,
-            i64,
-            i64,
-            Option<String>,
-            Option<i32>,
-            Option<bool>,
-        );
-        // The place a pending creation names (`web/3`) and its pool as
-        // declared now: a creation admitted before the pool was lowered or
-        // removed is not sent.
-        let (held, owner, machines, unassimilated, place, count, removed): Row =
-            sqlx::query_as(sqlx::AssertSqlSafe(format!(
-                "with held as ({RENEW})
-                 select exists(select 1 from held),
-                        pc.request,
-                        (select count(*) from shepherd.managed_machines where reservation_id = $4),
-                        (select count(*) from shepherd.unassimilated_devices where reservation_id = $4),
-                        pc.place, po.count, po.removed
-                 from (select 1) one
-                 left join shepherd.pending_creations pc on pc.reservation_id = $4
-                 left join shepherd.pools po
-                        on pc.place is not null and po.name = regexp_replace(pc.place, '/[0-9]+$', '')"
-            )))
+        let sql = standing_sql(lease, "$4");
+        let mut query = sqlx::query_as(sqlx::AssertSqlSafe(sql))
             .bind(self.lease.key())
             .bind(self.lease.id())
             .bind(self.lease.term_millis())
-            .bind(self.unit)
+            .bind(self.unit);
+        if let Some(grace) = grace {
+            query = query.bind(grace);
+        }
+        let row: StandingRow = query
             .fetch_one(self.lease.pool())
             .await
             .map_err(|e| format!("the unit's lease cannot be confirmed: {e}"))?;
+        let (held, standing) = standing_of(row);
         if !held {
             return Err(
                 "the unit's lease was lost (it expired, or another run holds it now)".into(),
             );
         }
-        Ok(Standing {
-            owner,
-            machines: (machines + unassimilated) as u64,
-            unwanted: place.and_then(|p| unwanted(&p, count, removed)),
-        })
+        Ok(standing)
     }
 
-    /// The fence of a creation by `request` while this lock is held.
-    pub fn creation(&self, request: Uuid) -> CreationFence<'_> {
+    /// The fence of a creation by `request` while this lock is held; it
+    /// may leave the lease unrenewed within `grace` of its last renewal
+    /// (`Rescue::fence_grace`).
+    pub fn creation(&self, request: Uuid, grace: Duration) -> CreationFence<'_> {
         CreationFence {
             lock: self,
             request: request.to_string(),
+            grace,
         }
     }
+}
+
+/// Whether the lease statement in front held the unit, who owns its
+/// creation, its machines and unassimilated devices, and its place with its
+/// pool's count and whether that pool is removed.
+type StandingRow = (
+    bool,
+    Option<String>,
+    i64,
+    i64,
+    Option<String>,
+    Option<i32>,
+    Option<bool>,
+);
+
+/// `lease` (the common table expressions of a statement, the last named
+/// `held` and holding a row when the unit is this holder's) followed by the
+/// read of who stands on the unit bound as `unit`. The
+/// place a pending creation names (`web/3`) comes with its pool as declared
+/// now: a creation admitted before the pool was lowered or removed is not
+/// sent.
+fn standing_sql(lease: &str, unit: &str) -> String {
+    format!(
+        "with {lease}
+         select exists(select 1 from held),
+                pc.request,
+                (select count(*) from shepherd.managed_machines where reservation_id = {unit}),
+                (select count(*) from shepherd.unassimilated_devices where reservation_id = {unit}),
+                pc.place, po.count, po.removed
+         from (select 1) one
+         left join shepherd.pending_creations pc on pc.reservation_id = {unit}
+         left join shepherd.pools po
+                on pc.place is not null and po.name = regexp_replace(pc.place, '/[0-9]+$', '')"
+    )
+}
+
+fn standing_of(row: StandingRow) -> (bool, Standing) {
+    let (held, owner, machines, unassimilated, place, count, removed) = row;
+    let standing = Standing {
+        owner,
+        machines: (machines + unassimilated) as u64,
+        unwanted: place.and_then(|p| unwanted(&p, count, removed)),
+    };
+    (held, standing)
 }
 
 /// What stands on a unit, as its lock's holder sees it.
@@ -174,12 +232,13 @@ impl Standing {
 pub struct CreationFence<'a> {
     lock: &'a PlaceLock,
     request: String,
+    grace: Duration,
 }
 
 impl Fence for CreationFence<'_> {
     fn check(&self) -> BoxFuture<'_, Result<(), String>> {
         Box::pin(async move {
-            let standing = self.lock.standing().await?;
+            let standing = self.lock.confirmed(self.grace).await?;
             match standing.refuses_creation(&self.request) {
                 None => Ok(()),
                 Some(why) => Err(why),

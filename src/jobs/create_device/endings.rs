@@ -57,9 +57,13 @@ pub(super) async fn created_outcome(
         created: Some(crate::jobs::CreatedDeviceFacts { hostname }),
         attempt: 1,
     };
-    queue::push_assimilate(&mut tx, &next, None).await?;
-    if let Some(lock) = lock {
-        lock.release_in(&mut tx).await?;
+    match lock {
+        Some(lock) => {
+            queue::push_assimilate_releasing(&mut tx, &next, lock.giving_back()).await?;
+        }
+        None => {
+            queue::push_assimilate(&mut tx, &next, None).await?;
+        }
     }
     tx.commit().await?;
     if let Some(lock) = lock {

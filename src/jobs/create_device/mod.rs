@@ -15,8 +15,10 @@
 //! (`Provider::one_machine_per_unit`). A failed look is unknown too.
 
 use chrono::{DateTime, TimeDelta, Utc};
+use uuid::Uuid;
 
-use super::place::PlaceLock;
+use super::lease::take_where;
+use super::place::{PlaceLock, Standing};
 use super::queue;
 use super::{CreateDeviceArgs, JobContext, JobError};
 use crate::cluster::ClusterSettings;
@@ -120,28 +122,50 @@ pub async fn create_device(
     // One round trip for what the job needs to know first: the cluster's
     // settings; whether this is a second run of the same job row (a worker
     // killed or presumed dead, a drain cut short), which may follow a POST
-    // whose outcome nobody saw; and who owns the reservation's creation (a
-    // re-run of the same request resumes it).
+    // whose outcome nobody saw; who owns the reservation's creation (a
+    // re-run of the same request resumes it); and, when that is this
+    // request, the unit's lease, taken in the same statement (issue 31).
+    // What stands on the unit is read after the lease is held
+    // (`PlaceLock::confirmed`): this statement's snapshot predates any wait
+    // on a holder committing its outcome.
     type First = (
         Option<serde_json::Value>,
         Option<bool>,
         Option<String>,
         Option<serde_json::Value>,
+        bool,
     );
+    let ours = args.request.to_string();
+    let lease = Uuid::new_v4();
+    let term = ctx.lease_term();
     // apalis counts a run in `attempts` when it ends (or when it hands a
     // dead worker's job back), never when it claims one: a row that ran
     // before, however that run ended, has attempts above 0 when it runs
     // again.
-    let (stored, rerun, owner, pools): First = sqlx::query_as(
-        "select (select jsonb_object_agg(key, value) from shepherd.cluster_settings),
-                (select attempts > 0 from apalis.jobs where id = $1),
-                (select request from shepherd.pending_creations where reservation_id = $2),
-                (select jsonb_agg(to_jsonb(p)) from shepherd.pools p)",
-    )
-    .bind(job_id)
-    .bind(args.reservation)
-    .fetch_one(&ctx.pool)
-    .await?;
+    let first = format!(
+        "with held as ({})
+         select (select jsonb_object_agg(key, value) from shepherd.cluster_settings),
+                (select attempts > 0 from apalis.jobs where id = $5),
+                (select request from shepherd.pending_creations where reservation_id = $6),
+                (select jsonb_agg(to_jsonb(p)) from shepherd.pools p),
+                exists(select 1 from held)",
+        take_where(
+            "exists(select 1 from shepherd.pending_creations
+                    where reservation_id = $6 and request = $7)"
+        )
+    );
+    let (stored, rerun, owner, pools, taken): First = sqlx::query_as(sqlx::AssertSqlSafe(first))
+        .bind(PlaceLock::key_of(args.reservation))
+        .bind(lease)
+        .bind(crate::jobs::lease::millis(term))
+        .bind(crate::fleet::process_name())
+        .bind(job_id)
+        .bind(args.reservation)
+        .bind(&ours)
+        .fetch_one(&ctx.pool)
+        .await?;
+    // Kept (and given back if this run ends early) from here on.
+    let mut lock = taken.then(|| PlaceLock::taken(&ctx.pool, args.reservation, lease, term));
     let pools: Vec<crate::pools::PoolRow> = match pools {
         Some(json) => serde_json::from_value(json)
             .map_err(|e| JobError::Database(sqlx::Error::Decode(Box::new(e))))?,
@@ -165,7 +189,6 @@ pub async fn create_device(
         },
         ..args.clone()
     };
-    let ours = args.request.to_string();
     match owner {
         Some(owner) if owner == ours => {}
         Some(_) if args.admitted || args.verify => {
@@ -198,8 +221,13 @@ pub async fn create_device(
             }
         }
     }
-    let Some(lock) = PlaceLock::try_take(&ctx.pool, args.reservation, ctx.lease_term()).await?
-    else {
+    if lock.is_none() {
+        // Not taken with the first read: this request did not own the
+        // creation then (a manual job admitted just now), or another run
+        // holds the unit.
+        lock = PlaceLock::try_take(&ctx.pool, args.reservation, term).await?;
+    }
+    let Some(lock) = lock else {
         // Another run holds the unit (a duplicate run of this job, a run
         // still going that was presumed dead, a deletion or assimilation
         // of a machine on it): this one comes back later.
@@ -212,23 +240,10 @@ pub async fn create_device(
             .then(|| args.unknown_since.unwrap_or_else(Utc::now));
         return retry_later(ctx, args, job_id, &busy, since, args.creates_before()).await;
     };
-    let outcome = holding(ctx, &settings, args, job_id, &lock).await;
-    lock.release().await;
-    outcome
-}
-
-/// The attempt proper, while `lock` holds the unit.
-async fn holding(
-    ctx: &JobContext,
-    settings: &ClusterSettings,
-    args: &CreateDeviceArgs,
-    job_id: &str,
-    lock: &PlaceLock,
-) -> Result<CreateOutcome, JobError> {
-    let ours = args.request.to_string();
-    let standing = match lock.standing().await {
-        Ok(s) => s,
+    let standing = match lock.confirmed(ctx.config.rescue.fence_grace()).await {
+        Ok(standing) => standing,
         Err(reason) => {
+            lock.release().await;
             let since = args
                 .unknown
                 .then(|| args.unknown_since.unwrap_or_else(Utc::now));
@@ -236,6 +251,22 @@ async fn holding(
             return retry_later(ctx, args, job_id, &e, since, args.creates_before()).await;
         }
     };
+    let outcome = holding(ctx, &settings, args, job_id, &lock, standing).await;
+    lock.release().await;
+    outcome
+}
+
+/// The attempt proper, while `lock` holds the unit, on what stood there
+/// when it was taken.
+async fn holding(
+    ctx: &JobContext,
+    settings: &ClusterSettings,
+    args: &CreateDeviceArgs,
+    job_id: &str,
+    lock: &PlaceLock,
+    standing: Standing,
+) -> Result<CreateOutcome, JobError> {
+    let ours = args.request.to_string();
     if standing.owner.as_deref() != Some(ours.as_str()) {
         return Ok(not_owner());
     }
@@ -287,7 +318,7 @@ async fn holding(
     // The attempt's budget covers the wait for the limiter and the API's own
     // retries; when it runs out the attempt's outcome is unknown, and the
     // next one starts by looking for what this one may have made.
-    let fence = lock.creation(args.request);
+    let fence = lock.creation(args.request, ctx.config.rescue.fence_grace());
     // Nothing can have been sent for this request before its first
     // attempt: its create may go out on what the pass's listing said.
     let fresh = args.attempt == 1 && !args.unknown && !args.verify && args.creates_before() == 0;

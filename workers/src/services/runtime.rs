@@ -188,19 +188,20 @@ async fn guarded<T: std::fmt::Debug>(
         .run_time
         .get_or_create(&JobRunLabels { kind, outcome })
         .observe(started.elapsed().as_secs_f64());
-    let said = match &result {
-        Ok(v) => format!("{v:?}"),
-        Err(e) => e.to_string(),
-    };
-    record_run(
-        &shared.ctx.pool,
-        job_id,
-        kind,
-        started.elapsed(),
-        outcome,
-        &said,
-    )
-    .await;
+    // A run that ended well is kept by the queue's acknowledgement, in its
+    // own transaction (migration `runs_at_ack`); a failed or dropped one
+    // only this process can tell apart.
+    if let Err(e) = &result {
+        record_run(
+            &shared.ctx.pool,
+            job_id,
+            kind,
+            started.elapsed(),
+            outcome,
+            &e.to_string(),
+        )
+        .await;
+    }
     result
 }
 
@@ -208,11 +209,11 @@ async fn guarded<T: std::fmt::Debug>(
 /// pages, not part of the job's work.
 const RUN_RECORD_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Keeps the run that just ended in `shepherd.job_runs`, numbered as the
-/// queue counts it (`attempts` counts the runs that ended or that a dead
-/// worker left, and is raised after this). One write, at the end: a run
-/// whose worker died leaves no row, and the job's page tells it from the
-/// queue's count.
+/// Keeps a run that failed or was dropped in `shepherd.job_runs`, numbered
+/// as the queue counts it (`attempts` counts the runs that ended or that a
+/// dead worker left, and is raised after this). One write, at the end: a
+/// run whose worker died leaves no row, and the job's page tells it from
+/// the queue's count.
 async fn record_run(
     pool: &PgPool,
     job_id: &str,
