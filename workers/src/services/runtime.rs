@@ -149,6 +149,43 @@ struct Shared {
     job_metrics: JobMetrics,
     wakeups: super::wakeups::Wakeups,
     outage: super::outage::Outage,
+    /// Runs going on in this process, by queue.
+    running: Arc<std::sync::Mutex<std::collections::HashMap<&'static str, usize>>>,
+}
+
+/// One run counted in [`Shared::running`] until dropped (a run ended, or
+/// dropped at shutdown); the last of its queue's nudges the queue's worker
+/// so that apalis sends the acknowledgements it holds.
+struct Running<'a> {
+    shared: &'a Shared,
+    queue: &'static str,
+}
+
+impl<'a> Running<'a> {
+    fn start(shared: &'a Shared, queue: &'static str) -> Self {
+        *shared
+            .running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(queue)
+            .or_default() += 1;
+        Running { shared, queue }
+    }
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        let mut running = self
+            .shared
+            .running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let left = running.entry(self.queue).or_default();
+        *left = left.saturating_sub(1);
+        if *left == 0 && tokio::runtime::Handle::try_current().is_ok() {
+            self.shared.wakeups.nudge_after_last_run(self.queue);
+        }
+    }
 }
 
 /// Runs the handler; on shutdown, lets it finish within the drain timeout,
@@ -163,6 +200,7 @@ async fn guarded<T: std::fmt::Debug>(
     fut: impl std::future::Future<Output = Result<T, JobError>>,
 ) -> Result<T, BoxDynError> {
     let started = std::time::Instant::now();
+    let _running = Running::start(shared, kind);
     let stop = shared.stop.clone();
     let drain = shared.drain_timeout;
     let deadline = async move {
@@ -454,6 +492,7 @@ pub async fn run(pool: PgPool, ctx: Arc<JobContext>, opts: RuntimeOptions, stop:
         job_metrics: opts.job_metrics.clone(),
         wakeups: super::wakeups::Wakeups::default(),
         outage: opts.outage.clone(),
+        running: Default::default(),
     };
     let listener = opts.listen.then(|| {
         tokio::spawn(

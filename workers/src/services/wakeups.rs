@@ -20,6 +20,11 @@ use super::runtime::Stop;
 /// Wakes a queue's worker may have pending.
 const WAKES_PENDING: usize = 256;
 
+/// How long after a queue's last run ends its worker is polled again:
+/// time for apalis to queue the run's acknowledgement, which it does right
+/// after the handler returns.
+const ACK_NUDGE: Duration = Duration::from_millis(10);
+
 /// What apalis's insert trigger says of a new job.
 #[derive(Deserialize)]
 struct Inserted {
@@ -49,6 +54,22 @@ impl Wakeups {
             .or_default()
             .push(tx);
         rx
+    }
+
+    /// The last of `queue`'s runs in this process has ended: its worker is
+    /// polled once more in a moment. apalis sends a run's acknowledgement
+    /// from its worker's next poll (`try_drain_events` in apalis-core), and
+    /// an idle worker polls on a wake, its poll interval or its heartbeat
+    /// only: without this, the last job of a burst stayed unacknowledged
+    /// (its status, its run's record) until then (scenario 1: the last
+    /// assimilation of 2,000 jobs waited 0.7 s of a 1 s poll in about half
+    /// the runs). The poll also fetches, once per burst.
+    pub fn nudge_after_last_run(&self, queue: &'static str) {
+        let wakeups = self.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(ACK_NUDGE).await;
+            wakeups.wake(Some(queue));
+        });
     }
 
     /// Wakes `queue`'s workers (every queue's with `None`).

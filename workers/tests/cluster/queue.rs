@@ -1,5 +1,6 @@
 //! The queue's housekeeping with real workers: finished jobs pruned after
-//! their retention, and a job body that does not decode failing alone.
+//! their retention, a job body that does not decode failing alone, and a
+//! finished job acknowledged without waiting for the poll.
 
 use super::*;
 
@@ -172,6 +173,62 @@ async fn a_worker_at_rest_holds_at_most_three_connections(pool: PgPool) {
     assert!(
         open + listener <= most,
         "the worker says its pool holds {open}"
+    );
+    c.stop_all();
+}
+
+/// apalis sends a run's acknowledgement from its worker's next poll, and an
+/// idle worker polls on a wake, its poll interval or its heartbeat: the
+/// last job of a burst stayed unacknowledged (its status, its run's record)
+/// until then. The worker polls its queue once more when the last of its
+/// runs ends, so with a poll of a minute and a heartbeat of 30 s a lone job
+/// is acknowledged at once.
+#[sqlx::test(migrations = false)]
+async fn a_lone_job_is_acknowledged_without_waiting_for_the_poll(pool: PgPool) {
+    let _quiet = TIMED.read().await;
+    let mut c = Cluster::new(pool, 1, Faults::default()).await;
+    migrate(&c).await;
+    c.spawn_plain_worker(&[
+        "--poll-interval",
+        "60s",
+        "--heartbeat",
+        "30s",
+        "--max-machines",
+        "1",
+    ]);
+    sqlx::query("select shepherd.enqueue_reconcile()")
+        .execute(&c.pool)
+        .await
+        .unwrap();
+    c.wait_for(1, 1, Duration::from_secs(60)).await;
+    // The creation's and the assimilation's runs ended, and nothing else is
+    // coming: their acknowledgements come now, not at the next poll.
+    let started = Instant::now();
+    loop {
+        let open: i64 = sqlx::query_scalar(
+            "select count(*) from apalis.jobs where status in ('Queued', 'Running')",
+        )
+        .fetch_one(&c.pool)
+        .await
+        .expect("counting unacknowledged jobs");
+        if open == 0 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "{open} finished jobs still unacknowledged after {:?} (the poll is a minute); logs in {}",
+            started.elapsed(),
+            c.dir.display()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let ok: i64 = sqlx::query_scalar("select count(*) from shepherd.job_runs where outcome = 'ok'")
+        .fetch_one(&c.pool)
+        .await
+        .expect("counting the runs");
+    assert_eq!(
+        ok, 3,
+        "one run each for the pass, the creation and the assimilation"
     );
     c.stop_all();
 }

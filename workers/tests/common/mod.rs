@@ -128,23 +128,21 @@ impl Cluster {
         let n = self.workers.len();
         let log = std::fs::File::create(self.dir.join(format!("worker-{n}.log"))).unwrap();
         let port = format!("127.0.0.1:{}", free_port());
-        let mut args = vec![
-            "worker",
-            "--metrics-listen",
-            &port,
-            "--heartbeat",
-            "1s",
-            "--missed-heartbeats",
-            "3",
-            "--poll-interval",
-            "200ms",
-            "--api-rate",
-            "0s",
-            "--reconcile-rate",
-            "1s,1",
-            "--create-backoff",
-            "1s",
-        ];
+        let mut args = vec!["worker", "--metrics-listen", &port];
+        // The tests' defaults, each unless `extra` sets it (clap refuses a
+        // flag given twice).
+        for (flag, value) in [
+            ("--heartbeat", "1s"),
+            ("--missed-heartbeats", "3"),
+            ("--poll-interval", "200ms"),
+            ("--api-rate", "0s"),
+            ("--reconcile-rate", "1s,1"),
+            ("--create-backoff", "1s"),
+        ] {
+            if !extra.contains(&flag) {
+                args.extend([flag, value]);
+            }
+        }
         args.extend_from_slice(extra);
         let child = self
             .command(&args)
