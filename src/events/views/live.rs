@@ -117,6 +117,40 @@ pub(super) async fn write_changes(
     before: &ViewState,
     after: &ViewState,
 ) -> Result<(), sqlx::Error> {
+    // A row gone by one key from the pending creations or the unassimilated
+    // devices rides with the next upsert of machines or devices (`Deletes`):
+    // a creation and an assimilation each move a machine between two views.
+    let mut carried = Deletes::default();
+    let (pending_gone, pending_changed) = diff(&before.pending_creations, &after.pending_creations);
+    if let [key] = pending_gone[..] {
+        carried.push(
+            "delete from shepherd.pending_creations where reservation_id = ",
+            Key::Uuid(*key),
+        );
+    } else {
+        delete_keys(
+            conn,
+            "delete from shepherd.pending_creations where reservation_id = $1",
+            "delete from shepherd.pending_creations where reservation_id = any($1)",
+            pending_gone.into_iter().copied().collect::<Vec<_>>(),
+        )
+        .await?;
+    }
+    let (devices_gone, devices_changed) = diff(&before.unassimilated, &after.unassimilated);
+    if let [key] = devices_gone[..] {
+        carried.push(
+            "delete from shepherd.unassimilated_devices where device_id = ",
+            Key::Text(key.clone()),
+        );
+    } else {
+        delete_keys(
+            conn,
+            "delete from shepherd.unassimilated_devices where device_id = $1",
+            "delete from shepherd.unassimilated_devices where device_id = any($1)",
+            devices_gone.into_iter().cloned().collect::<Vec<_>>(),
+        )
+        .await?;
+    }
     if before.paused != after.paused {
         write_pause(conn, after.paused.as_ref()).await?;
     }
@@ -154,7 +188,7 @@ pub(super) async fn write_changes(
         gone.into_iter().cloned().collect::<Vec<_>>(),
     )
     .await?;
-    insert_machines(conn, changed.into_iter()).await?;
+    insert_machines(conn, changed.into_iter(), &mut carried).await?;
 
     let (gone, changed) = diff(&before.sinbin, &after.sinbin);
     delete_keys(
@@ -165,26 +199,9 @@ pub(super) async fn write_changes(
     )
     .await?;
     insert_penalties(conn, changed.into_iter()).await?;
-
-    let (gone, changed) = diff(&before.pending_creations, &after.pending_creations);
-    delete_keys(
-        conn,
-        "delete from shepherd.pending_creations where reservation_id = $1",
-        "delete from shepherd.pending_creations where reservation_id = any($1)",
-        gone.into_iter().copied().collect::<Vec<_>>(),
-    )
-    .await?;
-    insert_pending(conn, changed.into_iter()).await?;
-
-    let (gone, changed) = diff(&before.unassimilated, &after.unassimilated);
-    delete_keys(
-        conn,
-        "delete from shepherd.unassimilated_devices where device_id = $1",
-        "delete from shepherd.unassimilated_devices where device_id = any($1)",
-        gone.into_iter().cloned().collect::<Vec<_>>(),
-    )
-    .await?;
-    insert_unassimilated(conn, changed.into_iter()).await?;
+    insert_pending(conn, pending_changed.into_iter()).await?;
+    insert_unassimilated(conn, devices_changed.into_iter(), &mut carried).await?;
+    carried.run(conn).await?;
     Ok(())
 }
 

@@ -176,10 +176,15 @@ pub async fn rebuild_by(
         insert_deletions(&mut tx, rebuilt.pending_deletions.values()).await?;
         write_settings(&mut tx, rebuilt.settings.iter()).await?;
         insert_pools(&mut tx, rebuilt.pools.values()).await?;
-        insert_machines(&mut tx, rebuilt.machines.values()).await?;
+        insert_machines(&mut tx, rebuilt.machines.values(), &mut Deletes::default()).await?;
         insert_penalties(&mut tx, rebuilt.sinbin.values()).await?;
         insert_pending(&mut tx, rebuilt.pending_creations.values()).await?;
-        insert_unassimilated(&mut tx, rebuilt.unassimilated.values()).await?;
+        insert_unassimilated(
+            &mut tx,
+            rebuilt.unassimilated.values(),
+            &mut Deletes::default(),
+        )
+        .await?;
         crate::events::store::append(
             &mut tx,
             vec![crate::events::NewEvent::new(

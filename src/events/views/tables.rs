@@ -171,32 +171,105 @@ pub async fn read_pause(conn: &mut PgConnection) -> Result<Option<Pause>, sqlx::
 // The inserts below upsert by primary key and serve both the live path and
 // the bulk load of a rebuild (one statement per table, arrays unnested).
 
+/// A view row to delete, by its one key.
+pub(super) enum Key {
+    Uuid(Uuid),
+    Text(String),
+}
+
+/// Deletes of view rows by one key each, carried into the statement of the
+/// next upsert as its common table expressions: an append that moves a
+/// machine from one view to another (a creation's `device_created`, an
+/// assimilation) writes both in one round trip (issue 31). The view tables
+/// have no triggers and no keys between them, so the order of their writes
+/// within one statement does not matter.
+#[derive(Default)]
+pub(super) struct Deletes {
+    parts: Vec<(&'static str, Key)>,
+}
+
+impl Deletes {
+    /// `delete` is the statement up to its key's placeholder, e.g.
+    /// `delete from shepherd.pending_creations where reservation_id = `.
+    pub(super) fn push(&mut self, delete: &'static str, key: Key) {
+        self.parts.push((delete, key));
+    }
+
+    /// The `with` clause, numbering its keys from `$first`.
+    fn prefix(&self, first: usize) -> String {
+        if self.parts.is_empty() {
+            return String::new();
+        }
+        let ctes: Vec<String> = self
+            .parts
+            .iter()
+            .enumerate()
+            .map(|(i, (delete, _))| format!("gone_{i} as ({delete}${})", first + i))
+            .collect();
+        format!("with {} ", ctes.join(", "))
+    }
+
+    fn bind<'q>(
+        self,
+        mut query: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    ) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+        for (_, key) in self.parts {
+            query = match key {
+                Key::Uuid(u) => query.bind(u),
+                Key::Text(t) => query.bind(t),
+            };
+        }
+        query
+    }
+
+    /// Runs what no upsert took, in one statement.
+    pub(super) async fn run(self, conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+        if self.parts.is_empty() {
+            return Ok(());
+        }
+        let sql = format!("{}select 1", self.prefix(1));
+        self.bind(sqlx::query(sqlx::AssertSqlSafe(sql)))
+            .execute(&mut *conn)
+            .await?;
+        Ok(())
+    }
+}
+
+/// Upserts managed machines, with the `carried` deletes in front when
+/// there is a row to write.
 pub(super) async fn insert_machines<'a>(
     conn: &mut PgConnection,
     rows: impl Iterator<Item = &'a ManagedMachine>,
+    carried: &mut Deletes,
 ) -> Result<(), sqlx::Error> {
     let rows: Vec<_> = rows.collect();
     if rows.is_empty() {
         return Ok(());
     }
-    sqlx::query(
-        "insert into shepherd.managed_machines (machine_id, provider, provider_id, reservation_id, hostname, assimilated_at, protected, ready_at)
+    let carried = std::mem::take(carried);
+    let sql = format!(
+        "{}insert into shepherd.managed_machines (machine_id, provider, provider_id, reservation_id, hostname, assimilated_at, protected, ready_at)
          select * from unnest($1::uuid[], $2::text[], $3::text[], $4::uuid[], $5::text[], $6::timestamptz[], $7::bool[], $8::timestamptz[])
          on conflict (machine_id) do update set provider = excluded.provider,
            provider_id = excluded.provider_id, reservation_id = excluded.reservation_id,
            hostname = excluded.hostname, assimilated_at = excluded.assimilated_at,
            protected = excluded.protected, ready_at = excluded.ready_at",
-    )
-    .bind(rows.iter().map(|m| m.machine_id).collect::<Vec<_>>())
-    .bind(rows.iter().map(|m| m.provider.clone()).collect::<Vec<_>>())
-    .bind(rows.iter().map(|m| m.provider_id.clone()).collect::<Vec<_>>())
-    .bind(rows.iter().map(|m| m.reservation_id).collect::<Vec<_>>())
-    .bind(rows.iter().map(|m| m.hostname.clone()).collect::<Vec<_>>())
-    .bind(rows.iter().map(|m| m.assimilated_at).collect::<Vec<_>>())
-    .bind(rows.iter().map(|m| m.protected).collect::<Vec<_>>())
-    .bind(rows.iter().map(|m| m.ready_at).collect::<Vec<_>>())
-    .execute(&mut *conn)
-    .await?;
+        carried.prefix(9)
+    );
+    let query = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(rows.iter().map(|m| m.machine_id).collect::<Vec<_>>())
+        .bind(rows.iter().map(|m| m.provider.clone()).collect::<Vec<_>>())
+        .bind(
+            rows.iter()
+                .map(|m| m.provider_id.clone())
+                .collect::<Vec<_>>(),
+        )
+        .bind(rows.iter().map(|m| m.reservation_id).collect::<Vec<_>>())
+        .bind(rows.iter().map(|m| m.hostname.clone()).collect::<Vec<_>>())
+        .bind(rows.iter().map(|m| m.assimilated_at).collect::<Vec<_>>())
+        .bind(rows.iter().map(|m| m.protected).collect::<Vec<_>>())
+        .bind(rows.iter().map(|m| m.ready_at).collect::<Vec<_>>());
+    carried.bind(query).execute(&mut *conn).await?;
     Ok(())
 }
 
@@ -251,26 +324,31 @@ pub(super) async fn insert_pending<'a>(
     Ok(())
 }
 
+/// Upserts unassimilated devices, with the `carried` deletes in front when
+/// there is a row to write.
 pub(super) async fn insert_unassimilated<'a>(
     conn: &mut PgConnection,
     rows: impl Iterator<Item = &'a UnassimilatedDevice>,
+    carried: &mut Deletes,
 ) -> Result<(), sqlx::Error> {
     let rows: Vec<_> = rows.collect();
     if rows.is_empty() {
         return Ok(());
     }
-    sqlx::query(
-        "insert into shepherd.unassimilated_devices (device_id, reservation_id, hostname, created_at)
+    let carried = std::mem::take(carried);
+    let sql = format!(
+        "{}insert into shepherd.unassimilated_devices (device_id, reservation_id, hostname, created_at)
          select * from unnest($1::text[], $2::uuid[], $3::text[], $4::timestamptz[])
          on conflict (device_id) do update set reservation_id = excluded.reservation_id,
            hostname = excluded.hostname, created_at = excluded.created_at",
-    )
-    .bind(rows.iter().map(|d| d.device_id.clone()).collect::<Vec<_>>())
-    .bind(rows.iter().map(|d| d.reservation_id).collect::<Vec<_>>())
-    .bind(rows.iter().map(|d| d.hostname.clone()).collect::<Vec<_>>())
-    .bind(rows.iter().map(|d| d.created_at).collect::<Vec<_>>())
-    .execute(&mut *conn)
-    .await?;
+        carried.prefix(5)
+    );
+    let query = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(rows.iter().map(|d| d.device_id.clone()).collect::<Vec<_>>())
+        .bind(rows.iter().map(|d| d.reservation_id).collect::<Vec<_>>())
+        .bind(rows.iter().map(|d| d.hostname.clone()).collect::<Vec<_>>())
+        .bind(rows.iter().map(|d| d.created_at).collect::<Vec<_>>());
+    carried.bind(query).execute(&mut *conn).await?;
     Ok(())
 }
 
