@@ -257,7 +257,7 @@ pub async fn create_device(
 }
 
 /// The attempt proper, while `lock` holds the unit, on what stood there
-/// when it was taken.
+/// once it was held.
 async fn holding(
     ctx: &JobContext,
     settings: &ClusterSettings,
