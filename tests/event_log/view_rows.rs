@@ -144,3 +144,96 @@ async fn an_append_ends_several_rows_of_a_view_at_once(pool: PgPool) {
     }
     common::assert_rebuild_equals_live(&pool).await;
 }
+
+/// An append that moves a machine from one view to another (a creation's
+/// device made, a device assimilated) ends the row of the one and writes
+/// the row of the other, one key each (the delete rides with the upsert's
+/// statement); an append that only ends a row (a creation given up) ends
+/// it alone.
+#[sqlx::test(migrations = false)]
+async fn an_append_moves_a_machine_between_views_and_ends_a_row_alone(pool: PgPool) {
+    common::migrated(&pool).await;
+    let (r0, r1) = (Uuid::new_v4(), Uuid::new_v4());
+    let views = |pool: PgPool| async move {
+        let read = |sql: &'static str| {
+            let pool = pool.clone();
+            async move {
+                sqlx::query_scalar::<_, String>(sql)
+                    .fetch_all(&pool)
+                    .await
+                    .expect("reading a view")
+            }
+        };
+        (
+            read("select reservation_id::text from shepherd.pending_creations order by 1").await,
+            read("select device_id from shepherd.unassimilated_devices order by 1").await,
+            read("select provider_id from shepherd.managed_machines order by 1").await,
+        )
+    };
+    let requested = |reservation| {
+        NewEvent::new(CreationRequested {
+            reservation,
+            request: Uuid::new_v4(),
+            manual: false,
+            requested_by: None,
+            sinbin_override: None,
+            place: None,
+        })
+    };
+    let none: Vec<String> = vec![];
+    for (step, events, pending, unassimilated, managed) in [
+        (
+            "two requested",
+            vec![requested(r0), requested(r1)],
+            {
+                let mut both = vec![r0.to_string(), r1.to_string()];
+                both.sort();
+                both
+            },
+            none.clone(),
+            none.clone(),
+        ),
+        (
+            "one created",
+            vec![device_created(r0, "device-0")],
+            vec![r1.to_string()],
+            vec!["device-0".to_string()],
+            none.clone(),
+        ),
+        (
+            "its device assimilated",
+            vec![NewEvent::new(MachineAssimilated {
+                machine_id: Uuid::new_v4(),
+                provider: PROVIDER_METAL.into(),
+                provider_id: "device-0".into(),
+                reservation: Some(r0),
+                hostname: Some("h".into()),
+            })],
+            vec![r1.to_string()],
+            none.clone(),
+            vec!["device-0".to_string()],
+        ),
+        (
+            "the other given up",
+            vec![NewEvent::new(CreationGivenUp {
+                reservation: r1,
+                class: ErrorClass::Permanent,
+                message: "no".into(),
+                request: None,
+            })],
+            none.clone(),
+            none.clone(),
+            vec!["device-0".to_string()],
+        ),
+    ] {
+        let mut tx = pool.begin().await.unwrap();
+        record(&mut tx, events).await.unwrap();
+        tx.commit().await.unwrap();
+        assert_eq!(
+            views(pool.clone()).await,
+            (pending, unassimilated, managed),
+            "{step}"
+        );
+    }
+    common::assert_rebuild_equals_live(&pool).await;
+}
