@@ -35,6 +35,15 @@ async fn expires_in(pool: &PgPool, unit: Uuid) -> f64 {
     .expect("the unit's lease row")
 }
 
+/// The lease taken over by another run (`other:2`), as after this holder
+/// stalled past its term.
+async fn given_to_another(db: &PgPool) {
+    sqlx::query("update shepherd.leases set lease = gen_random_uuid(), holder = 'other:2'")
+        .execute(db)
+        .await
+        .expect("handing the lease to another holder");
+}
+
 #[sqlx::test(migrations = false)]
 async fn a_lease_holds_no_connection_and_one_holder_at_a_time(db: PgPool) {
     common::migrated(&db).await;
@@ -136,10 +145,7 @@ async fn a_fence_renews_the_lease_and_refuses_once_another_holds_it(db: PgPool) 
     );
     // Expired and taken by another run meanwhile (this holder stalled past
     // its term): the next check refuses, so no write leaves.
-    sqlx::query("update shepherd.leases set lease = gen_random_uuid(), holder = 'other:2'")
-        .execute(&db)
-        .await
-        .unwrap();
+    given_to_another(&db).await;
     let err = lock
         .standing()
         .await
@@ -262,10 +268,7 @@ async fn a_fence_within_its_grace_reads_the_lease_and_renews_it_past_that(db: Pg
         "a fence past its grace did not renew the lease: {left} s left"
     );
     // Within its grace again, but the lease is another holder's now.
-    sqlx::query("update shepherd.leases set lease = gen_random_uuid(), holder = 'other:2'")
-        .execute(&db)
-        .await
-        .unwrap();
+    given_to_another(&db).await;
     let err = fence
         .check()
         .await

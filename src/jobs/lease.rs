@@ -91,7 +91,8 @@ impl Lease {
         term: Duration,
     ) -> Result<Option<Lease>, sqlx::Error> {
         let id = Uuid::new_v4();
-        let taken: Option<Uuid> = sqlx::query_scalar(sqlx::AssertSqlSafe(take_where("true")))
+        static TAKE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| take_where("true"));
+        let taken: Option<Uuid> = sqlx::query_scalar(sqlx::AssertSqlSafe(TAKE.as_str()))
             .bind(key)
             .bind(id)
             .bind(millis(term))

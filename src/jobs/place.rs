@@ -12,6 +12,7 @@
 //! work still owns the unit (its pending row is still its own, and no
 //! machine stands there).
 
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
@@ -91,21 +92,27 @@ impl PlaceLock {
     /// Who stands on the unit, read in the statement that renews the
     /// lease: an error means the lease is lost or cannot be confirmed.
     pub async fn standing(&self) -> Result<Standing, String> {
-        self.read_standing(&format!("held as ({RENEW})"), None)
-            .await
+        static RENEWING: LazyLock<String> =
+            LazyLock::new(|| standing_sql(&format!("held as ({RENEW})"), "$4"));
+        self.read_standing(&RENEWING, None).await
     }
 
     /// [`PlaceLock::standing`] right before a write: the lease is renewed
     /// only if more than `grace` of its term has gone (`lease::CONFIRM`).
     pub async fn confirmed(&self, grace: Duration) -> Result<Standing, String> {
-        self.read_standing(CONFIRM, Some(millis(grace))).await
+        static CONFIRMING: LazyLock<String> = LazyLock::new(|| standing_sql(CONFIRM, "$4"));
+        self.read_standing(&CONFIRMING, Some(millis(grace))).await
     }
 
-    async fn read_standing(&self, lease: &str, grace: Option<i64>) -> Result<Standing, String> {
+    /// Runs `sql` (built by [`standing_sql`], the unit bound as `$4`).
+    async fn read_standing(
+        &self,
+        sql: &'static str,
+        grace: Option<i64>,
+    ) -> Result<Standing, String> {
         if self.lease.known_lost() {
             return Err("the unit's lease was lost".into());
         }
-        let sql = standing_sql(lease, "$4");
         let mut query = sqlx::query_as(sqlx::AssertSqlSafe(sql))
             .bind(self.lease.key())
             .bind(self.lease.id())

@@ -142,28 +142,17 @@ pub async fn create_device(
     // dead worker's job back), never when it claims one: a row that ran
     // before, however that run ended, has attempts above 0 when it runs
     // again.
-    let first = format!(
-        "with held as ({})
-         select (select jsonb_object_agg(key, value) from shepherd.cluster_settings),
-                (select attempts > 0 from apalis.jobs where id = $5),
-                (select request from shepherd.pending_creations where reservation_id = $6),
-                (select jsonb_agg(to_jsonb(p)) from shepherd.pools p),
-                exists(select 1 from held)",
-        take_where(
-            "exists(select 1 from shepherd.pending_creations
-                    where reservation_id = $6 and request = $7)"
-        )
-    );
-    let (stored, rerun, owner, pools, taken): First = sqlx::query_as(sqlx::AssertSqlSafe(first))
-        .bind(PlaceLock::key_of(args.reservation))
-        .bind(lease)
-        .bind(crate::jobs::lease::millis(term))
-        .bind(crate::fleet::process_name())
-        .bind(job_id)
-        .bind(args.reservation)
-        .bind(&ours)
-        .fetch_one(&ctx.pool)
-        .await?;
+    let (stored, rerun, owner, pools, taken): First =
+        sqlx::query_as(sqlx::AssertSqlSafe(FIRST.as_str()))
+            .bind(PlaceLock::key_of(args.reservation))
+            .bind(lease)
+            .bind(crate::jobs::lease::millis(term))
+            .bind(crate::fleet::process_name())
+            .bind(job_id)
+            .bind(args.reservation)
+            .bind(&ours)
+            .fetch_one(&ctx.pool)
+            .await?;
     // Kept (and given back if this run ends early) from here on.
     let mut lock = taken.then(|| PlaceLock::taken(&ctx.pool, args.reservation, lease, term));
     let pools: Vec<crate::pools::PoolRow> = match pools {
@@ -219,13 +208,9 @@ pub async fn create_device(
             if let Some(refused) = admit_manual(ctx, args, job_id).await? {
                 return Ok(refused);
             }
+            // Admitted just now: the first read did not try the lease.
+            lock = PlaceLock::try_take(&ctx.pool, args.reservation, term).await?;
         }
-    }
-    if lock.is_none() {
-        // Not taken with the first read: this request did not own the
-        // creation then (a manual job admitted just now), or another run
-        // holds the unit.
-        lock = PlaceLock::try_take(&ctx.pool, args.reservation, term).await?;
     }
     let Some(lock) = lock else {
         // Another run holds the unit (a duplicate run of this job, a run
@@ -255,6 +240,22 @@ pub async fn create_device(
     lock.release().await;
     outcome
 }
+
+/// The first statement of an attempt (`create_device`), built once.
+static FIRST: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "with held as ({})
+         select (select jsonb_object_agg(key, value) from shepherd.cluster_settings),
+                (select attempts > 0 from apalis.jobs where id = $5),
+                (select request from shepherd.pending_creations where reservation_id = $6),
+                (select jsonb_agg(to_jsonb(p)) from shepherd.pools p),
+                exists(select 1 from held)",
+        take_where(
+            "exists(select 1 from shepherd.pending_creations
+                    where reservation_id = $6 and request = $7)"
+        )
+    )
+});
 
 /// The attempt proper, while `lock` holds the unit, on what stood there
 /// once it was held.
