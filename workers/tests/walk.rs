@@ -299,9 +299,19 @@ async fn the_readmes_latitude_path_works_as_written(pool: PgPool) {
         history.contains("device_created") && history.contains("machine_deleted"),
         "a deleted server's history from creation to deletion: {history}"
     );
-    // Manual jobs take the provider's ids and places.
+    // Manual jobs take the provider's ids and places. Which places the
+    // shrink kept follows the shedding order (docs/pools.md), not their
+    // numbers: the one asked for is a kept server's.
     w.ok(&["enqueue", "reconcile"]);
-    let refused = w.run(&["enqueue", "create-device", "--unit", "web/0"]);
+    let held: String = sqlx::query_scalar(
+        "select 'web/' || (regexp_match(hostname, '^shepherd-web-([0-9]+)-'))[1]
+         from shepherd.managed_machines where provider_id = $1",
+    )
+    .bind(&left[0])
+    .fetch_one(&pool)
+    .await
+    .expect("the place of a kept server");
+    let refused = w.run(&["enqueue", "create-device", "--unit", &held]);
     let said = String::from_utf8_lossy(&refused.stderr).to_string();
     assert!(
         !refused.status.success() && said.contains("already has a machine"),
