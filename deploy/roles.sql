@@ -73,6 +73,8 @@ grant execute on function
     shepherd.managed_machine(text),
     shepherd.declare_pool(text, text, text, integer, text, text[], text, text),
     shepherd.view_rows(text[], uuid[]),
+    shepherd.append_reading(uuid[], text[], text[], integer[], jsonb[], text[], text[], text[], uuid[]),
+    shepherd.assimilation_seen(text, text, text, uuid),
     shepherd.job_args(bytea), shepherd.history(text), shepherd.reservation_history(uuid),
     shepherd.device_history(text), shepherd.device_history(uuid)
     to shepherd_worker;

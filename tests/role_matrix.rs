@@ -36,6 +36,10 @@ const WORKER_FUNCTIONS: &[&str] = &[
     "shepherd.take_window_slot(text,integer,double precision)",
     // An append's read of the views it changes (issue 31).
     "shepherd.view_rows(text[],uuid[])",
+    // An append in one call: its locks, its insert, that read (issue 31).
+    "shepherd.append_reading(uuid[],text[],text[],integer[],jsonb[],text[],text[],text[],uuid[])",
+    // An assimilation's device lock and the read under it (issue 31).
+    "shepherd.assimilation_seen(text,text,text,uuid)",
 ];
 
 /// The functions a reader may run: the read helpers its views call.
@@ -462,35 +466,59 @@ async fn the_worker_role_starts_a_new_cluster_and_changes_no_existing_one(db: Pg
     worker.close().await;
 }
 
-/// A cluster whose roles were made before the views' read became a
-/// function (deploy/roles.sql run by an earlier release, not again since)
-/// keeps recording once upgraded: the migration that adds the function
-/// grants it to the worker itself, and the worker records as itself.
+/// A cluster whose roles were made before an append's reads became
+/// functions (deploy/roles.sql run by an earlier release, not again since)
+/// keeps recording once upgraded: each migration that adds one grants it
+/// to the worker itself, and the worker records as itself.
 #[sqlx::test(migrations = false)]
 async fn an_upgrade_keeps_the_worker_recording_without_a_new_roles_run(db: PgPool) {
     common::migrated(&db).await;
     apply_roles(&db).await;
-    // The roles as an earlier release left them: no grant of the function.
+    // The roles as an earlier release left them: no grant of the functions.
     sqlx::raw_sql(
-        "revoke execute on function shepherd.view_rows(text[], uuid[]) from shepherd_worker",
+        "revoke execute on function shepherd.view_rows(text[], uuid[]) from shepherd_worker;
+         revoke execute on function shepherd.append_reading(
+             uuid[], text[], text[], integer[], jsonb[], text[], text[], text[], uuid[])
+             from shepherd_worker;
+         revoke execute on function shepherd.assimilation_seen(text, text, text, uuid)
+             from shepherd_worker",
     )
     .execute(&db)
     .await
     .unwrap();
     let worker = login(&db, "shepherd_worker").await;
-    let refused = code_of(&worker, "select * from shepherd.view_rows('{}', '{}')").await;
-    assert_eq!(refused.as_deref(), Some("42501"), "revoked, as before");
+    const CALLS: [&str; 3] = [
+        "select * from shepherd.view_rows('{}', '{}')",
+        "select * from shepherd.append_reading('{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}')",
+        "select * from shepherd.assimilation_seen('device/d', 'metal', 'd', null)",
+    ];
+    for call in CALLS {
+        let refused = code_of(&worker, call).await;
+        assert_eq!(
+            refused.as_deref(),
+            Some("42501"),
+            "revoked, as before: {call}"
+        );
+    }
     sqlx::raw_sql(include_str!(
         "../migrations/20261206000010_cheaper_appends.sql"
     ))
     .execute(&db)
     .await
     .unwrap();
-    assert_eq!(
-        code_of(&worker, "select * from shepherd.view_rows('{}', '{}')").await,
-        None,
-        "the migration grants the worker its read"
-    );
+    sqlx::raw_sql(include_str!(
+        "../migrations/20261206000012_one_trip_appends.sql"
+    ))
+    .execute(&db)
+    .await
+    .unwrap();
+    for call in CALLS {
+        assert_eq!(
+            code_of(&worker, call).await,
+            None,
+            "the migrations grant the worker its calls: {call}"
+        );
+    }
     let mut conn = worker.acquire().await.unwrap();
     let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
     shepherd::events::record(

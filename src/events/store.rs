@@ -51,13 +51,14 @@ impl NewEvent {
 /// transaction. Returns the events actually stored (a retried event id is
 /// skipped, and not applied twice).
 ///
-/// The per-key locks are taken before the insert (by the insert itself,
-/// ahead of its first row: one statement, where it was two) so that, for
-/// any one reservation or device, log order equals the order the views
-/// saw: a rebuild by position then reproduces the live views exactly. The
-/// views are read by the next statement, whose snapshot is taken with the
-/// locks held. The insert is the transaction's first write, which keeps a
-/// stream's order in the feed.
+/// The per-key locks are taken before the insert so that, for any one
+/// reservation or device, log order equals the order the views saw: a
+/// rebuild by position then reproduces the live views exactly. The locks,
+/// the insert and the read of the view rows the events touch go in one call
+/// (`shepherd.append_reading`, issue 31): a volatile function takes a fresh
+/// snapshot for each query, so the read sees what the locks' last holders
+/// committed, as a statement of its own after them did. The insert is the
+/// transaction's first write, which keeps a stream's order in the feed.
 pub async fn record(
     conn: &mut PgConnection,
     events: Vec<NewEvent>,
@@ -66,79 +67,132 @@ pub async fn record(
         return Ok(vec![]);
     }
     let keys = views::Keys::of(events.iter().map(|e| &e.event));
-    let stored = append_locked(conn, events, &keys.lock_names()).await?;
-    views::apply_live(conn, &keys, &stored).await?;
+    if keys.is_empty() {
+        return append(conn, events).await;
+    }
+    let columns = Columns::of(&events);
+    let row =
+        sqlx::query("select * from shepherd.append_reading($1, $2, $3, $4, $5, $6, $7, $8, $9)")
+            .bind(&columns.ids)
+            .bind(&columns.streams)
+            .bind(&columns.types)
+            .bind(&columns.versions)
+            .bind(&columns.bodies)
+            .bind(&columns.jobs)
+            .bind(keys.lock_names())
+            .bind(keys.devices())
+            .bind(keys.reservations())
+            .fetch_one(&mut *conn)
+            .await?;
+    let positions: Option<Vec<i64>> = row.try_get("positions")?;
+    let ids: Option<Vec<Uuid>> = row.try_get("event_ids")?;
+    let recorded: Option<Vec<chrono::DateTime<chrono::Utc>>> = row.try_get("recorded_ats")?;
+    let tx_ids: Option<Vec<i64>> = row.try_get("tx_ids")?;
+    let stored = stored_of(
+        events,
+        positions
+            .unwrap_or_default()
+            .into_iter()
+            .zip(ids.unwrap_or_default())
+            .zip(recorded.unwrap_or_default())
+            .zip(tx_ids.unwrap_or_default())
+            .map(|(((position, id), at), tx)| (position, id, at, tx)),
+    );
+    views::apply_loaded(conn, &keys, &stored, views::rows_read(&row)?).await?;
     Ok(stored)
 }
 
-/// Inserts events without touching the views. Only for callers that update
-/// the views themselves (the rebuild tests); jobs use [`record`].
+/// Inserts events without touching the views: for events no view keeps
+/// (`record` sends those here), and for callers that update the views
+/// themselves (the rebuild tests); jobs use [`record`].
 pub async fn append(
     conn: &mut PgConnection,
     events: Vec<NewEvent>,
 ) -> Result<Vec<StoredEvent>, StoreError> {
-    append_locked(conn, events, &[]).await
-}
-
-/// [`append`], taking the advisory locks `locks` (in sorted order) before
-/// the first row goes in.
-async fn append_locked(
-    conn: &mut PgConnection,
-    events: Vec<NewEvent>,
-    locks: &[String],
-) -> Result<Vec<StoredEvent>, StoreError> {
-    let mut ids = Vec::with_capacity(events.len());
-    let mut streams = Vec::with_capacity(events.len());
-    let mut types = Vec::with_capacity(events.len());
-    let mut versions = Vec::with_capacity(events.len());
-    let mut bodies = Vec::with_capacity(events.len());
-    let mut jobs = Vec::with_capacity(events.len());
-    for e in &events {
-        ids.push(e.event_id);
-        streams.push(e.event.stream().name());
-        types.push(e.event.type_name().to_string());
-        versions.push(e.event.schema_version());
-        bodies.push(e.event.body());
-        jobs.push(e.job_id.clone());
-    }
-    let rows = sqlx::query(concat!(
+    let columns = Columns::of(&events);
+    let rows = sqlx::query(
         "insert into shepherd.events (event_id, stream, event_type, schema_version, body, job_id)
          select * from unnest($1::uuid[], $2::text[], $3::text[], $4::int[], $5::jsonb[], $6::text[])
-         where ",
-        views::lock_keys!(7),
-        "
          on conflict (event_id) do nothing
-         returning position, event_id, recorded_at, tx_id::text::bigint as tx_id"
-    ))
-    .bind(&ids)
-    .bind(&streams)
-    .bind(&types)
-    .bind(&versions)
-    .bind(&bodies)
-    .bind(&jobs)
-    .bind(locks)
+         returning position, event_id, recorded_at, tx_id::text::bigint as tx_id",
+    )
+    .bind(&columns.ids)
+    .bind(&columns.streams)
+    .bind(&columns.types)
+    .bind(&columns.versions)
+    .bind(&columns.bodies)
+    .bind(&columns.jobs)
     .fetch_all(&mut *conn)
     .await?;
+    Ok(stored_of(
+        events,
+        rows.iter().map(|row| {
+            (
+                row.get("position"),
+                row.get("event_id"),
+                row.get("recorded_at"),
+                row.get("tx_id"),
+            )
+        }),
+    ))
+}
+
+/// The events to insert, one array a column.
+struct Columns {
+    ids: Vec<Uuid>,
+    streams: Vec<String>,
+    types: Vec<String>,
+    versions: Vec<i32>,
+    bodies: Vec<Value>,
+    jobs: Vec<Option<String>>,
+}
+
+impl Columns {
+    fn of(events: &[NewEvent]) -> Columns {
+        let mut c = Columns {
+            ids: Vec::with_capacity(events.len()),
+            streams: Vec::with_capacity(events.len()),
+            types: Vec::with_capacity(events.len()),
+            versions: Vec::with_capacity(events.len()),
+            bodies: Vec::with_capacity(events.len()),
+            jobs: Vec::with_capacity(events.len()),
+        };
+        for e in events {
+            c.ids.push(e.event_id);
+            c.streams.push(e.event.stream().name());
+            c.types.push(e.event.type_name().to_string());
+            c.versions.push(e.event.schema_version());
+            c.bodies.push(e.event.body());
+            c.jobs.push(e.job_id.clone());
+        }
+        c
+    }
+}
+
+/// The events the insert stored, given what it returned of each (its
+/// position, id, time and transaction), in log order.
+fn stored_of(
+    events: Vec<NewEvent>,
+    inserted: impl Iterator<Item = (i64, Uuid, chrono::DateTime<chrono::Utc>, i64)>,
+) -> Vec<StoredEvent> {
     let mut by_id: std::collections::HashMap<Uuid, NewEvent> =
         events.into_iter().map(|e| (e.event_id, e)).collect();
-    let mut stored: Vec<StoredEvent> = rows
-        .into_iter()
-        .filter_map(|row| {
-            let id: Uuid = row.get("event_id");
+    let mut stored: Vec<StoredEvent> = inserted
+        .filter_map(|(position, id, recorded_at, tx_id)| {
             let e = by_id.remove(&id)?;
             Some(StoredEvent {
-                position: row.get("position"),
+                position,
                 event_id: id,
                 stream: e.event.stream().name(),
                 event: e.event,
                 job_id: e.job_id,
-                recorded_at: row.get("recorded_at"),
-                tx_id: row.get("tx_id"),
+                recorded_at,
+                tx_id,
             })
         })
         .collect();
     stored.sort_by_key(|e| e.position);
-    Ok(stored)
+    stored
 }
 
 macro_rules! columns {

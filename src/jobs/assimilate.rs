@@ -155,22 +155,22 @@ async fn record_machine(
     // Confirmed under the device's lock; otherwise, the lock as always.
     if args.created.is_some() {
         let mut tx = ctx.pool.begin().await?;
-        lock_device(&mut tx, &args.device).await?;
-        let seen = Seen::read(&mut tx, ctx, &args.device, found.unit).await?;
+        let seen = Seen::locked(&mut tx, ctx, &args.device, found.unit).await?;
         if seen.in_flight {
             return record_locked(ctx, args, job_id, found, tx, seen, None).await;
         }
     }
     let mut tx = ctx.pool.begin().await?;
     let capacity = queue::lock_capacity(&mut tx).await?;
-    lock_device(&mut tx, &args.device).await?;
-    let seen = Seen::read(&mut tx, ctx, &args.device, found.unit).await?;
+    let seen = Seen::locked(&mut tx, ctx, &args.device, found.unit).await?;
     record_locked(ctx, args, job_id, found, tx, seen, Some(capacity)).await
 }
 
-/// What the record depends on, read in one statement under the device's
-/// lock (issue 31: each statement a job sends costs Postgres more than the
-/// reads in it).
+/// What the record depends on, read under the device's lock in the call
+/// that takes it (issue 31: each statement a job sends costs Postgres more
+/// than the reads in it). `shepherd.assimilation_seen` is a volatile
+/// function, so its read is a snapshot taken once the lock is held: it sees
+/// what the lock's last holder committed.
 struct Seen {
     /// The machine that already manages the device.
     existing: Option<Uuid>,
@@ -183,19 +183,19 @@ struct Seen {
 }
 
 impl Seen {
-    async fn read(
+    /// Takes the device's lock in `conn`'s transaction (the lock an append
+    /// of its events takes too) and reads what stands under it.
+    async fn locked(
         conn: &mut sqlx::PgConnection,
         ctx: &JobContext,
         device: &str,
         unit: Option<Uuid>,
     ) -> Result<Seen, sqlx::Error> {
         let (existing, in_flight, owner, penalised) = sqlx::query_as(
-            "select (select machine_id from shepherd.managed_machines
-                     where provider = $1 and provider_id = $2),
-                    exists(select 1 from shepherd.unassimilated_devices where device_id = $2),
-                    (select request from shepherd.pending_creations where reservation_id = $3),
-                    exists(select 1 from shepherd.sinbin where reservation_id = $3)",
+            "select existing, in_flight, owner, penalised
+             from shepherd.assimilation_seen($1, $2, $3, $4)",
         )
+        .bind(format!("device/{device}"))
         .bind(ctx.provider.name())
         .bind(device)
         .bind(unit)
@@ -208,16 +208,6 @@ impl Seen {
             penalised,
         })
     }
-}
-
-async fn lock_device(conn: &mut sqlx::PgConnection, device: &str) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "select pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended($1::text, 0::int8))",
-    )
-    .bind(format!("device/{device}"))
-    .execute(&mut *conn)
-    .await
-    .map(drop)
 }
 
 /// The record, with the device's lock held in `tx` (and `seen` read under

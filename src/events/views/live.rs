@@ -5,7 +5,6 @@
 use std::collections::BTreeMap;
 
 use sqlx::{PgConnection, Row};
-use uuid::Uuid;
 
 use super::tables::*;
 use super::{
@@ -14,23 +13,24 @@ use super::{
 };
 use crate::events::stored::{StoreError, StoredEvent};
 
-/// Loads the touched rows, applies the events, writes back the changes.
-pub(crate) async fn apply_live(
+/// Applies the events to the rows they touch, as an append read them
+/// (`rows_read`, under the append's locks), and writes back the changes.
+pub(crate) async fn apply_loaded(
     conn: &mut PgConnection,
     keys: &Keys,
     events: &[StoredEvent],
+    mut before: ViewState,
 ) -> Result<(), StoreError> {
     if keys.is_empty() || events.is_empty() {
         return Ok(());
     }
-    let mut before = load(
-        conn,
-        &keys.reservations,
-        &keys.devices,
-        keys.controls,
-        keys.settings,
-    )
-    .await?;
+    if keys.controls {
+        before.paused = read_pause(&mut *conn).await?;
+        before.deletions_paused = read_deletions_pause(&mut *conn).await?;
+    }
+    if keys.settings {
+        before.settings = read_settings(&mut *conn).await?;
+    }
     if !keys.pools.is_empty() {
         before.pools = read_pools(&mut *conn, Some(&keys.pools)).await?;
     }
@@ -42,37 +42,12 @@ pub(crate) async fn apply_live(
     Ok(())
 }
 
-pub(super) async fn load(
-    conn: &mut PgConnection,
-    reservations: &[Uuid],
-    devices: &[String],
-    controls: bool,
-    settings: bool,
-) -> Result<ViewState, sqlx::Error> {
-    let mut state = ViewState::default();
-    if controls {
-        state.paused = read_pause(&mut *conn).await?;
-        state.deletions_paused = read_deletions_pause(&mut *conn).await?;
-    }
-    if settings {
-        state.settings = read_settings(&mut *conn).await?;
-    }
-    // Whole rows (`*`): the write-back upserts whole rows, and a column
-    // left out of a list here decoded as empty and was written back so (a
-    // protected machine lost its readiness: tests/event_log.rs).
-    // One round trip for the five views, each as a JSON array (issue 31: a
-    // statement's round trip costs Postgres more than the reads in it),
-    // through a function that is planned once a session and only ever
-    // looks keys up (migrations/20261206000010_cheaper_appends.sql says
-    // why a statement could not).
-    let row = sqlx::query(
-        "select machines, sinbin, pending, unassimilated, deletions
-         from shepherd.view_rows($1, $2)",
-    )
-    .bind(devices)
-    .bind(reservations)
-    .fetch_one(&mut *conn)
-    .await?;
+/// The rows of the five keyed views an append read, each view a JSON array
+/// (`shepherd.append_reading`; `shepherd.view_rows` says why one function
+/// reads them). Whole rows (`*`): the write-back upserts whole rows, and a
+/// column left out of a list here decoded as empty and was written back
+/// so (a protected machine lost its readiness: tests/event_log.rs).
+pub(crate) fn rows_read(row: &sqlx::postgres::PgRow) -> Result<ViewState, sqlx::Error> {
     fn rows<T: serde::de::DeserializeOwned>(
         row: &sqlx::postgres::PgRow,
         column: &str,
@@ -80,19 +55,20 @@ pub(super) async fn load(
         let value: serde_json::Value = row.try_get(column)?;
         serde_json::from_value(value).map_err(|e| sqlx::Error::Decode(Box::new(e)))
     }
-    for m in rows::<ManagedMachine>(&row, "machines")? {
+    let mut state = ViewState::default();
+    for m in rows::<ManagedMachine>(row, "machines")? {
         state.machines.insert(m.provider_id.clone(), m);
     }
-    for p in rows::<Penalty>(&row, "sinbin")? {
+    for p in rows::<Penalty>(row, "sinbin")? {
         state.sinbin.insert(p.reservation_id, p);
     }
-    for p in rows::<PendingCreation>(&row, "pending")? {
+    for p in rows::<PendingCreation>(row, "pending")? {
         state.pending_creations.insert(p.reservation_id, p);
     }
-    for d in rows::<UnassimilatedDevice>(&row, "unassimilated")? {
+    for d in rows::<UnassimilatedDevice>(row, "unassimilated")? {
         state.unassimilated.insert(d.device_id.clone(), d);
     }
-    for d in rows::<PendingDeletion>(&row, "deletions")? {
+    for d in rows::<PendingDeletion>(row, "deletions")? {
         state.pending_deletions.insert(d.machine_id, d);
     }
     Ok(state)

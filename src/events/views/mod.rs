@@ -583,7 +583,15 @@ impl Keys {
         k
     }
 
-    fn is_empty(&self) -> bool {
+    pub(crate) fn reservations(&self) -> &[Uuid] {
+        &self.reservations
+    }
+
+    pub(crate) fn devices(&self) -> &[String] {
+        &self.devices
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
         self.reservations.is_empty()
             && self.devices.is_empty()
             && self.pools.is_empty()
@@ -593,8 +601,8 @@ impl Keys {
 
     /// The advisory locks that serialise writers per reservation and device
     /// (and pool, and the operator's controls and settings). The append
-    /// takes them in a fixed order (`lock_keys!`), so two writers cannot
-    /// deadlock; transaction-scoped, released at commit.
+    /// takes them in sorted order (`shepherd.append_reading`), so two
+    /// writers cannot deadlock; transaction-scoped, released at commit.
     pub(crate) fn lock_names(&self) -> Vec<String> {
         self.reservations
             .iter()
@@ -607,26 +615,11 @@ impl Keys {
     }
 }
 
-/// Takes the advisory locks named by the text array `$N` in sorted order,
-/// as a scalar subquery: in an append's WHERE it is evaluated once (an
-/// InitPlan behind a One-Time Filter), before the first row is inserted.
-/// `count` of the volatile lock call evaluates the call on every row; the
-/// `order by` keeps the subquery whole, so the order holds.
-macro_rules! lock_keys {
-    ($n:literal) => {
-        concat!(
-            "(select count(pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended(k::text, 0::int8)))
-              from (select unnest($", $n, "::text[]) as k order by 1) keys) >= 0"
-        )
-    };
-}
-pub(crate) use lock_keys;
-
 mod live;
 mod rebuild;
 mod tables;
 
-pub(crate) use live::apply_live;
+pub(crate) use live::{apply_loaded, rows_read};
 pub use rebuild::{RebuildReport, differences, fold_log, rebuild, rebuild_by};
 pub use tables::{is_penalised, penalty, read_deletions_pause, read_live, read_pause, read_pools};
 
