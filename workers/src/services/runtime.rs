@@ -193,11 +193,17 @@ impl Drop for Running<'_> {
 /// left Failed with attempts to spare, so another worker takes it up; every
 /// handler is idempotent, so a half-done run is safe to repeat. Each run is
 /// kept in `shepherd.job_runs`, for the console's history of a job.
-async fn guarded<T: std::fmt::Debug>(
+///
+/// The handler runs as a task of its own (issue 31): apalis polls a
+/// queue's handlers inside the task that claims and acknowledges its jobs,
+/// one at a time, so on that task their work held up the queue's next
+/// claim. The task goes with this future: dropped (apalis let the run go),
+/// it is aborted, as the handler itself was dropped before.
+async fn guarded<T: std::fmt::Debug + Send + 'static>(
     shared: &Shared,
     kind: &'static str,
     job_id: &str,
-    fut: impl std::future::Future<Output = Result<T, JobError>>,
+    fut: impl std::future::Future<Output = Result<T, JobError>> + Send + 'static,
 ) -> Result<T, BoxDynError> {
     let started = std::time::Instant::now();
     let _running = Running::start(shared, kind);
@@ -207,19 +213,29 @@ async fn guarded<T: std::fmt::Debug>(
         stop.wait().await;
         tokio::time::sleep(drain).await;
     };
+    let mut work = AbortOnDrop(tokio::spawn(fut.in_current_span()));
     let (outcome, result): (&'static str, Result<T, BoxDynError>) = tokio::select! {
-        r = fut => match r {
-            Ok(v) => ("ok", Ok(v)),
-            Err(JobError::BadArgs(e)) => ("failed", Err(AbortError::new(e).into())),
-            Err(e) => {
+        r = &mut work.0 => match r {
+            Ok(Ok(v)) => ("ok", Ok(v)),
+            Ok(Err(JobError::BadArgs(e))) => ("failed", Err(AbortError::new(e).into())),
+            Ok(Err(e)) => {
                 // The database is most likely away; don't let the queue
                 // hand the job straight back while it still is.
                 tracing::error!(error = %e, "job failed on infrastructure; it will be retried");
                 tokio::time::sleep(Duration::from_secs(2)).await;
                 ("failed", Err(e.into()))
             }
+            // A handler's panic goes on to apalis, as when it ran here.
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(e) => ("dropped", Err(format!("the job's task ended early: {e}").into())),
         },
-        _ = deadline => ("dropped", Err("the worker shut down before the job finished; released for retry".into())),
+        _ = deadline => {
+            // Gone (its transaction rolled back, its leases given back by
+            // their drops) before the run is recorded as dropped.
+            work.0.abort();
+            let _ = (&mut work.0).await;
+            ("dropped", Err("the worker shut down before the job finished; released for retry".into()))
+        }
     };
     shared
         .job_metrics
@@ -241,6 +257,15 @@ async fn guarded<T: std::fmt::Debug>(
         .await;
     }
     result
+}
+
+/// A job's task, aborted when its handle is dropped.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// How long a run's record may hold up the run: it is history for the
@@ -301,7 +326,12 @@ async fn reconcile_job(
     let job_id = task_id.to_string();
     let args = decode(args)?;
     let span = tracing::info_span!("job", kind = "reconcile", job_id = %job_id, requested_by = %args.requested_by);
-    let pass = jobs::reconcile::reconcile_requested(&shared.ctx, &job_id, Some(&args.requested_by));
+    let pass = {
+        let (ctx, job_id) = (shared.ctx.clone(), job_id.clone());
+        async move {
+            jobs::reconcile::reconcile_requested(&ctx, &job_id, Some(&args.requested_by)).await
+        }
+    };
     let outcome = guarded(&shared, "reconcile", &job_id, pass)
         .instrument(span)
         .await?;
@@ -316,12 +346,10 @@ async fn create_device_job(
     let job_id = task_id.to_string();
     let args = decode(args)?;
     let span = tracing::info_span!("job", kind = "create_device", job_id = %job_id, reservation = %args.reservation, attempt = args.attempt);
-    let outcome = guarded(
-        &shared,
-        "create_device",
-        &job_id,
-        jobs::create_device::create_device(&shared.ctx, &args, &job_id),
-    )
+    let outcome = guarded(&shared, "create_device", &job_id, {
+        let (ctx, job_id) = (shared.ctx.clone(), job_id.clone());
+        async move { jobs::create_device::create_device(&ctx, &args, &job_id).await }
+    })
     .instrument(span.clone())
     .await?;
     span.in_scope(|| outcome.log());
@@ -337,12 +365,10 @@ async fn assimilate_job(
     let args = decode(args)?;
     let span =
         tracing::info_span!("job", kind = "assimilate", job_id = %job_id, device = %args.device);
-    let outcome = guarded(
-        &shared,
-        "assimilate",
-        &job_id,
-        jobs::assimilate::assimilate(&shared.ctx, &args, &job_id),
-    )
+    let outcome = guarded(&shared, "assimilate", &job_id, {
+        let (ctx, job_id) = (shared.ctx.clone(), job_id.clone());
+        async move { jobs::assimilate::assimilate(&ctx, &args, &job_id).await }
+    })
     .instrument(span.clone())
     .await?;
     span.in_scope(|| outcome.log());
@@ -357,12 +383,10 @@ async fn delete_machine_job(
     let job_id = task_id.to_string();
     let args = decode(args)?;
     let span = tracing::info_span!("job", kind = "delete_machine", job_id = %job_id, device = %args.device, attempt = args.attempt);
-    let outcome = guarded(
-        &shared,
-        "delete_machine",
-        &job_id,
-        jobs::delete_machine::delete_machine(&shared.ctx, &args, &job_id),
-    )
+    let outcome = guarded(&shared, "delete_machine", &job_id, {
+        let (ctx, job_id) = (shared.ctx.clone(), job_id.clone());
+        async move { jobs::delete_machine::delete_machine(&ctx, &args, &job_id).await }
+    })
     .instrument(span.clone())
     .await?;
     span.in_scope(|| outcome.log());
