@@ -336,3 +336,55 @@ async fn a_creation_takes_its_unit_only_as_the_owner_and_gives_it_back_with_its_
     );
     assert_eq!(w.fake.devices().len(), 1);
 }
+
+/// A creation that finds its unit held by another run late in its life
+/// (after looks at an unknown outcome raised its attempt count) comes back
+/// as soon as the creates it sent earned, not after a wait grown by every
+/// attempt: the unit is free again within a rescue window, and the pool is
+/// one machine short until the creation comes back.
+#[sqlx::test(migrations = false)]
+async fn a_creation_finding_its_unit_held_waits_as_its_creates_earned(db: PgPool) {
+    use common::world::*;
+    use shepherd::jobs::CreateDeviceArgs;
+    use shepherd::jobs::create_device::{CreateOutcome, create_device};
+    let mut config = fast_config();
+    config.create_retry.initial_backoff = Duration::from_secs(1);
+    config.create_retry.factor = 2.0;
+    config.create_retry.max_backoff = Duration::from_secs(600);
+    let w = World::with(db.clone(), 1, config).await;
+    w.reconcile().await;
+    let (id, body): (String, serde_json::Value) = sqlx::query_as(
+        "select id, convert_from(job, 'UTF8')::jsonb from apalis.jobs
+         where job_type = 'create_device'",
+    )
+    .fetch_one(&db)
+    .await
+    .expect("the pass's creation job");
+    let first: CreateDeviceArgs = serde_json::from_value(body).unwrap();
+    let late = CreateDeviceArgs {
+        attempt: 9,
+        creates: Some(2),
+        admitted: true,
+        ..first.clone()
+    };
+    let other = PlaceLock::try_take(&db, first.reservation, TERM)
+        .await
+        .expect("the lease statement")
+        .expect("the unit free for another run to take");
+    let outcome = create_device(&w.ctx, &late, &id)
+        .await
+        .expect("the late attempt");
+    match outcome {
+        CreateOutcome::Retrying {
+            next_attempt: 10,
+            after,
+        } => assert_eq!(
+            after,
+            Duration::from_secs(2),
+            "two creates sent earn the wait of a third (1 s doubled once), not one grown by nine attempts"
+        ),
+        other => panic!("expected a retry, got {other:?}"),
+    }
+    assert!(w.fake.devices().is_empty(), "a create left a held unit");
+    other.release().await;
+}

@@ -84,15 +84,14 @@ pub(super) async fn retry_later(
     creates: u32,
 ) -> Result<CreateOutcome, JobError> {
     let next_attempt = args.attempt + 1;
-    // After a create that was sent, the wait grows with the creates sent,
-    // not with the looks an unknown creation made in between: five looks
-    // and two failed creates wait as two failed creates do. A retry that
-    // sent nothing (the unit busy, the key not read) grows by attempts.
-    let after = if creates > args.creates_before() {
-        ctx.config.create_retry.backoff(creates + 1)
-    } else {
-        ctx.config.create_retry.backoff(next_attempt)
-    };
+    // The wait grows with the creates sent, not with the looks an unknown
+    // creation made in between: five looks and two failed creates wait as
+    // two failed creates do. A retry that sent nothing (its unit held a
+    // moment by another run, its lease not confirmed) waits as the creates
+    // before it earned: grown by attempts, a creation that had looked a
+    // few times waited minutes for a unit a dead worker's lease held for
+    // seconds, its pool one machine short meanwhile.
+    let after = ctx.config.create_retry.backoff(creates + 1);
     let mut tx = ctx.pool.begin().await?;
     record(
         &mut tx,
