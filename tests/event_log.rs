@@ -543,10 +543,12 @@ async fn a_machines_first_readiness_survives_every_later_event(pool: PgPool) {
 }
 
 /// An append takes its keys' locks (here the device's) before its first
-/// row goes in, in the statement that inserts it: a writer recording on the
-/// same device holds the append back until it commits, and the append then
-/// folds into views that include what that writer recorded (the device it
-/// made, which the machine's assimilation takes out of flight).
+/// row goes in, in the call that inserts it (`shepherd.append_reading`): a
+/// writer recording on the same device holds the append back until it
+/// commits, and the append then folds into views that include what that
+/// writer recorded (the device it made, which the machine's assimilation
+/// takes out of flight). A read in the snapshot the call started with
+/// would not see it.
 #[sqlx::test(migrations = false)]
 async fn an_append_waits_for_the_writer_holding_its_keys(pool: PgPool) {
     common::migrated(&pool).await;
@@ -598,6 +600,54 @@ async fn an_append_waits_for_the_writer_holding_its_keys(pool: PgPool) {
         "the assimilation folded into views without the device its holder made"
     );
     common::assert_rebuild_equals_live(&pool).await;
+}
+
+/// An assimilation reads what its record depends on in the call that takes
+/// the device's lock (`shepherd.assimilation_seen`): held back by a writer
+/// recording on the device, it reads once that writer has committed, and
+/// sees the device it made in flight. A read in the snapshot the call
+/// started with would see nothing there, and count the machine again.
+#[sqlx::test(migrations = false)]
+async fn an_assimilations_read_waits_for_the_writer_holding_its_device(pool: PgPool) {
+    common::migrated(&pool).await;
+    let (r, device) = (Uuid::new_v4(), Uuid::new_v4().to_string());
+    let mut holder = pool.begin().await.unwrap();
+    record(&mut holder, vec![device_created(r, device.clone())])
+        .await
+        .unwrap();
+    let seen = tokio::spawn({
+        let (pool, device) = (pool.clone(), device.clone());
+        async move {
+            let mut tx = pool.begin().await.unwrap();
+            let seen: (Option<Uuid>, bool) = sqlx::query_as(
+                "select existing, in_flight from shepherd.assimilation_seen($1, $2, $3, $4)",
+            )
+            .bind(format!("device/{device}"))
+            .bind(PROVIDER_METAL)
+            .bind(&device)
+            .bind(r)
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap();
+            tx.commit().await.unwrap();
+            seen
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(
+        !seen.is_finished(),
+        "the read went ahead while another writer held the device's lock"
+    );
+    holder.commit().await.unwrap();
+    let seen = tokio::time::timeout(Duration::from_secs(10), seen)
+        .await
+        .expect("the read goes on once the lock is free")
+        .unwrap();
+    assert_eq!(
+        seen,
+        (None, true),
+        "the read did not see the device its lock's holder made"
+    );
 }
 
 /// Our create's answer for `device` on `reservation`, as the tests record it.
