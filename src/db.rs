@@ -255,10 +255,6 @@ pub fn listener_pool(jobs: &PgPool) -> PgPool {
         .connect_lazy_with(options)
 }
 
-/// How long a pooled connection may sit idle before it is pinged on its
-/// way out of the pool.
-const PING_AFTER_IDLE: Duration = Duration::from_secs(1);
-
 async fn open(
     options: PgConnectOptions,
     max_connections: u32,
@@ -271,21 +267,6 @@ async fn open(
         .min_connections(0)
         .idle_timeout(Some(idle))
         .acquire_timeout(acquire_timeout)
-        // sqlx pings every idle connection it hands out: a round trip in
-        // front of each statement a job sends on the pool, and of each
-        // claim and acknowledgement (issue 31). A connection back in the
-        // pool a moment ago is alive unless the server went away in that
-        // moment, when the statement fails as it would have a moment
-        // later; one idle longer is pinged, and dropped if dead, as before.
-        .test_before_acquire(false)
-        .before_acquire(|conn, meta| {
-            Box::pin(async move {
-                if meta.idle_for >= PING_AFTER_IDLE {
-                    sqlx::Connection::ping(conn).await?;
-                }
-                Ok(true)
-            })
-        })
         // Checked above: the pool opens a connection when one is asked for,
         // not one more at start to sit idle.
         .connect_lazy_with(options))
