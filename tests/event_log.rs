@@ -551,12 +551,7 @@ async fn a_machines_first_readiness_survives_every_later_event(pool: PgPool) {
 /// would not see it.
 #[sqlx::test(migrations = false)]
 async fn an_append_waits_for_the_writer_holding_its_keys(pool: PgPool) {
-    common::migrated(&pool).await;
-    let (r, device) = (Uuid::new_v4(), Uuid::new_v4().to_string());
-    let mut holder = pool.begin().await.unwrap();
-    record(&mut holder, vec![device_created(r, device.clone())])
-        .await
-        .unwrap();
+    let (r, device, holder) = a_writer_holding_a_device(&pool).await;
     let append = tokio::spawn({
         let (pool, device) = (pool.clone(), device.clone());
         async move {
@@ -576,16 +571,7 @@ async fn an_append_waits_for_the_writer_holding_its_keys(pool: PgPool) {
             tx.commit().await.unwrap();
         }
     });
-    tokio::time::sleep(Duration::from_millis(700)).await;
-    assert!(
-        !append.is_finished(),
-        "the append went ahead while another writer held its device's lock"
-    );
-    holder.commit().await.unwrap();
-    tokio::time::timeout(Duration::from_secs(10), append)
-        .await
-        .expect("the append goes on once the lock is free")
-        .unwrap();
+    held_back_until_it_commits(holder, append, "the append").await;
     let (in_flight, managed): (i64, i64) = sqlx::query_as(
         "select (select count(*) from shepherd.unassimilated_devices where device_id = $1),
                 (select count(*) from shepherd.managed_machines where provider_id = $1)",
@@ -609,12 +595,7 @@ async fn an_append_waits_for_the_writer_holding_its_keys(pool: PgPool) {
 /// started with would see nothing there, and count the machine again.
 #[sqlx::test(migrations = false)]
 async fn an_assimilations_read_waits_for_the_writer_holding_its_device(pool: PgPool) {
-    common::migrated(&pool).await;
-    let (r, device) = (Uuid::new_v4(), Uuid::new_v4().to_string());
-    let mut holder = pool.begin().await.unwrap();
-    record(&mut holder, vec![device_created(r, device.clone())])
-        .await
-        .unwrap();
+    let (r, device, holder) = a_writer_holding_a_device(&pool).await;
     let seen = tokio::spawn({
         let (pool, device) = (pool.clone(), device.clone());
         async move {
@@ -633,21 +614,45 @@ async fn an_assimilations_read_waits_for_the_writer_holding_its_device(pool: PgP
             seen
         }
     });
-    tokio::time::sleep(Duration::from_millis(700)).await;
-    assert!(
-        !seen.is_finished(),
-        "the read went ahead while another writer held the device's lock"
-    );
-    holder.commit().await.unwrap();
-    let seen = tokio::time::timeout(Duration::from_secs(10), seen)
-        .await
-        .expect("the read goes on once the lock is free")
-        .unwrap();
+    let seen = held_back_until_it_commits(holder, seen, "the read").await;
     assert_eq!(
         seen,
         (None, true),
         "the read did not see the device its lock's holder made"
     );
+}
+
+/// A writer that has recorded our create's answer (a device on a
+/// reservation) and holds their locks, not yet committed.
+async fn a_writer_holding_a_device(
+    pool: &PgPool,
+) -> (Uuid, String, sqlx::Transaction<'static, sqlx::Postgres>) {
+    common::migrated(pool).await;
+    let (r, device) = (Uuid::new_v4(), Uuid::new_v4().to_string());
+    let mut holder = pool.begin().await.unwrap();
+    record(&mut holder, vec![device_created(r, device.clone())])
+        .await
+        .unwrap();
+    (r, device, holder)
+}
+
+/// `what`, started while `holder` holds its locks, is still waiting 700 ms
+/// later, and ends once `holder` commits.
+async fn held_back_until_it_commits<T>(
+    holder: sqlx::Transaction<'static, sqlx::Postgres>,
+    what: tokio::task::JoinHandle<T>,
+    name: &str,
+) -> T {
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(
+        !what.is_finished(),
+        "{name} went ahead while another writer held its device's lock"
+    );
+    holder.commit().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), what)
+        .await
+        .unwrap_or_else(|_| panic!("{name} goes on once the lock is free"))
+        .unwrap()
 }
 
 /// Our create's answer for `device` on `reservation`, as the tests record it.

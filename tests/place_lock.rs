@@ -285,6 +285,17 @@ async fn leases_on(pool: &PgPool, unit: Uuid) -> i64 {
         .expect("counting the unit's leases")
 }
 
+/// The pass's one creation job: its id and its arguments.
+async fn creation_job(db: &PgPool) -> (String, serde_json::Value) {
+    sqlx::query_as(
+        "select id, convert_from(job, 'UTF8')::jsonb from apalis.jobs
+         where job_type = 'create_device'",
+    )
+    .fetch_one(db)
+    .await
+    .expect("the pass's creation job")
+}
+
 /// A creation takes its unit's lease in its first statement only when its
 /// request owns the creation: a run of a request that does not own it ends
 /// without holding the unit, and the owner's run then takes it, creates,
@@ -298,13 +309,7 @@ async fn a_creation_takes_its_unit_only_as_the_owner_and_gives_it_back_with_its_
     use shepherd::jobs::create_device::{CreateOutcome, create_device};
     let w = World::with(db.clone(), 1, fast_config()).await;
     w.reconcile().await;
-    let (id, body): (String, serde_json::Value) = sqlx::query_as(
-        "select id, convert_from(job, 'UTF8')::jsonb from apalis.jobs
-         where job_type = 'create_device'",
-    )
-    .fetch_one(&db)
-    .await
-    .expect("the pass's creation job");
+    let (id, body) = creation_job(&db).await;
     let owner: CreateDeviceArgs = serde_json::from_value(body).unwrap();
     let stranger = CreateDeviceArgs {
         request: Uuid::new_v4(),
@@ -353,13 +358,7 @@ async fn a_creation_finding_its_unit_held_waits_as_its_creates_earned(db: PgPool
     config.create_retry.max_backoff = Duration::from_secs(600);
     let w = World::with(db.clone(), 1, config).await;
     w.reconcile().await;
-    let (id, body): (String, serde_json::Value) = sqlx::query_as(
-        "select id, convert_from(job, 'UTF8')::jsonb from apalis.jobs
-         where job_type = 'create_device'",
-    )
-    .fetch_one(&db)
-    .await
-    .expect("the pass's creation job");
+    let (id, body) = creation_job(&db).await;
     let first: CreateDeviceArgs = serde_json::from_value(body).unwrap();
     let late = CreateDeviceArgs {
         attempt: 9,

@@ -71,19 +71,15 @@ pub async fn record(
         return append(conn, events).await;
     }
     let columns = Columns::of(&events);
-    let row =
-        sqlx::query("select * from shepherd.append_reading($1, $2, $3, $4, $5, $6, $7, $8, $9)")
-            .bind(&columns.ids)
-            .bind(&columns.streams)
-            .bind(&columns.types)
-            .bind(&columns.versions)
-            .bind(&columns.bodies)
-            .bind(&columns.jobs)
-            .bind(keys.lock_names())
-            .bind(keys.devices())
-            .bind(keys.reservations())
-            .fetch_one(&mut *conn)
-            .await?;
+    let row = columns
+        .bind(sqlx::query(
+            "select * from shepherd.append_reading($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+        ))
+        .bind(keys.lock_names())
+        .bind(keys.devices())
+        .bind(keys.reservations())
+        .fetch_one(&mut *conn)
+        .await?;
     let positions: Option<Vec<i64>> = row.try_get("positions")?;
     let ids: Option<Vec<Uuid>> = row.try_get("event_ids")?;
     let recorded: Option<Vec<chrono::DateTime<chrono::Utc>>> = row.try_get("recorded_ats")?;
@@ -110,20 +106,15 @@ pub async fn append(
     events: Vec<NewEvent>,
 ) -> Result<Vec<StoredEvent>, StoreError> {
     let columns = Columns::of(&events);
-    let rows = sqlx::query(
-        "insert into shepherd.events (event_id, stream, event_type, schema_version, body, job_id)
-         select * from unnest($1::uuid[], $2::text[], $3::text[], $4::int[], $5::jsonb[], $6::text[])
-         on conflict (event_id) do nothing
-         returning position, event_id, recorded_at, tx_id::text::bigint as tx_id",
-    )
-    .bind(&columns.ids)
-    .bind(&columns.streams)
-    .bind(&columns.types)
-    .bind(&columns.versions)
-    .bind(&columns.bodies)
-    .bind(&columns.jobs)
-    .fetch_all(&mut *conn)
-    .await?;
+    let rows = columns
+        .bind(sqlx::query(
+            "insert into shepherd.events (event_id, stream, event_type, schema_version, body, job_id)
+             select * from unnest($1::uuid[], $2::text[], $3::text[], $4::int[], $5::jsonb[], $6::text[])
+             on conflict (event_id) do nothing
+             returning position, event_id, recorded_at, tx_id::text::bigint as tx_id",
+        ))
+        .fetch_all(&mut *conn)
+        .await?;
     Ok(stored_of(
         events,
         rows.iter().map(|row| {
@@ -166,6 +157,20 @@ impl Columns {
             c.jobs.push(e.job_id.clone());
         }
         c
+    }
+
+    /// `query` with the six columns bound as `$1` to `$6`.
+    fn bind<'q>(
+        &'q self,
+        query: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    ) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+        query
+            .bind(&self.ids)
+            .bind(&self.streams)
+            .bind(&self.types)
+            .bind(&self.versions)
+            .bind(&self.bodies)
+            .bind(&self.jobs)
     }
 }
 
