@@ -35,6 +35,17 @@ async fn expires_in(pool: &PgPool, unit: Uuid) -> f64 {
     .expect("the unit's lease row")
 }
 
+/// Every lease set to expire `secs` seconds from now.
+async fn expire_in(db: &PgPool, secs: i64) {
+    sqlx::query(
+        "update shepherd.leases set expires_at = clock_timestamp() + make_interval(secs => $1)",
+    )
+    .bind(secs as f64)
+    .execute(db)
+    .await
+    .expect("moving the lease's expiry");
+}
+
 /// The lease taken over by another run (`other:2`), as after this holder
 /// stalled past its term.
 async fn given_to_another(db: &PgPool) {
@@ -108,10 +119,7 @@ async fn a_crashed_holders_lease_is_taken_once_it_expires_and_not_before(db: PgP
             .is_none(),
         "a lease in its term was taken"
     );
-    sqlx::query("update shepherd.leases set expires_at = clock_timestamp() - interval '1 second'")
-        .execute(&db)
-        .await
-        .unwrap();
+    expire_in(&db, -1).await;
     let lock = PlaceLock::try_take(&db, unit, TERM)
         .await
         .unwrap()
@@ -133,10 +141,7 @@ async fn a_fence_renews_the_lease_and_refuses_once_another_holds_it(db: PgPool) 
         .unwrap()
         .expect("free");
     // Near its end, a check renews it for a whole term.
-    sqlx::query("update shepherd.leases set expires_at = clock_timestamp() + interval '2 seconds'")
-        .execute(&db)
-        .await
-        .unwrap();
+    expire_in(&db, 2).await;
     lock.standing().await.expect("the lease is ours");
     let left = expires_in(&db, unit).await;
     assert!(
@@ -254,13 +259,7 @@ async fn a_fence_within_its_grace_reads_the_lease_and_renews_it_past_that(db: Pg
         "a fence within its grace wrote the lease row"
     );
     // More than the grace gone since the take: the fence renews.
-    sqlx::query(
-        "update shepherd.leases
-         set expires_at = clock_timestamp() + interval '58 seconds'",
-    )
-    .execute(&db)
-    .await
-    .unwrap();
+    expire_in(&db, 58).await;
     fence.check().await.expect("the creation owns the unit");
     let left = expires_in(&db, unit).await;
     assert!(

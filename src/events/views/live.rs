@@ -98,35 +98,29 @@ pub(super) async fn write_changes(
     // a creation and an assimilation each move a machine between two views.
     let mut carried = Deletes::default();
     let (pending_gone, pending_changed) = diff(&before.pending_creations, &after.pending_creations);
-    if let [key] = pending_gone[..] {
-        carried.push(
+    carry_or_delete(
+        conn,
+        &mut carried,
+        [
             "delete from shepherd.pending_creations where reservation_id = ",
-            Key::Uuid(*key),
-        );
-    } else {
-        delete_keys(
-            conn,
             "delete from shepherd.pending_creations where reservation_id = $1",
             "delete from shepherd.pending_creations where reservation_id = any($1)",
-            pending_gone.into_iter().copied().collect::<Vec<_>>(),
-        )
-        .await?;
-    }
+        ],
+        pending_gone.into_iter().copied().collect::<Vec<_>>(),
+    )
+    .await?;
     let (devices_gone, devices_changed) = diff(&before.unassimilated, &after.unassimilated);
-    if let [key] = devices_gone[..] {
-        carried.push(
+    carry_or_delete(
+        conn,
+        &mut carried,
+        [
             "delete from shepherd.unassimilated_devices where device_id = ",
-            Key::Text(key.clone()),
-        );
-    } else {
-        delete_keys(
-            conn,
             "delete from shepherd.unassimilated_devices where device_id = $1",
             "delete from shepherd.unassimilated_devices where device_id = any($1)",
-            devices_gone.into_iter().cloned().collect::<Vec<_>>(),
-        )
-        .await?;
-    }
+        ],
+        devices_gone.into_iter().cloned().collect::<Vec<_>>(),
+    )
+    .await?;
     if before.paused != after.paused {
         write_pause(conn, after.paused.as_ref()).await?;
     }
@@ -179,6 +173,26 @@ pub(super) async fn write_changes(
     insert_unassimilated(conn, devices_changed.into_iter(), &mut carried).await?;
     carried.run(conn).await?;
     Ok(())
+}
+
+/// One key gone is carried into the next upsert (`carry`, the delete up to
+/// its key); more go now (`one` and `many` as for [`delete_keys`]).
+async fn carry_or_delete<K>(
+    conn: &mut PgConnection,
+    carried: &mut Deletes,
+    [carry, one, many]: [&'static str; 3],
+    mut keys: Vec<K>,
+) -> Result<(), sqlx::Error>
+where
+    K: Into<Key> + for<'q> sqlx::Encode<'q, sqlx::Postgres> + sqlx::Type<sqlx::Postgres> + Send,
+    Vec<K>: for<'q> sqlx::Encode<'q, sqlx::Postgres> + sqlx::Type<sqlx::Postgres> + Send,
+{
+    if keys.len() == 1 {
+        let key = keys.pop().expect("one key");
+        carried.push(carry, key.into());
+        return Ok(());
+    }
+    delete_keys(conn, one, many, keys).await
 }
 
 /// Deletes the view rows whose key is one of `keys`. One key, as nearly

@@ -177,6 +177,18 @@ pub(super) enum Key {
     Text(String),
 }
 
+impl From<Uuid> for Key {
+    fn from(key: Uuid) -> Key {
+        Key::Uuid(key)
+    }
+}
+
+impl From<String> for Key {
+    fn from(key: String) -> Key {
+        Key::Text(key)
+    }
+}
+
 /// Deletes of view rows by one key each, carried into the statement of the
 /// next upsert as its common table expressions: an append that moves a
 /// machine from one view to another (a creation's `device_created`, an
