@@ -132,3 +132,135 @@ async fn a_run_acknowledged_done_is_kept_once_and_nothing_else_writes_one(db: Pg
         "a hand-back wrote a run"
     );
 }
+
+/// A created machine's Assimilate pushed claimed by the worker that made
+/// it (`jobs::follow_up`): no worker is woken for it and no fetch takes
+/// it; its acknowledgement is apalis's, kept as apalis's are; a row the
+/// queue took from the claimant meanwhile is left to the queue.
+#[sqlx::test(migrations = false)]
+async fn a_claimed_follow_up_wakes_no_worker_and_is_acknowledged_as_apalis_would(db: PgPool) {
+    use shepherd::jobs::AssimilateArgs;
+    use shepherd::jobs::queue::{self, Ending};
+    common::migrated(&db).await;
+    let claimant = "create_device@test:1#0";
+    // A claim names a registered worker (apalis's foreign key).
+    sqlx::query(
+        "insert into apalis.workers (id, worker_type, storage_name)
+         values ($1, 'create_device', 'PostgresStorage'), ('assimilate@x', 'assimilate', 'PostgresStorage')",
+    )
+    .bind(claimant)
+    .execute(&db)
+    .await
+    .expect("registering the claimant");
+    let mut listener = sqlx::postgres::PgListener::connect_with(&db)
+        .await
+        .expect("a listener");
+    listener
+        .listen("apalis::job::insert")
+        .await
+        .expect("listening");
+    let args = |device: &str| AssimilateArgs {
+        device: device.into(),
+        reservation: None,
+        manual: false,
+        created: None,
+        attempt: 1,
+    };
+    let mut conn = db.acquire().await.unwrap();
+    let mut push = async |device: &str| {
+        let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
+        let id = queue::push_assimilate_claimed(&mut tx, &args(device), None, claimant)
+            .await
+            .expect("the claimed push");
+        tx.commit().await.unwrap();
+        id
+    };
+    let (done, taken, failed) = (push("d1").await, push("d2").await, push("d3").await);
+    // An ordinary push, which does wake the workers.
+    let mut tx = db.begin().await.unwrap();
+    let ordinary = queue::push_assimilate(&mut tx, &args("d4"), None)
+        .await
+        .unwrap()
+        .expect("an id");
+    tx.commit().await.unwrap();
+    let woken = tokio::time::timeout(std::time::Duration::from_secs(5), listener.recv())
+        .await
+        .expect("the ordinary push's notification")
+        .unwrap();
+    assert!(
+        woken.payload().contains(&ordinary),
+        "woken by {}",
+        woken.payload()
+    );
+    assert!(
+        tokio::time::timeout(std::time::Duration::from_millis(300), listener.recv())
+            .await
+            .is_err(),
+        "a claimed push woke the workers"
+    );
+    let fetched: Vec<String> =
+        sqlx::query_scalar("select id from apalis.get_jobs('assimilate@x', 'assimilate', 10)")
+            .fetch_all(&db)
+            .await
+            .unwrap();
+    assert_eq!(
+        fetched,
+        vec![ordinary.clone()],
+        "a fetch took a claimed row"
+    );
+
+    let mut conn = db.acquire().await.unwrap();
+    let finished =
+        queue::finish_claimed(&mut conn, &done, claimant, &Ending::Done("Managed".into()))
+            .await
+            .unwrap();
+    assert!(finished);
+    assert_eq!(
+        runs(&db, &done).await,
+        vec![(
+            1,
+            "ok".into(),
+            Some(claimant.into()),
+            Some("Managed".into())
+        )]
+    );
+
+    // Taken from the claimant meanwhile, as apalis hands back a silent
+    // worker's rows: the late acknowledgement leaves it to the queue.
+    sqlx::query(
+        "update apalis.jobs set status = 'Pending', attempts = attempts + 1, lock_by = null,
+                lock_at = null, last_result = '{\"Err\": \"Re-enqueued due to worker heartbeat timeout.\"}'
+         where id = $1",
+    )
+    .bind(&taken)
+    .execute(&db)
+    .await
+    .unwrap();
+    let finished = queue::finish_claimed(&mut conn, &taken, claimant, &Ending::Done("late".into()))
+        .await
+        .unwrap();
+    assert!(!finished, "a late acknowledgement took the row back");
+    let status: (String, i32) =
+        sqlx::query_as("select status, attempts from apalis.jobs where id = $1")
+            .bind(&taken)
+            .fetch_one(&db)
+            .await
+            .unwrap();
+    assert_eq!(status, ("Pending".into(), 1));
+    assert!(runs(&db, &taken).await.is_empty());
+
+    // A failure goes back to the queue with a run counted, for a fetch.
+    let finished =
+        queue::finish_claimed(&mut conn, &failed, claimant, &Ending::Failed("boom".into()))
+            .await
+            .unwrap();
+    assert!(finished);
+    let again: Vec<(String, i32)> = sqlx::query_as(
+        "select id, attempts from apalis.get_jobs('assimilate@x', 'assimilate', 10)",
+    )
+    .fetch_all(&db)
+    .await
+    .unwrap();
+    // The row handed back, and the failed one.
+    assert_eq!(again, vec![(taken.clone(), 1), (failed.clone(), 1)]);
+}

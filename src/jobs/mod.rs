@@ -13,6 +13,7 @@ pub mod assimilate;
 pub mod converge;
 pub mod create_device;
 pub mod delete_machine;
+pub mod follow_up;
 pub mod lease;
 pub mod manage;
 pub mod pass;

@@ -58,6 +58,78 @@ pub async fn push_assimilate_releasing(
     .await
 }
 
+/// Pushes a created machine's Assimilate already claimed by `claimant`, a
+/// registered apalis worker that runs it next (`jobs::follow_up`), and
+/// gives back `lease` (key and holder) in the same statement. Its `run_at`
+/// is the statement's clock, after the transaction's `now()`, so apalis's
+/// insert trigger raises no notification: no queue worker wakes to fetch a
+/// row that is already claimed.
+pub async fn push_assimilate_claimed(
+    conn: &mut PgConnection,
+    args: &AssimilateArgs,
+    lease: Option<(&str, Uuid)>,
+    claimant: &str,
+) -> Result<String, sqlx::Error> {
+    let args = serde_json::to_value(args).expect("job arguments are plain data");
+    let (key, holder) = lease.unzip();
+    sqlx::query_scalar(
+        "with given_back as (delete from shepherd.leases where key = $3 and lease = $4)
+         insert into apalis.jobs
+             (id, job_type, job, status, attempts, max_attempts, run_at, priority, lock_by, lock_at)
+         values (apalis.generate_ulid(), $1, convert_to($2::text, 'UTF8'), 'Queued', 0, 25,
+                 clock_timestamp(), 0, $5, now())
+         returning id",
+    )
+    .bind(ASSIMILATE_QUEUE)
+    .bind(args)
+    .bind(key)
+    .bind(holder)
+    .bind(claimant)
+    .fetch_one(&mut *conn)
+    .await
+}
+
+/// How a job that a worker claimed itself ended, in the words apalis
+/// acknowledges its own with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ending {
+    Done(String),
+    /// Run again by the queue while it has attempts left.
+    Failed(String),
+    /// Never run again.
+    Killed(String),
+}
+
+/// Acknowledges a job claimed by `claimant` as apalis would (its status,
+/// its run counted, its result); a run that ended well is kept by the
+/// acknowledgement's trigger. `false` when the row was no longer the
+/// claimant's: an operator cancelled it, or the queue gave it to another
+/// worker meanwhile.
+pub async fn finish_claimed(
+    conn: &mut PgConnection,
+    job_id: &str,
+    claimant: &str,
+    ending: &Ending,
+) -> Result<bool, sqlx::Error> {
+    let (status, result) = match ending {
+        Ending::Done(r) => ("Done", serde_json::json!({ "Ok": r })),
+        Ending::Failed(e) => ("Failed", serde_json::json!({ "Err": e })),
+        Ending::Killed(e) => ("Killed", serde_json::json!({ "Err": e })),
+    };
+    let finished = sqlx::query(
+        "update apalis.jobs
+         set status = $3, attempts = attempts + 1, last_result = $4, done_at = now()
+         where id = $1 and lock_by = $2 and status in ('Queued', 'Running')",
+    )
+    .bind(job_id)
+    .bind(claimant)
+    .bind(status)
+    .bind(result)
+    .execute(&mut *conn)
+    .await?;
+    Ok(finished.rows_affected() == 1)
+}
+
 pub async fn push_reconcile(
     conn: &mut PgConnection,
     args: &ReconcileArgs,

@@ -12,8 +12,8 @@ use crate::events::event::*;
 use crate::events::views;
 use crate::events::{NewEvent, record};
 use crate::jobs::place::PlaceLock;
-use crate::jobs::queue;
 use crate::jobs::{AssimilateArgs, CreateDeviceArgs, JobContext, JobError};
+use crate::jobs::{follow_up, queue};
 use crate::provider::ErrorClass;
 use crate::provider::{Created, ProviderError};
 
@@ -57,17 +57,26 @@ pub(super) async fn created_outcome(
         created: Some(crate::jobs::CreatedDeviceFacts { hostname }),
         attempt: 1,
     };
-    match lock {
-        Some(lock) => {
-            queue::push_assimilate_releasing(&mut tx, &next, lock.giving_back()).await?;
+    let lease = lock.map(PlaceLock::giving_back);
+    let claimed = match (follow_up::claimant(), lease) {
+        (Some(claimant), lease) => {
+            Some(queue::push_assimilate_claimed(&mut tx, &next, lease, &claimant).await?)
         }
-        None => {
+        (None, Some(lease)) => {
+            queue::push_assimilate_releasing(&mut tx, &next, lease).await?;
+            None
+        }
+        (None, None) => {
             queue::push_assimilate(&mut tx, &next, None).await?;
+            None
         }
-    }
+    };
     tx.commit().await?;
     if let Some(lock) = lock {
         lock.given_back();
+    }
+    if let Some(job_id) = claimed {
+        follow_up::claimed(follow_up::FollowUp { job_id, args: next });
     }
     Ok(CreateOutcome::Created {
         device: id,
