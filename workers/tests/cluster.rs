@@ -19,6 +19,8 @@ static TIMED: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 mod common;
 #[path = "cluster/database.rs"]
 mod database;
+#[path = "cluster/follow_up.rs"]
+mod follow_up;
 #[path = "cluster/queue.rs"]
 mod queue;
 #[path = "cluster/roles_and_liveness.rs"]

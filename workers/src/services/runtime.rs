@@ -205,8 +205,20 @@ async fn guarded<T: std::fmt::Debug + Send + 'static>(
     job_id: &str,
     fut: impl std::future::Future<Output = Result<T, JobError>> + Send + 'static,
 ) -> Result<T, BoxDynError> {
-    let started = std::time::Instant::now();
     let _running = Running::start(shared, kind);
+    run_guarded(shared, kind, job_id, fut).await
+}
+
+/// [`guarded`] without counting the run among its queue's: a run its
+/// queue's worker did not claim (a creation's follow-up) leaves that
+/// worker no acknowledgement to send.
+async fn run_guarded<T: std::fmt::Debug + Send + 'static>(
+    shared: &Shared,
+    kind: &'static str,
+    job_id: &str,
+    fut: impl std::future::Future<Output = Result<T, JobError>> + Send + 'static,
+) -> Result<T, BoxDynError> {
+    let started = std::time::Instant::now();
     let stop = shared.stop.clone();
     let drain = shared.drain_timeout;
     let deadline = async move {
@@ -342,18 +354,94 @@ async fn create_device_job(
     args: Lenient<CreateDeviceArgs>,
     task_id: TaskId,
     shared: Data<Shared>,
+    worker: WorkerContext,
 ) -> Result<String, BoxDynError> {
     let job_id = task_id.to_string();
     let args = decode(args)?;
     let span = tracing::info_span!("job", kind = "create_device", job_id = %job_id, reservation = %args.reservation, attempt = args.attempt);
-    let outcome = guarded(&shared, "create_device", &job_id, {
-        let (ctx, job_id) = (shared.ctx.clone(), job_id.clone());
-        async move { jobs::create_device::create_device(&ctx, &args, &job_id).await }
+    // This worker claims the Assimilate of a machine the run makes, and
+    // runs it next (`jobs::follow_up`).
+    let claimant = worker.name().to_string();
+    let (outcome, follow_up) = guarded(&shared, "create_device", &job_id, {
+        let (ctx, job_id, claimant) = (shared.ctx.clone(), job_id.clone(), claimant.clone());
+        async move {
+            let run = jobs::create_device::create_device(&ctx, &args, &job_id);
+            let (outcome, follow_up) = jobs::follow_up::claiming(claimant, run).await;
+            outcome.map(|o| (o, follow_up))
+        }
     })
     .instrument(span.clone())
     .await?;
     span.in_scope(|| outcome.log());
+    if let Some(follow_up) = follow_up {
+        run_follow_up(&shared, &claimant, follow_up).await;
+    }
     Ok(format!("{outcome:?}"))
+}
+
+/// Runs a creation's claimed Assimilate and acknowledges it as apalis
+/// would. A failure goes back to the queue (`Failed`, run again by the
+/// assimilation workers); a stopping process leaves it claimed, for the
+/// release at the worker's stop to hand back.
+async fn run_follow_up(shared: &Shared, claimant: &str, follow_up: jobs::follow_up::FollowUp) {
+    use futures::FutureExt;
+    use jobs::queue::Ending;
+    if shared.stop.is_stopping() {
+        return;
+    }
+    let jobs::follow_up::FollowUp { job_id, args } = follow_up;
+    let span = tracing::info_span!("job", kind = "assimilate", job_id = %job_id, device = %args.device, attempt = args.attempt, follow_up = true);
+    let run = run_guarded(shared, "assimilate", &job_id, {
+        let (ctx, job_id) = (shared.ctx.clone(), job_id.clone());
+        async move { jobs::assimilate::assimilate(&ctx, &args, &job_id).await }
+    })
+    .instrument(span.clone());
+    let ending = match std::panic::AssertUnwindSafe(run).catch_unwind().await {
+        Ok(Ok(outcome)) => {
+            span.in_scope(|| outcome.log());
+            Ending::Done(format!("{outcome:?}"))
+        }
+        Ok(Err(e)) if e.is::<AbortError>() => Ending::Killed(e.to_string()),
+        Ok(Err(e)) => Ending::Failed(e.to_string()),
+        Err(_) => {
+            let said = "the assimilation panicked; the queue runs it again";
+            tracing::error!(parent: &span, "{said}");
+            record_run(
+                &shared.ctx.pool,
+                &job_id,
+                "assimilate",
+                Duration::ZERO,
+                "failed",
+                said,
+            )
+            .await;
+            Ending::Failed(said.into())
+        }
+    };
+    // The acknowledgement must land: until it does, the row stays claimed
+    // by a live worker, which neither the queue nor the sweep takes back.
+    let mut wait = Duration::from_millis(100);
+    loop {
+        let finished = async {
+            let mut conn = shared.ctx.pool.acquire().await?;
+            jobs::queue::finish_claimed(&mut conn, &job_id, claimant, &ending).await
+        };
+        match finished.await {
+            Ok(_) => break,
+            Err(e) if shared.stop.is_stopping() => {
+                tracing::warn!(parent: &span, error = %e, "could not acknowledge the assimilation; the worker's stop hands it back");
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(parent: &span, error = %e, retry_in = ?wait, "could not acknowledge the assimilation; trying again");
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(Duration::from_secs(30));
+            }
+        }
+    }
+    if !matches!(ending, Ending::Done(_)) {
+        shared.wakeups.wake_queue(jobs::ASSIMILATE_QUEUE);
+    }
 }
 
 async fn assimilate_job(

@@ -72,6 +72,11 @@ impl Wakeups {
         });
     }
 
+    /// Wakes `queue`'s workers: a job went back to it without an insert.
+    pub fn wake_queue(&self, queue: &str) {
+        self.wake(Some(queue));
+    }
+
     /// Wakes `queue`'s workers (every queue's with `None`).
     fn wake(&self, queue: Option<&str>) {
         let mut queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
