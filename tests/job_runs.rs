@@ -263,4 +263,39 @@ async fn a_claimed_follow_up_wakes_no_worker_and_is_acknowledged_as_apalis_would
     .unwrap();
     // The row handed back, and the failed one.
     assert_eq!(again, vec![(taken.clone(), 1), (failed.clone(), 1)]);
+
+    // A claim whose run was cut short goes back unrun, once; a claim that
+    // never committed is nothing to hand back.
+    let mut tx = db.begin().await.unwrap();
+    let unrun = queue::push_assimilate_claimed(&mut tx, &args("d5"), None, claimant)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert!(
+        queue::hand_back_claimed(&mut conn, &unrun, claimant)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !queue::hand_back_claimed(&mut conn, &unrun, claimant)
+            .await
+            .unwrap()
+    );
+    let row: (String, Option<String>, i32) =
+        sqlx::query_as("select status, lock_by, attempts from apalis.jobs where id = $1")
+            .bind(&unrun)
+            .fetch_one(&db)
+            .await
+            .unwrap();
+    assert_eq!(row, ("Pending".into(), None, 0));
+    let mut tx = db.begin().await.unwrap();
+    let rolled_back = queue::push_assimilate_claimed(&mut tx, &args("d6"), None, claimant)
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    assert!(
+        !queue::hand_back_claimed(&mut conn, &rolled_back, claimant)
+            .await
+            .unwrap()
+    );
 }

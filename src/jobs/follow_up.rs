@@ -40,30 +40,48 @@ tokio::task_local! {
     static RUNNER: Arc<Runner>;
 }
 
-/// Runs `run` (a creation) with `claimant`, an apalis worker's registered
-/// name, as the claimant of the Assimilate it pushes; returns its output
-/// and the Assimilate it claimed, if any.
-pub async fn claiming<F: Future>(claimant: String, run: F) -> (F::Output, Option<FollowUp>) {
-    let runner = Arc::new(Runner {
-        claimant,
-        claimed: Mutex::new(None),
-    });
-    let out = RUNNER.scope(runner.clone(), run).await;
-    let claimed = runner
-        .claimed
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .take();
-    (out, claimed)
+/// One creation's run under a claimant: what it claimed is read from here
+/// whether or not the run returned (a run cut short may have committed its
+/// claim), so that nothing claimed is left unseen.
+#[derive(Clone)]
+pub struct Claims(Arc<Runner>);
+
+impl Claims {
+    /// Claims for `claimant`, an apalis worker's registered name.
+    pub fn new(claimant: String) -> Claims {
+        Claims(Arc::new(Runner {
+            claimant,
+            claimed: Mutex::new(None),
+        }))
+    }
+
+    /// `run` (a creation) with these claims' claimant as the claimant of
+    /// the Assimilate it pushes.
+    pub fn scope<F: Future>(&self, run: F) -> impl Future<Output = F::Output> {
+        RUNNER.scope(self.0.clone(), run)
+    }
+
+    /// The Assimilate claimed, if any: pushed in a transaction that may or
+    /// may not have committed.
+    pub fn take(&self) -> Option<FollowUp> {
+        self.0
+            .claimed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+    }
 }
 
 /// The worker to claim a created machine's Assimilate for, in a run under
-/// [`claiming`].
+/// [`Claims::scope`].
 pub(crate) fn claimant() -> Option<String> {
     RUNNER.try_with(|r| r.claimant.clone()).ok()
 }
 
-/// Hands the committed claim to the runner.
+/// Tells the runner of a claim pushed in a transaction not yet committed:
+/// if the commit's answer is lost, the runner hands the row back (a no-op
+/// where it never committed) rather than leave it claimed by a live
+/// worker, which nobody else takes it from.
 pub(crate) fn claimed(follow_up: FollowUp) {
     let _ = RUNNER.try_with(|r| {
         *r.claimed.lock().unwrap_or_else(|p| p.into_inner()) = Some(follow_up);

@@ -89,6 +89,25 @@ pub async fn push_assimilate_claimed(
     .await
 }
 
+/// Hands a row `claimant` claimed itself back to the queue unrun: its run
+/// was cut short, or its claim's commit went unanswered. Nothing where the
+/// claim never committed or the row is no longer the claimant's.
+pub async fn hand_back_claimed(
+    conn: &mut PgConnection,
+    job_id: &str,
+    claimant: &str,
+) -> Result<bool, sqlx::Error> {
+    let handed = sqlx::query(
+        "update apalis.jobs set status = 'Pending', lock_by = null, lock_at = null
+         where id = $1 and lock_by = $2 and status in ('Queued', 'Running')",
+    )
+    .bind(job_id)
+    .bind(claimant)
+    .execute(&mut *conn)
+    .await?;
+    Ok(handed.rows_affected() == 1)
+}
+
 /// How a job that a worker claimed itself ended, in the words apalis
 /// acknowledges its own with.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -58,25 +58,21 @@ pub(super) async fn created_outcome(
         attempt: 1,
     };
     let lease = lock.map(PlaceLock::giving_back);
-    let claimed = match (follow_up::claimant(), lease) {
+    match (follow_up::claimant(), lease) {
         (Some(claimant), lease) => {
-            Some(queue::push_assimilate_claimed(&mut tx, &next, lease, &claimant).await?)
+            let job_id = queue::push_assimilate_claimed(&mut tx, &next, lease, &claimant).await?;
+            follow_up::claimed(follow_up::FollowUp { job_id, args: next });
         }
         (None, Some(lease)) => {
             queue::push_assimilate_releasing(&mut tx, &next, lease).await?;
-            None
         }
         (None, None) => {
             queue::push_assimilate(&mut tx, &next, None).await?;
-            None
         }
-    };
+    }
     tx.commit().await?;
     if let Some(lock) = lock {
         lock.given_back();
-    }
-    if let Some(job_id) = claimed {
-        follow_up::claimed(follow_up::FollowUp { job_id, args: next });
     }
     Ok(CreateOutcome::Created {
         device: id,

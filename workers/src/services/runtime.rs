@@ -356,25 +356,49 @@ async fn create_device_job(
     shared: Data<Shared>,
     worker: WorkerContext,
 ) -> Result<String, BoxDynError> {
+    use futures::FutureExt;
     let job_id = task_id.to_string();
     let args = decode(args)?;
     let span = tracing::info_span!("job", kind = "create_device", job_id = %job_id, reservation = %args.reservation, attempt = args.attempt);
+    // One run with its follow-up: the nudge that gets the creation's
+    // acknowledgement sent comes once both are over.
+    let _running = Running::start(&shared, "create_device");
     // This worker claims the Assimilate of a machine the run makes, and
     // runs it next (`jobs::follow_up`).
-    let claimant = worker.name().to_string();
-    let (outcome, follow_up) = guarded(&shared, "create_device", &job_id, {
-        let (ctx, job_id, claimant) = (shared.ctx.clone(), job_id.clone(), claimant.clone());
+    let claims = jobs::follow_up::Claims::new(worker.name().to_string());
+    let run = run_guarded(&shared, "create_device", &job_id, {
+        let (ctx, job_id, claims) = (shared.ctx.clone(), job_id.clone(), claims.clone());
         async move {
             let run = jobs::create_device::create_device(&ctx, &args, &job_id);
-            let (outcome, follow_up) = jobs::follow_up::claiming(claimant, run).await;
-            outcome.map(|o| (o, follow_up))
+            claims.scope(run).await
         }
     })
-    .instrument(span.clone())
-    .await?;
+    .instrument(span.clone());
+    let outcome = std::panic::AssertUnwindSafe(run).catch_unwind().await;
+    let follow_up = claims.take();
+    let outcome = match outcome {
+        Ok(Ok(outcome)) => outcome,
+        // Cut short, failed or panicked after its claim may have committed:
+        // the row goes back to the queue before the run's end goes on.
+        ended => {
+            if let Some(follow_up) = follow_up {
+                settle_claim(
+                    &shared,
+                    worker.name(),
+                    &follow_up.job_id,
+                    Settle::HandBack,
+                    &span,
+                )
+                .await;
+            }
+            return ended
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+                .map(|o| format!("{o:?}"));
+        }
+    };
     span.in_scope(|| outcome.log());
     if let Some(follow_up) = follow_up {
-        run_follow_up(&shared, &claimant, follow_up).await;
+        run_follow_up(&shared, worker.name(), follow_up).await;
     }
     Ok(format!("{outcome:?}"))
 }
@@ -418,28 +442,53 @@ async fn run_follow_up(shared: &Shared, claimant: &str, follow_up: jobs::follow_
             Ending::Failed(said.into())
         }
     };
-    // The acknowledgement must land: until it does, the row stays claimed
-    // by a live worker, which neither the queue nor the sweep takes back.
+    settle_claim(shared, claimant, &job_id, Settle::Finish(ending), &span).await;
+}
+
+/// What becomes of a row a worker claimed itself.
+enum Settle {
+    Finish(jobs::queue::Ending),
+    HandBack,
+}
+
+/// Settles a claimed row, trying until it lands: until it does, the row
+/// stays claimed by a live worker, which neither the queue nor the sweep
+/// takes back. A stopping process gives up; its worker's release at the
+/// stop hands the row back.
+async fn settle_claim(
+    shared: &Shared,
+    claimant: &str,
+    job_id: &str,
+    settle: Settle,
+    span: &tracing::Span,
+) {
     let mut wait = Duration::from_millis(100);
     loop {
-        let finished = async {
+        let settled = async {
             let mut conn = shared.ctx.pool.acquire().await?;
-            jobs::queue::finish_claimed(&mut conn, &job_id, claimant, &ending).await
+            match &settle {
+                Settle::Finish(ending) => {
+                    jobs::queue::finish_claimed(&mut conn, job_id, claimant, ending).await
+                }
+                Settle::HandBack => {
+                    jobs::queue::hand_back_claimed(&mut conn, job_id, claimant).await
+                }
+            }
         };
-        match finished.await {
+        match settled.await {
             Ok(_) => break,
             Err(e) if shared.stop.is_stopping() => {
-                tracing::warn!(parent: &span, error = %e, "could not acknowledge the assimilation; the worker's stop hands it back");
+                tracing::warn!(parent: span, job_id, error = %e, "could not settle a claimed assimilation; the worker's stop hands it back");
                 return;
             }
             Err(e) => {
-                tracing::warn!(parent: &span, error = %e, retry_in = ?wait, "could not acknowledge the assimilation; trying again");
+                tracing::warn!(parent: span, job_id, error = %e, retry_in = ?wait, "could not settle a claimed assimilation; trying again");
                 tokio::time::sleep(wait).await;
                 wait = (wait * 2).min(Duration::from_secs(30));
             }
         }
     }
-    if !matches!(ending, Ending::Done(_)) {
+    if !matches!(settle, Settle::Finish(jobs::queue::Ending::Done(_))) {
         shared.wakeups.wake_queue(jobs::ASSIMILATE_QUEUE);
     }
 }
@@ -505,6 +554,31 @@ async fn release(pool: &PgPool, worker: &str) {
         Ok(r) => tracing::info!(worker, jobs = r.rows_affected(), "released claimed jobs"),
         Err(e) => tracing::warn!(worker, error = %e, "could not release claimed jobs"),
     }
+}
+
+/// Hands back what a previous process of the same name left claimed.
+///
+/// A process that has just started holds no claims, so a row claimed under
+/// its name (`<queue>@<host:pid>#<generation>`) is an earlier process's with
+/// the same host and pid: a container restarted as pid 1 with its
+/// hostname. apalis re-registers such a name as live, so its heartbeat
+/// kept those rows from the rescue, and they stayed claimed for as long as
+/// this process lived. Counted as a run that its worker did not finish, as
+/// apalis's rescue counts one.
+pub async fn release_previous(pool: &PgPool, process_name: &str) -> Result<u64, sqlx::Error> {
+    let released = sqlx::query(
+        "update apalis.jobs
+         set status = 'Pending', lock_by = null, lock_at = null, done_at = null,
+             attempts = attempts + 1,
+             last_result = jsonb_build_object('Err',
+                 'handed back: claimed by an earlier process of the same name, which is gone')
+         where status in ('Queued', 'Running')
+           and pg_catalog.regexp_replace(pg_catalog.split_part(lock_by, '@', 2), '#[0-9]+$', '') = $1",
+    )
+    .bind(process_name)
+    .execute(pool)
+    .await?;
+    Ok(released.rows_affected())
 }
 
 /// Builds and runs one kind's worker until shutdown, rebuilding it after a
@@ -606,6 +680,17 @@ pub async fn run(pool: PgPool, ctx: Arc<JobContext>, opts: RuntimeOptions, stop:
         outage: opts.outage.clone(),
         running: Default::default(),
     };
+    match release_previous(&pool, &opts.process_name).await {
+        Ok(0) => {}
+        Ok(n) => tracing::warn!(
+            jobs = n,
+            process = %opts.process_name,
+            "an earlier process of this name left jobs claimed; handed back to the queue"
+        ),
+        Err(e) => {
+            tracing::warn!(error = %e, "could not look for jobs left claimed by an earlier process of this name")
+        }
+    }
     let listener = opts.listen.then(|| {
         tokio::spawn(
             shared

@@ -176,3 +176,108 @@ async fn an_assimilation_whose_creator_dies_is_taken_up_by_another_worker(pool: 
     assert_eq!(c.fake.devices().len(), 1, "a second machine was made");
     c.assert_consistent(&managed);
 }
+
+/// The creation's acknowledgement waits for its follow-up, then goes at
+/// once: the queue's nudge comes when both runs are over, not when the
+/// creation's own ends (then, with a poll of a minute and a heartbeat of
+/// 30 s, the creation stayed unacknowledged for half a minute).
+#[sqlx::test(migrations = false)]
+async fn a_creation_is_acknowledged_as_soon_as_its_follow_up_ends(pool: PgPool) {
+    let _quiet = TIMED.read().await;
+    let mut c = Cluster::new(pool, 1, Faults::default()).await;
+    migrate(&c).await;
+    on_first_assimilation(&c.pool, "perform pg_catalog.pg_sleep(1)").await;
+    c.spawn_plain_worker(&[
+        "--poll-interval",
+        "60s",
+        "--heartbeat",
+        "30s",
+        "--max-machines",
+        "1",
+    ]);
+    sqlx::query("select shepherd.enqueue_reconcile()")
+        .execute(&c.pool)
+        .await
+        .unwrap();
+    c.wait_for(1, 1, Duration::from_secs(60)).await;
+    let started = Instant::now();
+    loop {
+        let open = c
+            .count("select count(*) from apalis.jobs where status in ('Queued', 'Running')")
+            .await;
+        if open == 0 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{open} finished jobs unacknowledged after {:?}; logs in {}",
+            started.elapsed(),
+            c.dir.display()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    c.stop_all();
+}
+
+/// A process restarted with its predecessor's host and pid (a container's
+/// pid 1) re-registers its workers' names as live: what the predecessor
+/// left claimed under them is handed back when the new one starts, never
+/// another process's.
+#[sqlx::test(migrations = false)]
+async fn claims_of_an_earlier_process_of_the_same_name_are_handed_back(pool: PgPool) {
+    let c = Cluster::new(pool, 0, Faults::default()).await;
+    migrate(&c).await;
+    sqlx::query(
+        "insert into apalis.workers (id, worker_type, storage_name, last_seen)
+         select w, split_part(w, '@', 1), 'PostgresStorage', now()
+         from unnest(array['create_device@h:7#0', 'assimilate@h:7#3', 'assimilate@h:77#0',
+                           'assimilate@h_7#0']) w",
+    )
+    .execute(&c.pool)
+    .await
+    .unwrap();
+    let mut claimed = vec![];
+    for worker in [
+        "create_device@h:7#0",
+        "assimilate@h:7#3",
+        "assimilate@h:77#0",
+        "assimilate@h_7#0",
+    ] {
+        let id: String = sqlx::query_scalar(
+            "select shepherd.push_job('assimilate', jsonb_build_object('device', $1::text))",
+        )
+        .bind(worker)
+        .fetch_one(&c.pool)
+        .await
+        .unwrap();
+        sqlx::query(
+            "update apalis.jobs set status = 'Queued', lock_by = $2, lock_at = now() where id = $1",
+        )
+        .bind(&id)
+        .bind(worker)
+        .execute(&c.pool)
+        .await
+        .unwrap();
+        claimed.push(id);
+    }
+    let released = shepherd_workers::services::runtime::release_previous(&c.pool, "h:7")
+        .await
+        .expect("the release");
+    assert_eq!(released, 2);
+    let rows: Vec<(String, Option<String>, i32)> = sqlx::query_as(
+        "select status, lock_by, attempts from apalis.jobs where id = any($1) order by id",
+    )
+    .bind(&claimed)
+    .fetch_all(&c.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        rows,
+        vec![
+            ("Pending".into(), None, 1),
+            ("Pending".into(), None, 1),
+            ("Queued".into(), Some("assimilate@h:77#0".into()), 0),
+            ("Queued".into(), Some("assimilate@h_7#0".into()), 0),
+        ]
+    );
+}
