@@ -240,8 +240,10 @@ async fn record_locked(
             ],
         )
         .await?;
+        let outcome = AssimilateOutcome::AlreadyManaged { machine_id };
+        super::follow_up::acknowledge(&mut tx, &outcome).await?;
         tx.commit().await?;
-        return Ok(AssimilateOutcome::AlreadyManaged { machine_id });
+        return Ok(outcome);
     }
     // A creation by another request still owns the unit: it may be sending,
     // or its create may land later. The machine waits until it ends.
@@ -300,8 +302,10 @@ async fn record_locked(
         events.into_iter().map(|e| e.caused_by(job_id)).collect(),
     )
     .await?;
+    let outcome = AssimilateOutcome::Assimilated { machine_id };
+    super::follow_up::acknowledge(&mut tx, &outcome).await?;
     tx.commit().await?;
-    Ok(AssimilateOutcome::Assimilated { machine_id })
+    Ok(outcome)
 }
 
 async fn reject(

@@ -87,3 +87,64 @@ pub(crate) fn claimed(follow_up: FollowUp) {
         *r.claimed.lock().unwrap_or_else(|p| p.into_inner()) = Some(follow_up);
     });
 }
+
+/// A claimed Assimilate being run by its claimant: its acknowledgement can
+/// ride in the transaction that records its outcome, one commit (and WAL
+/// flush) fewer a machine than a statement of its own after it.
+struct Acking {
+    job_id: String,
+    claimant: String,
+    acknowledged: std::sync::atomic::AtomicBool,
+}
+
+tokio::task_local! {
+    static ACKING: Arc<Acking>;
+}
+
+/// The run of a claimed Assimilate, acknowledged by [`acknowledge`] where
+/// its outcome's transaction can carry it.
+#[derive(Clone)]
+pub struct Run(Arc<Acking>);
+
+impl Run {
+    pub fn new(job_id: &str, claimant: &str) -> Run {
+        Run(Arc::new(Acking {
+            job_id: job_id.into(),
+            claimant: claimant.into(),
+            acknowledged: Default::default(),
+        }))
+    }
+
+    pub fn scope<F: Future>(&self, run: F) -> impl Future<Output = F::Output> {
+        ACKING.scope(self.0.clone(), run)
+    }
+
+    /// Whether a transaction of the run acknowledged the row. Only what the
+    /// run returned tells whether that transaction committed: read this
+    /// after a run that ended well.
+    pub fn acknowledged(&self) -> bool {
+        self.0
+            .acknowledged
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// Acknowledges the claimed Assimilate being run, if this is one, as done
+/// with `outcome`, in `conn`'s transaction: called just before the commit
+/// that records the outcome, and by a run that returns `outcome` exactly
+/// when that commit succeeds (the runner takes a returned outcome after a
+/// call here as acknowledged).
+pub(crate) async fn acknowledge(
+    conn: &mut sqlx::PgConnection,
+    outcome: &impl std::fmt::Debug,
+) -> Result<(), sqlx::Error> {
+    let Ok(acking) = ACKING.try_with(Arc::clone) else {
+        return Ok(());
+    };
+    let done = super::queue::Ending::Done(format!("{outcome:?}"));
+    super::queue::finish_claimed(conn, &acking.job_id, &acking.claimant, &done).await?;
+    acking
+        .acknowledged
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    Ok(())
+}

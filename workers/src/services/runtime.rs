@@ -415,14 +415,22 @@ async fn run_follow_up(shared: &Shared, claimant: &str, follow_up: jobs::follow_
     }
     let jobs::follow_up::FollowUp { job_id, args } = follow_up;
     let span = tracing::info_span!("job", kind = "assimilate", job_id = %job_id, device = %args.device, attempt = args.attempt, follow_up = true);
+    // Acknowledged in the outcome's own transaction where it has one.
+    let acking = jobs::follow_up::Run::new(&job_id, claimant);
     let run = run_guarded(shared, "assimilate", &job_id, {
-        let (ctx, job_id) = (shared.ctx.clone(), job_id.clone());
-        async move { jobs::assimilate::assimilate(&ctx, &args, &job_id).await }
+        let (ctx, job_id, acking) = (shared.ctx.clone(), job_id.clone(), acking.clone());
+        async move {
+            let run = jobs::assimilate::assimilate(&ctx, &args, &job_id);
+            acking.scope(run).await
+        }
     })
     .instrument(span.clone());
     let ending = match std::panic::AssertUnwindSafe(run).catch_unwind().await {
         Ok(Ok(outcome)) => {
             span.in_scope(|| outcome.log());
+            if acking.acknowledged() {
+                return;
+            }
             Ending::Done(format!("{outcome:?}"))
         }
         Ok(Err(e)) if e.is::<AbortError>() => Ending::Killed(e.to_string()),

@@ -88,6 +88,23 @@ async fn a_created_machine_is_assimilated_by_the_worker_that_made_it(pool: PgPoo
             (lock_by.as_str(), "ok")
         );
     }
+    // Each acknowledged in the transaction that recorded its machine: the
+    // same `now()` stamps both.
+    let apart = c
+        .count(
+            "select count(*) from apalis.jobs j
+             join shepherd.events e on e.job_id = j.id and e.event_type = 'machine_assimilated'
+             where j.job_type = 'assimilate' and e.recorded_at is distinct from j.done_at",
+        )
+        .await;
+    let machines = c
+        .count("select count(*) from shepherd.events where event_type = 'machine_assimilated'")
+        .await;
+    assert_eq!(
+        (apart, machines),
+        (0, 3),
+        "acknowledged apart from the record"
+    );
     c.stop_all();
     let managed = c.managed_ids().await;
     c.assert_consistent(&managed);
