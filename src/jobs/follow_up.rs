@@ -7,8 +7,9 @@
 //! a busy Postgres that was a third of a creation's database work (issue
 //! 31). So a worker that runs creations pushes a created machine's
 //! Assimilate already claimed by itself, and runs it when the creation's
-//! handler returns ([`queue::finish_claimed`] acknowledges it as apalis
-//! would). The row is a job like any other: operators see it claimed and
+//! handler returns; the transaction that records the machine acknowledges
+//! the row as apalis would ([`acknowledge`]; `queue::finish_claimed` for
+//! any other ending). The row is a job like any other: operators see it claimed and
 //! done, its run is kept, and if the worker dies first the queue gives it
 //! to another worker when the claimant's heartbeat stops, as it would any
 //! claimed job.
