@@ -204,35 +204,7 @@ async fn a_creation_is_acknowledged_as_soon_as_its_follow_up_ends(pool: PgPool) 
     let mut c = Cluster::new(pool, 1, Faults::default()).await;
     migrate(&c).await;
     on_first_assimilation(&c.pool, "perform pg_catalog.pg_sleep(1)").await;
-    c.spawn_plain_worker(&[
-        "--poll-interval",
-        "60s",
-        "--heartbeat",
-        "30s",
-        "--max-machines",
-        "1",
-    ]);
-    sqlx::query("select shepherd.enqueue_reconcile()")
-        .execute(&c.pool)
-        .await
-        .unwrap();
-    c.wait_for(1, 1, Duration::from_secs(60)).await;
-    let started = Instant::now();
-    loop {
-        let open = c
-            .count("select count(*) from apalis.jobs where status in ('Queued', 'Running')")
-            .await;
-        if open == 0 {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "{open} finished jobs unacknowledged after {:?}; logs in {}",
-            started.elapsed(),
-            c.dir.display()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    super::queue::one_machine_acknowledged_within(&mut c, Duration::from_secs(10)).await;
     c.stop_all();
 }
 

@@ -188,6 +188,22 @@ async fn a_lone_job_is_acknowledged_without_waiting_for_the_poll(pool: PgPool) {
     let _quiet = TIMED.read().await;
     let mut c = Cluster::new(pool, 1, Faults::default()).await;
     migrate(&c).await;
+    one_machine_acknowledged_within(&mut c, Duration::from_secs(20)).await;
+    let ok: i64 = sqlx::query_scalar("select count(*) from shepherd.job_runs where outcome = 'ok'")
+        .fetch_one(&c.pool)
+        .await
+        .expect("counting the runs");
+    assert_eq!(
+        ok, 3,
+        "one run each for the pass, the creation and the assimilation"
+    );
+    c.stop_all();
+}
+
+/// One worker polling once a minute with a heartbeat of 30 s makes one
+/// machine; every job it ran is then acknowledged within `limit`, never
+/// left to the poll or the heartbeat.
+pub(crate) async fn one_machine_acknowledged_within(c: &mut Cluster, limit: Duration) {
     c.spawn_plain_worker(&[
         "--poll-interval",
         "60s",
@@ -201,8 +217,8 @@ async fn a_lone_job_is_acknowledged_without_waiting_for_the_poll(pool: PgPool) {
         .await
         .unwrap();
     c.wait_for(1, 1, Duration::from_secs(60)).await;
-    // The creation's and the assimilation's runs ended, and nothing else is
-    // coming: their acknowledgements come now, not at the next poll.
+    // The runs ended, and nothing else is coming: their acknowledgements
+    // come now, not at the next poll.
     let started = Instant::now();
     loop {
         let open: i64 = sqlx::query_scalar(
@@ -215,20 +231,11 @@ async fn a_lone_job_is_acknowledged_without_waiting_for_the_poll(pool: PgPool) {
             break;
         }
         assert!(
-            started.elapsed() < Duration::from_secs(20),
+            started.elapsed() < limit,
             "{open} finished jobs still unacknowledged after {:?} (the poll is a minute); logs in {}",
             started.elapsed(),
             c.dir.display()
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let ok: i64 = sqlx::query_scalar("select count(*) from shepherd.job_runs where outcome = 'ok'")
-        .fetch_one(&c.pool)
-        .await
-        .expect("counting the runs");
-    assert_eq!(
-        ok, 3,
-        "one run each for the pass, the creation and the assimilation"
-    );
-    c.stop_all();
 }
