@@ -9,14 +9,14 @@
 //! Assimilate already claimed by itself, and runs it when the creation's
 //! handler returns; the transaction that records the machine acknowledges
 //! the row as apalis would ([`acknowledge`]; `queue::finish_claimed` for
-//! any other ending). The row is a job like any other: operators see it claimed and
-//! done, its run is kept, and if the worker dies first the queue gives it
-//! to another worker when the claimant's heartbeat stops, as it would any
-//! claimed job.
+//! any other ending). The row is a job like any other: operators see it
+//! claimed and done, its run is kept, and if the worker dies first the
+//! queue gives it to another worker when the claimant's heartbeat stops,
+//! as it would any claimed job.
 //!
 //! The claimant is known to the runtime only, and the ending that pushes
 //! the Assimilate is several calls deep in a creation, so it is given to
-//! the creation as a task-local for the length of one run ([`claiming`]),
+//! the creation as a task-local for the length of one run ([`Claims`]),
 //! rather than through every function between. A run without one (a test
 //! calling the handler, the CLI) pushes the Assimilate unclaimed, as before.
 

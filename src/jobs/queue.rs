@@ -122,8 +122,8 @@ pub enum Ending {
 /// Acknowledges a job claimed by `claimant` as apalis would (its status,
 /// its run counted, its result); a run that ended well is kept by the
 /// acknowledgement's trigger. `false` when the row was no longer the
-/// claimant's: an operator cancelled it, or the queue gave it to another
-/// worker meanwhile.
+/// claimant's: the queue took it back from a claimant it thought dead, or
+/// gave it to another worker meanwhile.
 pub async fn finish_claimed(
     conn: &mut PgConnection,
     job_id: &str,
