@@ -14,6 +14,10 @@ use crate::commands::database::DatabaseArgs;
 use crate::services::runtime::{self, RuntimeOptions, Stop};
 use crate::settings::{LatitudeArgs, MetalArgs, ProviderKind, ProvisionerArgs};
 
+/// How long a stopping worker waits for its database connections to come
+/// back before it exits without them.
+const POOL_CLOSE: Duration = Duration::from_secs(5);
+
 #[derive(Debug, Args)]
 pub struct WorkerArgs {
     #[command(flatten)]
@@ -448,8 +452,20 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
     if let Ok(Err(e)) = http.await {
         tracing::warn!(error = %e, "the status page server failed");
     }
-    pool.close().await;
-    tracing::info!("worker exited cleanly");
+    // `close` waits for every connection to come back: one held by a
+    // dropped job's statement that the server never answers would keep a
+    // stopping process alive for good.
+    if tokio::time::timeout(POOL_CLOSE, pool.close())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            waited_s = POOL_CLOSE.as_secs(),
+            "database connections were still in use at exit; leaving them to the server"
+        );
+    } else {
+        tracing::info!("worker exited cleanly");
+    }
     Ok(())
 }
 

@@ -170,16 +170,24 @@ struct Door {
 impl Door {
     async fn before(db_url: &str) -> Door {
         let server = "127.0.0.1:5432";
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("binding the door");
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("binding the door");
+        listener
+            .set_nonblocking(true)
+            .expect("a non-blocking listener");
         let addr = listener.local_addr().expect("the door's address");
         let url = db_url.replacen(server, &addr.to_string(), 1);
         assert_ne!(url, db_url, "the test database is not at {server}");
         let open = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
         let (cut, cuts) = tokio::sync::watch::channel(0u64);
         let is_open = open.clone();
-        tokio::spawn(async move {
+        // On a thread and runtime of its own: the test blocks its own
+        // runtime when it waits for a worker to exit (`Cluster::stop_all`),
+        // and a door served there stopped passing the stopping worker's
+        // last statements, so the worker never exited (seen in CI: the
+        // test hung at its end).
+        let door = async move {
+            let listener =
+                tokio::net::TcpListener::from_std(listener).expect("the door's listener");
             while let Ok((mut inbound, _)) = listener.accept().await {
                 if !is_open.load(std::sync::atomic::Ordering::SeqCst) {
                     continue;
@@ -197,6 +205,13 @@ impl Door {
                     }
                 });
             }
+        };
+        std::thread::spawn(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("the door's runtime")
+                .block_on(door)
         });
         Door { url, open, cut }
     }
