@@ -4,6 +4,7 @@
 
 pub mod http;
 pub mod outage;
+pub mod runs;
 pub mod runtime;
 pub mod scheduler;
 pub mod shutdown;
