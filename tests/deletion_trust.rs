@@ -8,6 +8,8 @@
 //! tests/leave_hook.rs. Against the fake Latitude over HTTP and a real
 //! Postgres; jobs claimed from the real queue.
 
+#[path = "deletion_trust/absence.rs"]
+mod absence;
 mod common;
 
 use common::latitude::{World, pool};
@@ -84,6 +86,9 @@ async fn never_ready_counts_from_our_creation_and_is_checked_again_before_the_de
     assert!(w.fake.set_status(id, Some("deploying")));
     assert!(w.fake.age_server(id, Duration::from_secs(86_400)));
     setting(&w, "ready_deadline", "3s").await;
+    // A pool of one: max_unhealthy rounds down, so only 100 % lets its one
+    // machine be replaced.
+    setting(&w, "max_unhealthy", "100%").await;
     let pass = w.pass().await;
     assert!(pass.deletions.is_empty(), "{pass:?}");
     assert!(w.events("machine_ready").await.is_empty());
@@ -159,17 +164,21 @@ async fn a_surplus_is_counted_against_what_the_provider_lists_now(db: PgPool) {
     assert_eq!(pass.deletions.len(), 1);
     let leaving = pass.deletions[0].clone();
     drain_rounds(&w, 0).await;
-    // Meanwhile the provider takes another server away.
+    // Meanwhile the provider takes another server away, and a pass finds
+    // it missing: one "not found", which makes it no proof of anything
+    // yet, and no longer counted as standing either.
     let other = server_ids(&w)
         .into_iter()
         .find(|id| *id != leaving)
         .unwrap();
     assert!(w.fake.reclaim(&other));
+    let pass = w.pass().await;
+    assert_eq!(pass.missing_devices, vec![other.clone()], "{pass:?}");
     acknowledge(&w, &leaving).await;
     w.make_due().await;
     let ran = drain_rounds(&w, 0).await;
     let reason = cancelled_reason(&ran);
-    assert!(reason.contains("lists 1 other"), "{reason}");
+    assert!(reason.contains("1 other machines of it stand"), "{reason}");
     assert_eq!(w.fake.calls(Call::DestroyServer), 0);
     assert!(server_ids(&w).contains(&leaving));
 }
@@ -418,19 +427,23 @@ async fn a_longer_prefix_of_another_deployment_stops_nothing(db: PgPool) {
 async fn an_adopted_machine_without_our_witness_is_shed_with_its_pool(db: PgPool) {
     let w = World::new(db, 10, vec![pool("web", "DAL", 1)]).await;
     w.settle(3).await;
-    // Adopted on purpose (assimilate on): it stands on web/1, a place of
+    // Adopted on purpose, by an operator's hand (assimilate mode adopts
+    // no witness our log does not know): it stands on web/1, a place of
     // the pool once raised, and no request of ours made it.
-    setting(&w, "assimilate", "true").await;
     let project = w.fake.project().to_string();
     let adopted =
         w.fake
             .add_foreign_server(&project, "c2-small-x86", "DAL", "shepherd-web-1-deadbeef");
     set_count(&w, "web", 2).await;
     let pass = w.pass().await;
-    assert_eq!(pass.adopted, vec![adopted.clone()], "{pass:?}");
+    assert_eq!(pass.unknown_devices, vec![adopted.clone()], "{pass:?}");
     assert!(pass.enqueued.is_empty(), "{pass:?}");
+    sqlx::query("select shepherd.enqueue_assimilate($1::text)")
+        .bind(&adopted)
+        .execute(&w.pool)
+        .await
+        .expect("enqueue_assimilate");
     drain_rounds(&w, 1).await;
-    setting(&w, "assimilate", "false").await;
     set_count(&w, "web", 1).await;
     // The pool's count is 1 and it holds 2: the one beyond goes, through
     // the same guards, instead of being billed forever.

@@ -470,24 +470,39 @@ async fn a_deprovision_whose_answer_was_lost_is_settled_by_looking(db: PgPool) {
             )),
     );
     // The client's retries run out: unknown. The successor (due at once
-    // here) looks the server up, finds it gone, and sends nothing.
-    let ran = drain_with(&w.pool, &w.ctx).await;
-    let outcomes: Vec<&DeleteOutcome> = ran
-        .iter()
-        .filter_map(|r| match r {
-            Ran::Delete(o) => Some(o),
-            _ => None,
-        })
-        .collect();
+    // here) looks the server up and finds it gone: one absence, recorded,
+    // and the machine stays managed until a second look a gap later
+    // agrees with a listing.
+    let deletes = |ran: Vec<Ran>| -> Vec<DeleteOutcome> {
+        ran.into_iter()
+            .filter_map(|r| match r {
+                Ran::Delete(o) => Some(o),
+                _ => None,
+            })
+            .collect()
+    };
+    let outcomes = deletes(drain_with(&w.pool, &w.ctx).await);
     assert!(
         matches!(
             outcomes[..],
             [
                 DeleteOutcome::Unresolved { .. },
-                DeleteOutcome::Deleted {
-                    already_gone: false
-                }
+                DeleteOutcome::Waiting { .. }
             ]
+        ),
+        "{outcomes:?}"
+    );
+    assert!(w.events("machine_deleted").await.is_empty());
+    assert_eq!(w.events("machine_not_found").await.len(), 1);
+    tokio::time::sleep(std::time::Duration::from_millis(1_100)).await;
+    w.make_due().await;
+    let outcomes = deletes(drain_with(&w.pool, &w.ctx).await);
+    assert!(
+        matches!(
+            outcomes[..],
+            [DeleteOutcome::Deleted {
+                already_gone: false
+            }]
         ),
         "{outcomes:?}"
     );

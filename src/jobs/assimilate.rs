@@ -85,6 +85,14 @@ pub async fn assimilate(
     if let Some(reason) = facts.foreign {
         return reject(ctx, args, job_id, reason).await;
     }
+    // An answer about another server, or in no project: nothing adopted on
+    // it, and asked again while attempts remain.
+    if let Some(reason) = facts.unproven {
+        if args.attempt < ctx.config.assimilate_retry.max_attempts {
+            return retry_later(ctx, args, &reason).await;
+        }
+        return reject(ctx, args, job_id, reason).await;
+    }
     let found = Found {
         unit: facts.unit.or(args.reservation),
         hostname: facts.hostname,

@@ -14,6 +14,7 @@ pub mod converge;
 pub mod create_device;
 pub mod delete_machine;
 pub mod follow_up;
+pub mod gone;
 pub mod lease;
 pub mod manage;
 pub mod pass;

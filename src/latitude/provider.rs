@@ -160,10 +160,20 @@ impl LatitudeProvider {
     }
 
     fn as_machine(&self, s: &Server) -> Machine {
-        let pools = self.snapshot().all();
+        let places = self.snapshot();
+        let pools = places.all();
+        // A place beyond any the pool ever had is none of ours: a server
+        // named for it is a stranger (reported, stopping nothing), never
+        // an unknown on a place that would hold the pool.
         let named = s
             .hostname()
-            .and_then(|h| pools::parse(&self.prefix, &pools, h));
+            .and_then(|h| pools::parse(&self.prefix, &pools, h))
+            .filter(|n| {
+                places
+                    .pools
+                    .iter()
+                    .any(|d| d.pool.name == n.pool.name && n.index < d.places_known())
+            });
         Machine {
             id: s.id.clone(),
             hostname: s.hostname().map(str::to_string),
@@ -370,6 +380,16 @@ impl Provider for LatitudeProvider {
         Some((pool.name, index))
     }
 
+    fn pool_units(&self, pool: &str) -> Vec<Uuid> {
+        let places = self.snapshot();
+        places
+            .pools
+            .iter()
+            .filter(|d| d.pool.name == pool)
+            .flat_map(|d| (0..d.places_known()).map(|i| self.place_unit(&d.pool.name, i)))
+            .collect()
+    }
+
     fn delete<'a>(&'a self, id: &'a str, fence: &'a dyn Fence) -> ProviderResult<'a, Deleted> {
         Box::pin(async move {
             let already_gone = self
@@ -517,6 +537,19 @@ impl LatitudeProvider {
         Box::pin(async move {
             let server = self.client.get_server(&id).await?;
             let project = server.attributes.project.as_ref();
+            // A body about another server (a cache keyed wrongly), or one
+            // that names no project, says nothing of this one.
+            let unproven = if server.id != id {
+                Some(format!(
+                    "the provider's answer for {} is about server {}",
+                    crate::text::bounded_word(&id),
+                    crate::text::bounded_word(&server.id)
+                ))
+            } else if project.is_none_or(|p| p.id.is_none() && p.slug.is_none()) {
+                Some("the provider's answer names no project".to_string())
+            } else {
+                None
+            };
             let ours = project.is_none_or(|p| {
                 [p.id.as_deref(), p.slug.as_deref()]
                     .into_iter()
@@ -530,6 +563,7 @@ impl LatitudeProvider {
                 unit: machine.unit,
                 hostname: machine.hostname,
                 witness: machine.witness,
+                unproven,
                 foreign: (!ours).then(|| {
                     format!(
                         "the server belongs to project {}, not to shepherd's",

@@ -242,7 +242,20 @@ impl Provider for MetalProvider {
                 .filter(|p| *p != self.client.project_id())
                 .map(|p| format!("the device belongs to project {p}, not to shepherd's"));
             let seen = machine(&device);
+            // A body about another device, or one that names no project,
+            // says nothing of this one.
+            let unproven = if device.id != device_id {
+                Some(format!(
+                    "the provider's answer for {device_id} is about device {}",
+                    device.id
+                ))
+            } else if device.project_id().is_none() {
+                Some("the provider's answer names no project".to_string())
+            } else {
+                None
+            };
             Ok(MachineFacts {
+                unproven,
                 unit: device.reservation_id(),
                 hostname: device.hostname.clone(),
                 witness: seen.witness,

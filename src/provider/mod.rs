@@ -252,6 +252,9 @@ pub struct MachineFacts {
     pub witness: Option<String>,
     /// Why the machine is not shepherd's to manage (another project), if so.
     pub foreign: Option<String>,
+    /// Why the answer proves nothing of this machine either way, if so: it
+    /// names another server, or no project. Nothing is decided on it.
+    pub unproven: Option<String>,
     /// What its state means (`Condition`), read now.
     pub condition: Condition,
     /// The provider's own word for its state.
@@ -268,7 +271,10 @@ impl MachineFacts {
 /// What a delete found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Deleted {
-    /// The machine was gone before the delete was sent.
+    /// The provider answered "not found" (on the first attempt, or after
+    /// one whose answer was not seen) rather than accepting the delete: one
+    /// absence, which proves nothing until it is confirmed
+    /// (`jobs::gone`).
     pub already_gone: bool,
 }
 
@@ -450,6 +456,12 @@ pub trait Provider: Send + Sync + 'static {
     /// pool included).
     fn unit_place(&self, _unit: Uuid) -> Option<(String, u32)> {
         None
+    }
+
+    /// Every place of `pool` a machine may stand on (past places of a
+    /// shrunk pool included), where the provider has pools.
+    fn pool_units(&self, _pool: &str) -> Vec<Uuid> {
+        vec![]
     }
 
     /// Deletes a machine. `fence` is asked right before each request

@@ -188,6 +188,14 @@ pub enum FaultKind {
     /// `create-server` only: refused for want of stock with a 422 that
     /// carries no code, only words (as some answers were seen).
     CodelessOutOfStock,
+    /// `get-server` only: answered 200 with the body of another server of
+    /// the project (the newest other one), as a cache keyed wrongly would;
+    /// with `no_project`, the body of the server asked for, without its
+    /// `project`.
+    WrongBody {
+        #[serde(default)]
+        no_project: bool,
+    },
 }
 
 impl Default for FaultKind {
@@ -209,6 +217,7 @@ impl AppliesTo<Call> for FaultKind {
             | FaultKind::OtherPartyCreates
             | FaultKind::StockRunsOut
             | FaultKind::CodelessOutOfStock => call == Call::CreateServer,
+            FaultKind::WrongBody { .. } => call == Call::GetServer,
         }
     }
 }

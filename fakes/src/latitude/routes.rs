@@ -385,16 +385,37 @@ fn hostname_wanted(
         && holds("filter[hostname][match]", |h, w| h.contains(w))
 }
 
-async fn get_server(State(shared): State<Arc<Shared>>, Path(id): Path<String>) -> Response {
+async fn get_server(
+    State(shared): State<Arc<Shared>>,
+    Extension(fault): Extension<ActiveFault>,
+    Path(id): Path<String>,
+) -> Response {
     let world = shared.world();
     let now = Instant::now();
-    match world.find(&id) {
-        Some(i) if world.readable(&world.servers[i], now) => answer(
-            200,
-            &json!({ "data": world.server_json(&world.servers[i], now, true), "meta": {} }),
-        ),
-        _ => not_found(),
+    let Some(i) = world
+        .find(&id)
+        .filter(|i| world.readable(&world.servers[*i], now))
+    else {
+        return not_found();
+    };
+    let mut data = world.server_json(&world.servers[i], now, true);
+    match fault.0 {
+        Some(FaultKind::WrongBody { no_project: true }) => {
+            if let Some(a) = data.get_mut("attributes").and_then(Value::as_object_mut) {
+                a.remove("project");
+            }
+        }
+        Some(FaultKind::WrongBody { no_project: false }) => {
+            let other = (0..world.servers.len())
+                .rev()
+                .find(|j| *j != i && world.readable(&world.servers[*j], now));
+            if let Some(j) = other {
+                data = world.server_json(&world.servers[j], now, true);
+            }
+        }
+        _ => {}
     }
+    answer(200, &json!({ "data": data, "meta": {} }))
 }
 
 #[derive(Deserialize)]

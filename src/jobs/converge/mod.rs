@@ -7,8 +7,9 @@
 //!
 //! 1. deletions paused: nothing is deleted;
 //! 2. a protected machine is never deleted;
-//! 3. too many machines of a pool look unhealthy at once (an outage at the
-//!    provider, not a reason to delete): none of them is replaced;
+//! 3. too many machines of a plan at a site look unhealthy at once (an
+//!    outage at the provider, not a reason to delete): none of them is
+//!    replaced;
 //! 4. the pool's deletion budget for the period: no more than that.
 //!
 //! A decision names its machine and why; the pass records it
@@ -178,9 +179,14 @@ pub struct Plan {
 /// guards. `used` is each pool's deletions requested in the current period.
 pub fn plan(targets: &[Target], used: &HashMap<String, u32>, policy: &Policy) -> Plan {
     let mut out = Plan::default();
+    let scopes = repair::scopes(targets, policy);
     for t in targets {
         let surplus = surplus::candidates(t, policy.now);
-        let repair = repair::candidates(t, &surplus.chosen, policy);
+        let scope = scopes
+            .get(&repair::scope_key(t))
+            .copied()
+            .unwrap_or_default();
+        let repair = repair::candidates(t, scope, &surplus.chosen, policy);
         let mut wanted: Vec<Decision> = surplus.chosen;
         let mut held: Vec<Held> = vec![];
         if !surplus.prepaid.is_empty() {

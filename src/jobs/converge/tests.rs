@@ -88,10 +88,12 @@ fn a_protected_machine_is_never_deleted_and_that_is_said() {
     let p = plan(&[target(1, members)], &HashMap::new(), &policy());
     assert!(p.delete.is_empty());
     assert_eq!(p.held[0].guard, Guard::Protected);
-    // A protected failed machine is not replaced either.
-    let mut members = vec![member(0, Health::Failed, 1), member(1, Health::Ready, 1)];
+    // A protected failed machine is not replaced either (in a pool of 5,
+    // where max_unhealthy lets one be).
+    let mut members: Vec<Member> = (0..5).map(|i| member(i, Health::Ready, 1)).collect();
+    members[0].health = Health::Failed;
     members[0].protected = true;
-    let p = plan(&[target(2, members)], &HashMap::new(), &policy());
+    let p = plan(&[target(5, members)], &HashMap::new(), &policy());
     assert!(p.delete.is_empty());
     assert_eq!((p.held[0].guard, p.held[0].count), (Guard::Protected, 1));
 }
@@ -123,13 +125,103 @@ fn too_many_unhealthy_at_once_is_an_outage_and_nothing_is_replaced() {
     let p = plan(&[target(5, members)], &HashMap::new(), &policy());
     assert!(p.delete.is_empty(), "{p:?}");
     assert_eq!((p.held[0].guard, p.held[0].count), (Guard::Unhealthy, 3));
-    // A pool of one may replace its one machine.
+    // Rounded down: 40 % of 2 is none, so one failed of 2 is held, and a
+    // pool of one alone on its plan and site never has its machine
+    // replaced on the provider's word.
+    let p = plan(
+        &[target(
+            2,
+            vec![member(0, Health::Failed, 1), member(1, Health::Ready, 1)],
+        )],
+        &HashMap::new(),
+        &policy(),
+    );
+    assert!(p.delete.is_empty(), "{p:?}");
+    assert_eq!(p.held[0].guard, Guard::Unhealthy);
     let p = plan(
         &[target(1, vec![member(0, Health::Failed, 1)])],
         &HashMap::new(),
         &policy(),
     );
+    assert!(p.delete.is_empty(), "{p:?}");
+    assert_eq!(p.held[0].guard, Guard::Unhealthy);
+    assert!(p.held[0].message.contains("rounded down"), "{p:?}");
+}
+
+fn scoped(name: &str, scope: &str, count: u32, members: Vec<Member>) -> Target {
+    Target {
+        pool: name.into(),
+        count,
+        removed: false,
+        scope: Some(scope.into()),
+        members,
+    }
+}
+
+#[test]
+fn max_unhealthy_holds_across_the_pools_of_one_plan_and_site() {
+    let healthy = |n: u32| (0..n).map(|i| member(i, Health::Ready, 1)).collect();
+    // A pool of one whose machine failed, beside a healthy pool of 4 on
+    // the same plan and site: 1 of 5 is within 40 %, so it is replaced.
+    let p = plan(
+        &[
+            scoped("web", "c2@DAL", 1, vec![member(0, Health::Failed, 1)]),
+            scoped("api", "c2@DAL", 4, healthy(4)),
+        ],
+        &HashMap::new(),
+        &policy(),
+    );
     assert_eq!(chosen(&p), vec![(0, Cause::Failed)]);
+    assert_eq!(p.delete[0].pool, "web");
+    // A provider-wide false failure: three pools of one on one plan and
+    // site all read failed. 3 of 3 is an outage: none is replaced, and
+    // each pool says so.
+    let p = plan(
+        &[
+            scoped("a", "c2@DAL", 1, vec![member(0, Health::Failed, 1)]),
+            scoped("b", "c2@DAL", 1, vec![member(0, Health::Failed, 1)]),
+            scoped("c", "c2@DAL", 1, vec![member(0, Health::Failed, 1)]),
+        ],
+        &HashMap::new(),
+        &policy(),
+    );
+    assert!(p.delete.is_empty(), "{p:?}");
+    assert_eq!(p.held.len(), 3, "{p:?}");
+    assert!(p.held.iter().all(|h| h.guard == Guard::Unhealthy));
+    // The same pools on different sites are counted apart: each is a
+    // pool of one alone on its scope, and held (0 of 1 allowed).
+    let p = plan(
+        &[
+            scoped("web", "c2@DAL", 1, vec![member(0, Health::Failed, 1)]),
+            scoped("api", "c2@NYC", 4, healthy(4)),
+        ],
+        &HashMap::new(),
+        &policy(),
+    );
+    assert!(p.delete.is_empty(), "{p:?}");
+    // Failures spread over two pools of one scope add up: 2 of 5 is
+    // within 40 %, 3 of 5 is not.
+    let mut api: Vec<Member> = healthy(4);
+    api[0].health = Health::Failed;
+    let p = plan(
+        &[
+            scoped("web", "c2@DAL", 1, vec![member(0, Health::Failed, 1)]),
+            scoped("api", "c2@DAL", 4, api.clone()),
+        ],
+        &HashMap::new(),
+        &policy(),
+    );
+    assert_eq!(p.delete.len(), 2, "{p:?}");
+    api[1].health = Health::Failed;
+    let p = plan(
+        &[
+            scoped("web", "c2@DAL", 1, vec![member(0, Health::Failed, 1)]),
+            scoped("api", "c2@DAL", 4, api),
+        ],
+        &HashMap::new(),
+        &policy(),
+    );
+    assert!(p.delete.is_empty(), "{p:?}");
 }
 
 #[test]

@@ -241,20 +241,14 @@ async fn holding(
             let e = ProviderError::new(ErrorClass::Transient, reason);
             return retry_later(ctx, args, &e, Tried::Nothing).await;
         }
+        // The look was the one a run after an unseen delete needs too.
+        Recheck::NotFound(message) => {
+            return not_found(ctx, settings, args, leaving, job_id, &message).await;
+        }
     };
     if deletions_paused(ctx).await? {
         let until = Utc::now() + TimeDelta::from_std(LEAVE_POLL * 6).unwrap_or_default();
         return wait_until(ctx, args, until).await;
-    }
-    // A delete whose answer was not seen may have done its work: look first.
-    if args.unknown {
-        match ctx.provider.machine(&args.device).await {
-            Err(e) if e.not_found() => {
-                return deleted(ctx, settings, args, leaving, job_id, false).await;
-            }
-            Err(e) => return unresolved(ctx, args, job_id, &format!("looking failed: {e}")).await,
-            Ok(_) => {}
-        }
     }
     let fence = DeletionFence {
         lock,
@@ -275,7 +269,11 @@ async fn holding(
         ))
     });
     match result {
-        Ok(d) => deleted(ctx, settings, args, leaving, job_id, d.already_gone).await,
+        Ok(d) if d.already_gone => {
+            let message = "the DELETE was answered \"not found\"";
+            not_found(ctx, settings, args, leaving, job_id, message).await
+        }
+        Ok(_) => deleted(ctx, settings, args, leaving, job_id, false).await,
         Err(e) if matches!(e.class, ErrorClass::Ambiguous | ErrorClass::Cancelled) => {
             unresolved(ctx, args, job_id, &e.to_string()).await
         }
@@ -298,6 +296,42 @@ async fn holding(
             let outcome = failed(ctx, args, job_id, e.to_string()).await;
             tell_hook_it_stays(ctx, settings, args, leaving).await;
             outcome
+        }
+    }
+}
+
+/// The provider said it does not know the machine: gone only when that
+/// is confirmed (`jobs::gone`); until then the machine stays managed, and
+/// the deletion asks again after the gap.
+async fn not_found(
+    ctx: &JobContext,
+    settings: &ClusterSettings,
+    args: &DeleteMachineArgs,
+    leaving: &Leaving,
+    job_id: &str,
+    message: &str,
+) -> Result<DeleteOutcome, JobError> {
+    let verdict = crate::jobs::gone::not_found(
+        ctx,
+        settings,
+        job_id,
+        args.request,
+        args.machine_id,
+        &args.device,
+        message,
+        crate::jobs::gone::Listing::Ask,
+    )
+    .await?;
+    match verdict {
+        crate::jobs::gone::Verdict::Gone { evidence } => {
+            tracing::warn!(device = %args.device, %evidence, "the machine is gone: recorded deleted");
+            // After a delete whose answer was not seen, ours did the work.
+            deleted(ctx, settings, args, leaving, job_id, !args.unknown).await
+        }
+        crate::jobs::gone::Verdict::NotYet { after, why } => {
+            tracing::warn!(device = %args.device, %why, "the provider answered \"not found\"; the machine stays managed until that is confirmed");
+            let until = Utc::now() + TimeDelta::from_std(after).unwrap_or_default();
+            wait_until(ctx, args, until).await
         }
     }
 }

@@ -13,16 +13,68 @@ pub(super) enum Recheck {
     Holds(Option<PoolThen>),
     /// The cause no longer holds: the deletion is cancelled.
     NoLonger(String),
-    /// The provider could not be asked: no evidence, so nothing is sent.
+    /// The provider could not be asked, or its answer proves nothing of
+    /// this machine: no evidence, so nothing is sent.
     CannotTell(String),
+    /// The provider answered "not found": one absence, judged by
+    /// `jobs::gone` before the machine is believed gone.
+    NotFound(String),
 }
 
-/// A pool's declared size when a surplus was checked again.
+/// A surplus's pool, which the fence counts again at the write.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct PoolThen {
     name: String,
-    count: i32,
-    removed: bool,
+    /// Every place a machine of the pool may stand on.
+    units: Vec<Uuid>,
+}
+
+/// How a pool stands now, by what the database knows: the machines that
+/// keep standing if this one goes, against what the pool wants.
+struct Standing {
+    wanted: u32,
+    /// The pool's other managed machines that are not leaving and not
+    /// suspected gone (a "not found" since their last sighting).
+    others: u32,
+    /// The cluster has the pool.
+    known: bool,
+}
+
+async fn standing(
+    db: &sqlx::PgPool,
+    pool: &PoolThen,
+    machine: Uuid,
+) -> Result<Standing, sqlx::Error> {
+    let (count, removed, others): (Option<i32>, Option<bool>, i64) = sqlx::query_as(
+        "select p.count, p.removed,
+                (select count(*) from shepherd.managed_machines m
+                 where m.reservation_id = any($2) and m.machine_id <> $3
+                   and not exists (select 1 from shepherd.pending_deletions d
+                                   where d.machine_id = m.machine_id)
+                   and not exists (
+                       select 1 from shepherd.events e
+                       where e.stream = 'device/' || m.provider_id
+                         and e.event_type = 'machine_not_found'
+                         and e.body->>'machine_id' = m.machine_id::text
+                         and e.recorded_at > coalesce(
+                             (select s.seen_at from shepherd.machine_status s
+                              where s.provider_id = m.provider_id), '-infinity')))
+         from (select 1) one
+         left join shepherd.pools p on p.name = $1",
+    )
+    .bind(&pool.name)
+    .bind(&pool.units)
+    .bind(machine)
+    .fetch_one(db)
+    .await?;
+    Ok(Standing {
+        wanted: match removed {
+            Some(false) => count.unwrap_or(0).max(0) as u32,
+            _ => 0,
+        },
+        others: others.max(0) as u32,
+        known: count.is_some(),
+    })
 }
 
 /// Checks again, under the unit's lock and against a fresh read of the
@@ -40,33 +92,37 @@ pub(super) async fn recheck(
         return Ok(Recheck::NoLonger("the machine is protected".into()));
     }
     let facts = match ctx.provider.machine(&args.device).await {
-        Ok(facts) => Some(facts),
-        // Gone already: the delete will find it so.
-        Err(e) if e.not_found() => None,
+        Ok(facts) => facts,
+        Err(e) if e.not_found() => return Ok(Recheck::NotFound(e.to_string())),
         Err(e) => {
             return Ok(Recheck::CannotTell(format!(
                 "the machine could not be read before its delete: {e}"
             )));
         }
     };
-    if let Some(facts) = &facts {
-        if let Some(foreign) = &facts.foreign {
-            return Ok(Recheck::NoLonger(format!(
-                "not provably ours any more: {foreign}"
-            )));
-        }
-        if leaving.hostname.is_some() && facts.hostname != leaving.hostname {
-            return Ok(Recheck::NoLonger(format!(
-                "not provably ours any more: its hostname is {} now, not {}",
-                facts
-                    .hostname
-                    .as_deref()
-                    .map(crate::text::bounded_word)
-                    .unwrap_or_else(|| "none".into()),
-                leaving.hostname.as_deref().unwrap_or_default()
-            )));
-        }
+    // Only an answer about this very server, in a project, says anything.
+    if let Some(unproven) = &facts.unproven {
+        return Ok(Recheck::CannotTell(unproven.clone()));
     }
+    if let Some(foreign) = &facts.foreign {
+        return Ok(Recheck::NoLonger(format!(
+            "not provably ours any more: {foreign}"
+        )));
+    }
+    if leaving.hostname.is_some() && facts.hostname != leaving.hostname {
+        return Ok(Recheck::NoLonger(format!(
+            "not provably ours any more: its hostname is {} now, not {}",
+            facts
+                .hostname
+                .as_deref()
+                .map(crate::text::bounded_word)
+                .unwrap_or_else(|| "none".into()),
+            leaving.hostname.as_deref().unwrap_or_default()
+        )));
+    }
+    // A sighting: an earlier "not found" of it is no longer half of a
+    // proof that it is gone.
+    crate::jobs::gone::seen(ctx, &args.device, facts.status.as_deref()).await?;
     let word = |f: &crate::provider::MachineFacts| {
         f.status
             .as_deref()
@@ -74,26 +130,22 @@ pub(super) async fn recheck(
             .unwrap_or_else(|| "nothing".into())
     };
     match leaving.deletion.cause.as_str() {
-        "failed" => match &facts {
-            Some(f) if !f.failed() => Ok(Recheck::NoLonger(format!(
-                "its deployment no longer reads as failed (the provider says {})",
-                word(f)
-            ))),
-            _ => Ok(Recheck::Holds(None)),
-        },
-        "not_ready" => match &facts {
-            _ if leaving.ready_once => Ok(Recheck::NoLonger(
-                "it was ready once: a machine that ran is not replaced as never ready".into(),
-            )),
-            Some(f) if f.condition != crate::provider::Condition::Deploying => {
-                Ok(Recheck::NoLonger(format!(
-                    "it is no longer deploying (the provider says {})",
-                    word(f)
-                )))
-            }
-            _ => Ok(Recheck::Holds(None)),
-        },
-        "surplus" | "pool_removed" => surplus_holds(ctx, args, leaving, facts.as_ref()).await,
+        "failed" if !facts.failed() => Ok(Recheck::NoLonger(format!(
+            "its deployment no longer reads as failed (the provider says {})",
+            word(&facts)
+        ))),
+        "failed" => Ok(Recheck::Holds(None)),
+        "not_ready" if leaving.ready_once => Ok(Recheck::NoLonger(
+            "it was ready once: a machine that ran is not replaced as never ready".into(),
+        )),
+        "not_ready" if facts.condition != crate::provider::Condition::Deploying => {
+            Ok(Recheck::NoLonger(format!(
+                "it is no longer deploying (the provider says {})",
+                word(&facts)
+            )))
+        }
+        "not_ready" => Ok(Recheck::Holds(None)),
+        "surplus" | "pool_removed" => surplus_holds(ctx, args, leaving, &facts).await,
         "operator" => operator_asked(ctx, args).await,
         other => Ok(Recheck::NoLonger(format!(
             "its cause {:?} is not one shepherd deletes for",
@@ -138,15 +190,16 @@ async fn operator_asked(ctx: &JobContext, args: &DeleteMachineArgs) -> Result<Re
     })
 }
 
-/// A surplus still holds when the pool's other machines that the provider
-/// lists now (managed, not leaving for another reason) are at least its
-/// count: a machine the provider took away meanwhile, or a pool raised,
-/// leaves nothing to shed.
+/// A surplus still holds when the pool's other machines (managed, not
+/// leaving, not suspected gone) are at least its count: a machine the
+/// provider took away meanwhile, or a pool raised, leaves nothing to shed.
+/// Counted from what the database knows, not from a listing of the whole
+/// project per deletion; the fence counts again at the write.
 async fn surplus_holds(
     ctx: &JobContext,
     args: &DeleteMachineArgs,
     leaving: &Leaving,
-    facts: Option<&crate::provider::MachineFacts>,
+    facts: &crate::provider::MachineFacts,
 ) -> Result<Recheck, JobError> {
     // A pass names the pool of every surplus it finds: one without, or
     // of a pool the cluster never had, is no pass's.
@@ -155,77 +208,44 @@ async fn surplus_holds(
             "a surplus that names no pool is not one a pass found".into(),
         ));
     };
-    let then: Option<(i32, bool)> =
-        sqlx::query_as("select count, removed from shepherd.pools where name = $1")
-            .bind(pool)
-            .fetch_optional(&ctx.pool)
-            .await?;
-    let Some((count, removed)) = then else {
+    // And the machine stands on the pool, as the provider names it now.
+    let place = facts.unit.and_then(|u| ctx.provider.unit_place(u));
+    if place.as_ref().is_none_or(|(p, _)| p != pool) {
+        return Ok(Recheck::NoLonger(format!(
+            "the provider does not place it in pool {pool}"
+        )));
+    }
+    let then = PoolThen {
+        name: pool.clone(),
+        units: ctx.provider.pool_units(pool),
+    };
+    let now = standing(&ctx.pool, &then, args.machine_id).await?;
+    if !now.known {
         return Ok(Recheck::NoLonger(format!(
             "the cluster has no pool {:?}",
             crate::text::bounded_word(pool)
         )));
-    };
-    // And the machine stands on the pool, as the provider names it now.
-    if let Some(f) = facts {
-        let place = f.unit.and_then(|u| ctx.provider.unit_place(u));
-        if place.as_ref().is_none_or(|(p, _)| p != pool) {
-            return Ok(Recheck::NoLonger(format!(
-                "the provider does not place it in pool {pool}"
-            )));
-        }
     }
-    let wanted = if removed { 0 } else { count.max(0) as u32 };
-    let listed = match ctx.provider.machines().await {
-        Ok(listed) => listed,
-        Err(e) => {
-            return Ok(Recheck::CannotTell(format!(
-                "the provider's machines could not be listed to count the pool: {e}"
-            )));
-        }
-    };
-    let listed: std::collections::HashSet<String> = listed.into_iter().map(|m| m.id).collect();
-    let rows: Vec<(String, Option<Uuid>, bool)> = sqlx::query_as(
-        "select m.provider_id, m.reservation_id,
-                exists(select 1 from shepherd.pending_deletions d
-                       where d.machine_id = m.machine_id)
-         from shepherd.managed_machines m where m.machine_id <> $1",
-    )
-    .bind(args.machine_id)
-    .fetch_all(&ctx.pool)
-    .await?;
-    let others = rows
-        .iter()
-        .filter(|(device, unit, leaving)| {
-            !leaving
-                && listed.contains(device)
-                && unit
-                    .and_then(|u| ctx.provider.unit_place(u))
-                    .is_some_and(|(p, _)| p == *pool)
-        })
-        .count() as u32;
-    if others < wanted {
+    if now.others < now.wanted {
         return Ok(Recheck::NoLonger(format!(
-            "pool {pool} no longer holds more than its count of {wanted}: the provider lists {others} other machines of it"
+            "pool {pool} no longer holds more than its count of {}: {} other machines of it stand",
+            now.wanted, now.others
         )));
     }
-    Ok(Recheck::Holds(Some(PoolThen {
-        name: pool.clone(),
-        count,
-        removed,
-    })))
+    Ok(Recheck::Holds(Some(then)))
 }
 
 /// The fence of a deletion: the unit's lock still holds (where there is a
 /// unit), the deletion is still this request's, the machine is not
-/// protected, and deletions are not paused.
+/// protected, deletions are not paused, and a surplus's pool, counted again
+/// at this moment, keeps its count without this machine (a deprovision or
+/// a raise that landed while the DELETE waited for the write budget).
 pub(super) struct DeletionFence<'a> {
     pub(super) lock: Option<&'a PlaceLock>,
     pub(super) pool: &'a sqlx::PgPool,
     pub(super) machine: Uuid,
     pub(super) request: String,
-    /// A surplus's pool as it stood when checked again: raised, lowered
-    /// or declared anew since, the count that made it surplus is gone.
+    /// A surplus's pool, counted again right before the DELETE leaves.
     pub(super) pool_then: Option<PoolThen>,
 }
 
@@ -256,16 +276,13 @@ impl Fence for DeletionFence<'_> {
             .await
             .map_err(|e| format!("the deletion could not be checked: {e}"))?;
             if let Some(then) = &self.pool_then {
-                let now: Option<(i32, bool)> =
-                    sqlx::query_as("select count, removed from shepherd.pools where name = $1")
-                        .bind(&then.name)
-                        .fetch_optional(self.pool)
-                        .await
-                        .map_err(|e| format!("the deletion could not be checked: {e}"))?;
-                if now != Some((then.count, then.removed)) && !(now.is_none() && then.removed) {
+                let now = standing(self.pool, then, self.machine)
+                    .await
+                    .map_err(|e| format!("the deletion could not be checked: {e}"))?;
+                if now.others < now.wanted {
                     return Err(format!(
-                        "pool {} changed since its surplus was counted",
-                        then.name
+                        "pool {} would fall below its count of {}: {} other machines of it stand",
+                        then.name, now.wanted, now.others
                     ));
                 }
             }

@@ -150,8 +150,8 @@ pub struct Adoption {
 /// How the pass sees the provider's devices against its own records.
 #[derive(Debug, Default)]
 pub struct Comparison {
-    /// Prefixed devices to adopt: witnessed orphans, or anything unknown
-    /// when `assimilate` is on.
+    /// Prefixed devices to adopt: witnessed orphans, or, when `assimilate`
+    /// is on, devices on a unit of ours that carry no witness at all.
     pub adopt: Vec<Adoption>,
     /// Prefixed devices nobody manages and no witness explains, on a unit
     /// shepherd provisions: a pass does no work until they are explained.
@@ -241,9 +241,13 @@ pub fn compare(
             continue;
         }
         // Another deployment's witness is no proof: only a request in our
-        // log for this very place, that made no other machine.
+        // log for this very place, that made no other machine. Assimilate
+        // mode adopts what carries no witness at all, on a place of ours;
+        // a witness our log does not know is someone else's claim, and a
+        // machine on no place of ours is a stranger, whatever the mode.
         let witnessed = ours.contains(&id);
-        if witnessed || assimilate {
+        let unclaimed = d.unit.is_some() && d.witness.is_none();
+        if witnessed || (assimilate && unclaimed) {
             c.adopt.push(Adoption {
                 device: id,
                 reservation: d.unit,

@@ -87,6 +87,31 @@ fn a_prefixed_device_on_no_unit_of_ours_is_a_stranger_that_stops_nothing() {
 }
 
 #[test]
+fn assimilate_mode_adopts_only_the_unclaimed_on_a_place_of_ours() {
+    let empty = fleet(&[], &[]);
+    let bare = Uuid::new_v4();
+    let claimed = Uuid::new_v4();
+    let stranger = Uuid::new_v4();
+    let listed = [
+        // On a unit of ours, no witness: what assimilate mode is for.
+        device(bare, None),
+        // On a unit of ours, with a witness our log does not know: another
+        // deployment's, or a copied name. Never adopted.
+        device(claimed, Some("deadbeef")),
+        // On no unit of ours (`shepherd-staging-web-0-…`): a stranger.
+        Machine {
+            unit: None,
+            ..device(stranger, None)
+        },
+    ];
+    let c = compare(&listed, &empty, &empty, "shepherd-", true, &HashSet::new());
+    let adopted: Vec<&str> = c.adopt.iter().map(|a| a.device.as_str()).collect();
+    assert_eq!(adopted, vec![bare.to_string()], "{c:?}");
+    assert_eq!(c.unknown, vec![claimed.to_string()]);
+    assert_eq!(c.strangers, vec![stranger.to_string()]);
+}
+
+#[test]
 fn a_pass_takes_no_more_of_a_scope_than_its_stock_and_none_of_a_penalised_one() {
     use crate::provider::{PoolReport, PoolStock, Unit};
     let unit = |scope: &str| Unit {

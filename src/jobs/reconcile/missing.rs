@@ -18,22 +18,21 @@ pub(super) struct Confirmed {
     pub(super) lost: Vec<String>,
 }
 
-/// A missing machine as recorded: its id, unit, when it was recorded, the
-/// database's now, and the first "not found" since.
-pub(super) type MissingRow = (
+/// A missing machine as recorded: its id, unit, when it was recorded, and
+/// the database's now.
+type MissingRow = (
     Uuid,
     Option<Uuid>,
     chrono::DateTime<chrono::Utc>,
     chrono::DateTime<chrono::Utc>,
-    Option<chrono::DateTime<chrono::Utc>>,
 );
 
 /// Looks each missing machine up by its id. A machine recorded within the
 /// settle window is not missing yet: the listings can lag behind creates.
-/// A definite "not found" is recorded (`machine_not_found`); one seen again
-/// at least a quarter of the settle window later (and no sooner than a
-/// second) confirms it, and the machine is recorded as lost
-/// (`machine_lost`, with the evidence), which frees its unit. Anything less
+/// A "not found" is judged by the one rule of `jobs::gone`: recorded the
+/// first time (`machine_not_found`), and the machine recorded as lost
+/// (`machine_lost`, with the evidence, which frees its unit) only when a
+/// second comes a gap later with no sighting between. Anything less
 /// certain leaves it a discrepancy, and the pass refuses to work.
 pub(super) async fn confirm_missing(
     ctx: &JobContext,
@@ -51,21 +50,16 @@ pub(super) async fn confirm_missing(
     }
     let settle =
         chrono::TimeDelta::from_std(settings.settle_window).unwrap_or(chrono::TimeDelta::MAX);
-    let gap = (settle / 4).max(chrono::TimeDelta::seconds(1));
     for id in missing {
         let row: Option<MissingRow> = sqlx::query_as(
-            "select m.machine_id, m.reservation_id, m.assimilated_at, now(),
-                        (select min(e.recorded_at) from shepherd.events e
-                         where e.stream = 'device/' || m.provider_id
-                           and e.event_type = 'machine_not_found'
-                           and e.recorded_at >= m.assimilated_at)
+            "select m.machine_id, m.reservation_id, m.assimilated_at, now()
                  from shepherd.managed_machines m where m.provider_id = $1",
         )
         .bind(id)
         .fetch_optional(&ctx.pool)
         .await?;
         // Released meanwhile: nothing to confirm.
-        let Some((machine_id, unit, recorded_at, now, seen_gone)) = row else {
+        let Some((machine_id, unit, recorded_at, now)) = row else {
             continue;
         };
         if now - recorded_at < settle {
@@ -79,40 +73,38 @@ pub(super) async fn confirm_missing(
                 out.uncertain.push(id.clone());
             }
             Err(e) if e.not_found() => {
-                // Measured from the first "not found": passes come every
-                // second or so, and the latest one is always recent.
-                let event: Event = match seen_gone {
-                    Some(first) if now - first >= gap => {
-                        tracing::warn!(device = %id, %first, "the provider does not know a managed machine, seen twice: recorded as lost");
-                        out.lost.push(id.clone());
+                let verdict = crate::jobs::gone::not_found(
+                    ctx,
+                    settings,
+                    job_id,
+                    run,
+                    machine_id,
+                    id,
+                    &e.to_string(),
+                    crate::jobs::gone::Listing::Lacked,
+                )
+                .await?;
+                let crate::jobs::gone::Verdict::Gone { evidence } = verdict else {
+                    out.uncertain.push(id.clone());
+                    continue;
+                };
+                tracing::warn!(device = %id, %evidence, "the provider does not know a managed machine, seen twice: recorded as lost");
+                out.lost.push(id.clone());
+                note(
+                    ctx,
+                    job_id,
+                    vec![
                         MachineLost {
                             machine_id,
                             provider: ctx.provider.name().into(),
                             provider_id: id.clone(),
                             reservation: unit,
-                            evidence: format!(
-                                "not listed, and the provider answered \"not found\" for it at {first} and at {now}"
-                            ),
+                            evidence,
                         }
-                        .into()
-                    }
-                    Some(_) => {
-                        // Seen once already; the first one is the evidence.
-                        out.uncertain.push(id.clone());
-                        continue;
-                    }
-                    None => {
-                        out.uncertain.push(id.clone());
-                        MachineNotFound {
-                            run,
-                            machine_id,
-                            provider_id: id.clone(),
-                            message: e.to_string(),
-                        }
-                        .into()
-                    }
-                };
-                note(ctx, job_id, vec![event]).await?;
+                        .into(),
+                    ],
+                )
+                .await?;
             }
             Err(e) => {
                 tracing::warn!(device = %id, error = %e, "could not look a missing machine up");

@@ -6,11 +6,12 @@ use super::*;
 
 impl LatitudeClient {
     /// Deletes a server, asking `fence` right before each attempt leaves.
-    /// `Ok(true)` when the server was gone before this call (a 404 on the
-    /// first attempt); a 404 after an attempt whose answer was not seen
-    /// means that attempt did the work. Deleting is safe to repeat, so an
-    /// unseen answer is retried; a budget spent on them ends as
-    /// `Ambiguous`.
+    /// `Ok(false)` when the provider accepted the delete; `Ok(true)` when
+    /// it answered 404, on the first attempt or after one whose answer was
+    /// not seen: one absence, which the caller confirms before it believes
+    /// the server gone (a 404 from a CDN or a lagging replica is no proof).
+    /// Deleting is safe to repeat, so an unseen answer is retried; a budget
+    /// spent on them ends as `Ambiguous`.
     pub async fn delete_server_fenced<F, Fut>(
         &self,
         id: &str,
@@ -30,7 +31,7 @@ impl LatitudeClient {
                 .await
             {
                 Ok(_) => return Ok(false),
-                Err(LatitudeError::NotFound { .. }) => return Ok(!unseen),
+                Err(LatitudeError::NotFound { .. }) => return Ok(true),
                 Err(
                     e @ (LatitudeError::RateLimited { .. } | LatitudeError::ConnectFailed { .. }),
                 ) => e,

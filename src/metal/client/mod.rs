@@ -343,16 +343,16 @@ impl MetalClient {
     }
 
     /// Deletes a device, asking `fence` right before each attempt leaves.
-    /// `Ok(true)` when the device was gone before this call (a 404 on its
-    /// first attempt); a 404 on a later attempt means an earlier one that
-    /// looked failed did the work. A retry budget spent on answers that
-    /// were not seen ends as `Ambiguous`: the device may be gone or not.
+    /// `Ok(false)` when Metal accepted the delete, `Ok(true)` when it
+    /// answered 404 (on any attempt): one absence, which the caller
+    /// confirms before it believes the device gone. A retry budget spent on
+    /// answers that were not seen ends as `Ambiguous`: the device may be
+    /// gone or not.
     pub async fn delete_device_fenced(
         &self,
         id: Uuid,
         fence: &dyn Fence,
     ) -> Result<bool, MetalError> {
-        let tried = AtomicBool::new(false);
         let unseen = AtomicBool::new(false);
         let result = retry(&self.inner.retry, "deleteDevice", |_| async {
             let call = Call {
@@ -366,10 +366,11 @@ impl MetalClient {
                 .attempt_paced(&call, None, Some(fence))
                 .await
                 .and_then(|(status, body)| no_content(Operation::DeleteDevice, status, &body));
-            let first = !tried.swap(true, Ordering::Relaxed);
             match r {
                 Ok(()) => Ok(false),
-                Err(MetalError::NotFound { .. }) => Ok(first),
+                // One absence, first attempt or not: the caller confirms
+                // it before it believes the device gone.
+                Err(MetalError::NotFound { .. }) => Ok(true),
                 Err(e) => {
                     if matches!(
                         e,

@@ -181,6 +181,12 @@ async fn assimilate(args: EnqueueAssimilate) -> anyhow::Result<()> {
     if let Some(foreign) = facts.foreign {
         bail!("machine {} is not shepherd's: {foreign}", args.device);
     }
+    if let Some(unproven) = facts.unproven {
+        bail!(
+            "machine {} cannot be checked: {unproven}; nothing was enqueued",
+            args.device
+        );
+    }
     let mut tx = pool.begin().await?;
     shepherd::events::record(
         &mut tx,
