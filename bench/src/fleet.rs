@@ -213,17 +213,14 @@ pub async fn run(args: FleetBench) -> anyhow::Result<()> {
 
     open_deletion_budget(&stage, &env)?;
     let lowered = Instant::now();
-    stage.run_command(
-        &env,
-        &[
-            "pools",
-            "set",
-            "web",
-            &format!("count={low}"),
-            "--reason",
-            "bench",
-        ],
-    )?;
+    let count = format!("count={low}");
+    let mut set = vec!["pools", "set", "web", &count, "--reason", "bench"];
+    // Emptying a pool deletes every machine of it: the CLI asks for that
+    // to be said.
+    if low == 0 {
+        set.push("--confirm-delete");
+    }
+    stage.run_command(&env, &set)?;
     loop {
         let busy = stage
             .count(
@@ -262,8 +259,13 @@ pub async fn run(args: FleetBench) -> anyhow::Result<()> {
         peak_fill.0,
         peak_fill.1
     );
+    // The key's bound over the lowering's writes: the deletes, the first
+    // 20 at once, then 20 a minute (the fill's writes are a minute old by
+    // the time the last of them ends).
+    let lower_bound = (deletes.saturating_sub(1) / 20) as f64 * 60.0;
     println!(
-        "| lower {n} → {low} ({deletes} deletes) | {lower:.1} | | | {} ({}) | {throttled} |",
+        "| lower {n} → {low} ({deletes} deletes) | {lower:.1} | {lower_bound:.0} | {} | {} ({}) | {throttled} |",
+        ratio(lower, lower_bound),
         ours.load(Ordering::Relaxed),
         server_wide.load(Ordering::Relaxed)
     );

@@ -26,6 +26,15 @@ async fn managed(w: &World, device: &str) -> bool {
     .expect("managed_machines read")
 }
 
+/// An operator's deprovision, from SQL.
+async fn deprovision(w: &World, device: &str) {
+    sqlx::query("select shepherd.deprovision_machine($1, 'bad disk', 'test')")
+        .bind(device)
+        .execute(&w.pool)
+        .await
+        .expect("deprovision");
+}
+
 /// A failed machine whose replacement was requested and waits for its
 /// leave hook (`ack`); the server it stands for.
 async fn a_failed_machine_waiting_on_its_hook(w: &World) -> String {
@@ -84,11 +93,7 @@ async fn a_delete_answered_404_is_believed_only_when_confirmed(db: PgPool) {
     let w = World::new(db, 10, vec![pool("web", "DAL", 2)]).await;
     w.settle(3).await;
     let id = server_ids(&w)[0].clone();
-    sqlx::query("select shepherd.deprovision_machine($1, 'bad disk', 'test')")
-        .bind(&id)
-        .execute(&w.pool)
-        .await
-        .expect("deprovision");
+    deprovision(&w, &id).await;
     // The first DELETE is answered 404, and the server is still there.
     w.fake.set_faults(
         Faults::none().with_rule(
@@ -125,11 +130,7 @@ async fn a_gone_server_is_recorded_gone_after_two_looks_and_a_listing(db: PgPool
     let w = World::new(db, 10, vec![pool("web", "DAL", 2)]).await;
     w.settle(3).await;
     let id = server_ids(&w)[0].clone();
-    sqlx::query("select shepherd.deprovision_machine($1, 'bad disk', 'test')")
-        .bind(&id)
-        .execute(&w.pool)
-        .await
-        .expect("deprovision");
+    deprovision(&w, &id).await;
     // Gone at the provider before the deletion runs (taken away by hand).
     assert!(w.fake.reclaim(&id));
     let ran = drain_rounds(&w, 0).await;
@@ -244,11 +245,7 @@ async fn the_fence_counts_the_pool_again_at_the_write(db: PgPool) {
         .into_iter()
         .find(|id| *id != surplus)
         .expect("another server");
-    sqlx::query("select shepherd.deprovision_machine($1, 'bad disk', 'test')")
-        .bind(&other)
-        .execute(&w.pool)
-        .await
-        .expect("deprovision");
+    deprovision(&w, &other).await;
     running.await.expect("the drain");
     // The surplus's DELETE never left after its 429: the pool would have
     // fallen to 1.

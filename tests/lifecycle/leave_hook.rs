@@ -55,6 +55,10 @@ async fn the_leave_hook_is_waited_for_acknowledged_or_timed_out(db: PgPool) {
     assert!(w.fake.servers().iter().any(|s| s.id == pass.deletions[1]));
     assert_eq!(w.events("leave_timed_out").await.len(), 1);
     assert_eq!(w.events("leave_acknowledged").await.len(), 1);
+    // Given up, the deletion ends as failed, as the docs promise.
+    let failed = w.events("deletion_failed").await;
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert_eq!(failed[0]["provider_id"], pass.deletions[1].as_str());
     // proceed: the next pass asks again, and at the deadline it goes.
     sql(
         &w,

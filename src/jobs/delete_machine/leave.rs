@@ -86,27 +86,42 @@ pub(super) async fn leave(
     }
     let action = l.leave_deadline;
     tracing::warn!(device = %args.device, action = action.as_str(), "the leave hook did not answer in time");
-    note(
-        ctx,
-        job_id,
-        LeaveTimedOut {
-            machine_id: args.machine_id,
-            provider_id: args.device.clone(),
-            request: args.request,
-            action: action.as_str().into(),
-        },
-    )
-    .await?;
+    let timed_out = LeaveTimedOut {
+        machine_id: args.machine_id,
+        provider_id: args.device.clone(),
+        request: args.request,
+        action: action.as_str().into(),
+    };
     Ok(match action {
-        LeaveDeadline::Proceed => Leave::Go,
+        LeaveDeadline::Proceed => {
+            note(ctx, job_id, timed_out).await?;
+            Leave::Go
+        }
         LeaveDeadline::GiveUp => {
+            let reason = format!(
+                "the leave hook did not answer within {}; the machine stays",
+                crate::config::format_duration(l.leave_timeout)
+            );
+            // The deletion ends as failed, as every other that keeps its
+            // machine does, in the transaction that says why.
+            let failed = DeletionFailed {
+                machine_id: args.machine_id,
+                provider_id: args.device.clone(),
+                request: args.request,
+                message: reason.clone(),
+            };
+            let mut tx = ctx.pool.begin().await?;
+            crate::events::record(
+                &mut tx,
+                vec![
+                    crate::events::NewEvent::new(timed_out).caused_by(job_id),
+                    crate::events::NewEvent::new(failed).caused_by(job_id),
+                ],
+            )
+            .await?;
+            tx.commit().await?;
             tell_hook_it_stays(ctx, settings, args, leaving).await;
-            Leave::Done(DeleteOutcome::Failed {
-                reason: format!(
-                    "the leave hook did not answer within {}; the machine stays",
-                    crate::config::format_duration(l.leave_timeout)
-                ),
-            })
+            Leave::Done(DeleteOutcome::Failed { reason })
         }
     })
 }

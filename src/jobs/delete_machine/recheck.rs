@@ -208,13 +208,6 @@ async fn surplus_holds(
             "a surplus that names no pool is not one a pass found".into(),
         ));
     };
-    // And the machine stands on the pool, as the provider names it now.
-    let place = facts.unit.and_then(|u| ctx.provider.unit_place(u));
-    if place.as_ref().is_none_or(|(p, _)| p != pool) {
-        return Ok(Recheck::NoLonger(format!(
-            "the provider does not place it in pool {pool}"
-        )));
-    }
     let then = PoolThen {
         name: pool.clone(),
         units: ctx.provider.pool_units(pool),
@@ -224,6 +217,13 @@ async fn surplus_holds(
         return Ok(Recheck::NoLonger(format!(
             "the cluster has no pool {:?}",
             crate::text::bounded_word(pool)
+        )));
+    }
+    // And the machine stands on the pool, as the provider names it now.
+    let place = facts.unit.and_then(|u| ctx.provider.unit_place(u));
+    if place.as_ref().is_none_or(|(p, _)| p != pool) {
+        return Ok(Recheck::NoLonger(format!(
+            "the provider does not place it in pool {pool}"
         )));
     }
     if now.others < now.wanted {
