@@ -54,6 +54,11 @@ pub async fn run(args: FleetBench) -> anyhow::Result<()> {
         args.workers
     );
     let fake = fake_at_budgets().await?;
+    // Stock for the whole pool at its site (the fake's default is 50).
+    anyhow::ensure!(
+        fake.set_stock("c2-small-x86", "DAL", n as u32),
+        "the fake has no c2-small-x86 at DAL"
+    );
     let mut stage = Stage::new(&args.server, "fleet", Default::default()).await?;
     let max_connections: String = sqlx::query_scalar("select current_setting('max_connections')")
         .fetch_one(&stage.pool)

@@ -345,3 +345,106 @@ async fn a_plan_wide_failure_replaces_no_pool_of_one(db: PgPool) {
         "{held:?}"
     );
 }
+
+#[sqlx::test(migrations = false)]
+async fn protection_and_ready_once_follow_the_device_into_its_next_life(db: PgPool) {
+    let w = World::new(db, 10, vec![pool("web", "DAL", 2)]).await;
+    w.settle(3).await;
+    let ids = server_ids(&w);
+    let kept = ids[1].clone();
+    sqlx::query("select shepherd.protect_machine($1, 'holds the primary', 'test')")
+        .bind(&kept)
+        .execute(&w.pool)
+        .await
+        .expect("protect");
+    // Released by an operator (the provider said it was gone; it came
+    // back), then adopted again by its witness under a new machine id.
+    let first_life: uuid::Uuid = sqlx::query_scalar(
+        "select machine_id from shepherd.managed_machines where provider_id = $1",
+    )
+    .bind(&kept)
+    .fetch_one(&w.pool)
+    .await
+    .expect("its machine id");
+    sqlx::query(
+        "select shepherd.release_machine($1, 'gone, we thought', 'test', p_provider_says_gone => true)",
+    )
+    .bind(&kept)
+    .execute(&w.pool)
+    .await
+    .expect("release");
+    let pass = w.pass().await;
+    assert_eq!(pass.adopted, vec![kept.clone()], "{pass:?}");
+    drain_rounds(&w, 1).await;
+    let second_life: uuid::Uuid = sqlx::query_scalar(
+        "select machine_id from shepherd.managed_machines where provider_id = $1",
+    )
+    .bind(&kept)
+    .fetch_one(&w.pool)
+    .await
+    .expect("managed again");
+    assert_ne!(first_life, second_life);
+    // Lowered to 1: the protected device stays, whatever its new id, and
+    // the other goes, although among equals what was adopted goes first.
+    set_count(&w, "web", 1).await;
+    let pass = w.pass().await;
+    assert_eq!(pass.deletions, vec![ids[0].clone()], "{pass:?}");
+    drain_rounds(&w, 1).await;
+    assert_eq!(server_ids(&w), vec![kept.clone()]);
+    // Ready in its first life: reinstalling now, it is not "never ready".
+    setting(&w, "ready_deadline", "1s").await;
+    setting(&w, "max_unhealthy", "100%").await;
+    sqlx::query("select shepherd.protect_machine($1, 'lifted', 'test', false)")
+        .bind(&kept)
+        .execute(&w.pool)
+        .await
+        .expect("unprotect");
+    assert!(w.fake.set_status(&kept, Some("deploying")));
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let pass = w.pass().await;
+    assert!(pass.deletions.is_empty(), "{pass:?}");
+    // The operator could lift the carried-over protection: one event.
+    assert_eq!(w.events("machine_unprotected").await.len(), 1);
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_deletion_in_a_pool_held_by_a_discrepancy_waits(db: PgPool) {
+    let w = World::new(db, 10, vec![pool("web", "DAL", 3)]).await;
+    w.settle(3).await;
+    setting(&w, "leave_hook", "ack").await;
+    set_count(&w, "web", 2).await;
+    let pass = w.pass().await;
+    assert_eq!(pass.deletions.len(), 1, "{pass:?}");
+    let surplus = pass.deletions[0].clone();
+    drain_rounds(&w, 0).await;
+    // A server nothing proves ours appears on a place of the pool: the
+    // next pass holds the pool, and the surplus requested before waits.
+    let project = w.fake.project().to_string();
+    let stray =
+        w.fake
+            .add_foreign_server(&project, "c2-small-x86", "DAL", "shepherd-web-1-deadbeef");
+    let pass = w.pass().await;
+    assert_eq!(pass.unknown_devices, vec![stray.clone()], "{pass:?}");
+    acknowledge(&w, &surplus).await;
+    w.make_due().await;
+    let ran = drain_rounds(&w, 0).await;
+    assert!(
+        matches!(deletes(&ran)[..], [DeleteOutcome::Waiting { .. }]),
+        "{ran:?}"
+    );
+    assert_eq!(w.fake.calls(Call::DestroyServer), 0);
+    // Explained (its maker took it away): the next pass holds nothing, and
+    // the surplus goes.
+    assert!(w.fake.reclaim(&stray));
+    let pass = w.pass().await;
+    assert!(pass.unknown_devices.is_empty(), "{pass:?}");
+    w.make_due().await;
+    let ran = drain_rounds(&w, 0).await;
+    assert!(
+        deletes(&ran)
+            .iter()
+            .any(|o| matches!(o, DeleteOutcome::Deleted { .. })),
+        "{ran:?}"
+    );
+    assert!(!server_ids(&w).contains(&surplus));
+}

@@ -183,19 +183,23 @@ async fn read(ctx: &JobContext, args: &DeleteMachineArgs) -> Result<Option<Leavi
     let row: Option<Row> = sqlx::query_as(
         // The job's device must be the machine's and the deletion's: the
         // row found by the machine's id is no licence to delete another
-        // device. Protection as the log has it too (this machine's events
-        // on this device's stream): the view's flag is a table a worker's
-        // role writes, the log's events only an operator records.
+        // device. Protection as the log has it too (the latest on this
+        // device's stream, whichever of its managed lives recorded it):
+        // the view's flag is a table a worker's role writes, the log's
+        // events only an operator records. "Ready once" follows the device
+        // as well.
         "select to_jsonb(d), m.hostname, m.reservation_id,
                 m.protected or shepherd_protected_in_log.protected,
                 m.ready_at is not null
+                or exists (select 1 from shepherd.events e
+                           where e.stream = 'device/' || $3::text
+                             and e.event_type = 'machine_ready')
          from shepherd.pending_deletions d
          join shepherd.managed_machines m on m.machine_id = d.machine_id
          cross join lateral (select coalesce(
                     (select e.event_type = 'machine_protected' from shepherd.events e
                      where e.stream = 'device/' || $3::text
                        and e.event_type in ('machine_protected', 'machine_unprotected')
-                       and e.body->>'machine_id' = m.machine_id::text
                      order by e.position desc limit 1), false) as protected)
                 shepherd_protected_in_log
          where d.machine_id = $1 and d.request = $2
@@ -246,7 +250,7 @@ async fn holding(
             return not_found(ctx, settings, args, leaving, job_id, &message).await;
         }
     };
-    if deletions_paused(ctx).await? {
+    if deletions_paused(ctx).await? || held_by_discrepancy(ctx, leaving).await? {
         let until = Utc::now() + TimeDelta::from_std(LEAVE_POLL * 6).unwrap_or_default();
         return wait_until(ctx, args, until).await;
     }
@@ -298,6 +302,36 @@ async fn holding(
             outcome
         }
     }
+}
+
+/// A pass's deletion waits while the latest pass held its pool for a
+/// server on one of its places that nothing proves ours (or refused the
+/// whole cluster for one): what a pool holds is in question, so nothing of
+/// it is shed or replaced until that is explained, those already requested
+/// included. An operator's deletion names its machine and goes on.
+async fn held_by_discrepancy(ctx: &JobContext, leaving: &Leaving) -> Result<bool, JobError> {
+    if leaving.deletion.cause == "operator" {
+        return Ok(false);
+    }
+    let Some(pool) = &leaving.deletion.pool else {
+        return Ok(false);
+    };
+    Ok(sqlx::query_scalar(
+        "with last as (
+             select 'reconcile/' || (body->>'run') as stream from shepherd.events
+             where event_type = 'reconcile_started' order by position desc limit 1)
+         select exists(
+             select 1 from shepherd.events e join last on e.stream = last.stream
+             where (e.event_type = 'deletions_held' and e.body->>'guard' = 'discrepancy'
+                    and e.body->>'pool' = $1)
+                or (e.event_type = 'discrepancy_found'
+                    and jsonb_array_length(coalesce(e.body->'unknown_devices', '[]')) > 0
+                    and exists (select 1 from shepherd.events r
+                                where r.stream = e.stream and r.event_type = 'reconcile_refused')))",
+    )
+    .bind(pool)
+    .fetch_one(&ctx.pool)
+    .await?)
 }
 
 /// The provider said it does not know the machine: gone only when that

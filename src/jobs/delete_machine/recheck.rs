@@ -264,7 +264,6 @@ impl Fence for DeletionFence<'_> {
                                        where e.stream = 'device/' || m.provider_id
                                          and e.event_type in ('machine_protected',
                                                               'machine_unprotected')
-                                         and e.body->>'machine_id' = m.machine_id::text
                                        order by e.position desc limit 1), false)
                                   from shepherd.managed_machines m
                                   where m.machine_id = $1), false),
