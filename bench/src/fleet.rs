@@ -264,10 +264,10 @@ pub async fn run(args: FleetBench) -> anyhow::Result<()> {
         peak_fill.0,
         peak_fill.1
     );
-    // The key's bound over the lowering's writes: the deletes, the first
-    // 20 at once, then 20 a minute (the fill's writes are a minute old by
-    // the time the last of them ends).
-    let lower_bound = (deletes.saturating_sub(1) / 20) as f64 * 60.0;
+    // The key's bound over the lowering's writes: 20 deletes a minute from
+    // the start. None is free at once: the fill's last minute of writes
+    // still fills the key's window when the lowering begins.
+    let lower_bound = deletes as f64 / 20.0 * 60.0;
     println!(
         "| lower {n} → {low} ({deletes} deletes) | {lower:.1} | {lower_bound:.0} | {} | {} ({}) | {throttled} |",
         ratio(lower, lower_bound),
