@@ -323,6 +323,11 @@ async fn each_role_can_do_exactly_its_part(db: PgPool) {
         "insert into shepherd.cluster_settings (key, value, updated_at)
          values ('a_new_key', '1', now())",
         "select shepherd.enqueue_reconcile()",
+        // A pass's own deletion of a machine on no place of the pools.
+        "select shepherd.append_event('device/sv_nowhere', 'deletion_requested',
+           jsonb_build_object('machine_id', gen_random_uuid(), 'provider_id', 'sv_nowhere',
+             'reservation', null, 'pool', null, 'request', gen_random_uuid(),
+             'cause', 'unplaced', 'message', 'm', 'by', 'reconcile'))",
     ] {
         assert_eq!(code_of(&worker, own).await, None, "worker: {own}");
     }

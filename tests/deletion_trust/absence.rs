@@ -448,3 +448,49 @@ async fn a_deletion_in_a_pool_held_by_a_discrepancy_waits(db: PgPool) {
     );
     assert!(!server_ids(&w).contains(&surplus));
 }
+
+#[sqlx::test(migrations = false)]
+async fn a_managed_machine_on_no_place_is_reported_and_shed_within_the_guards(db: PgPool) {
+    let w = World::new(db, 10, vec![pool("web", "DAL", 2)]).await;
+    w.settle(3).await;
+    let project = w.fake.project().to_string();
+    // Two servers named beyond any place of web, adopted by an
+    // operator's hand: managed, billed, in no pool.
+    let mut unplaced = vec![];
+    for name in ["shepherd-web-7-abcdef12", "shepherd-web-8-abcdef12"] {
+        let id = w
+            .fake
+            .add_foreign_server(&project, "c2-small-x86", "DAL", name);
+        sqlx::query("select shepherd.enqueue_assimilate($1::text)")
+            .bind(&id)
+            .execute(&w.pool)
+            .await
+            .expect("enqueue_assimilate");
+        unplaced.push(id);
+    }
+    drain_rounds(&w, 1).await;
+    assert!(managed(&w, &unplaced[0]).await && managed(&w, &unplaced[1]).await);
+    // One is protected: it stays, and the pass says so.
+    sqlx::query("select shepherd.protect_machine($1, 'a hand-made builder', 'test')")
+        .bind(&unplaced[1])
+        .execute(&w.pool)
+        .await
+        .expect("protect");
+    let pass = w.pass().await;
+    assert!(pass.refused.is_none(), "{pass:?}");
+    assert_eq!(pass.deletions, vec![unplaced[0].clone()], "{pass:?}");
+    let requested = w.events("deletion_requested").await;
+    assert_eq!(requested[0]["cause"], "unplaced", "{requested:?}");
+    assert!(
+        w.events("deletions_held")
+            .await
+            .iter()
+            .any(|e| e["guard"] == "protected" && e["pool"] == "(no place)"),
+        "the protected one was not reported"
+    );
+    drain_rounds(&w, 1).await;
+    assert!(!server_ids(&w).contains(&unplaced[0]));
+    assert!(server_ids(&w).contains(&unplaced[1]));
+    // The pool's own machines were never touched.
+    assert_eq!(server_ids(&w).len(), 3);
+}

@@ -147,6 +147,7 @@ pub(super) async fn recheck(
         "not_ready" => Ok(Recheck::Holds(None)),
         "surplus" | "pool_removed" => surplus_holds(ctx, args, leaving, &facts).await,
         "operator" => operator_asked(ctx, args).await,
+        "unplaced" => unplaced_holds(ctx, &facts).await,
         other => Ok(Recheck::NoLonger(format!(
             "its cause {:?} is not one shepherd deletes for",
             crate::text::bounded_word(other)
@@ -187,6 +188,29 @@ async fn operator_asked(ctx: &JobContext, args: &DeleteMachineArgs) -> Result<Re
              role records)"
                 .into(),
         )
+    })
+}
+
+/// A machine deleted for standing on no place of the pools still stands
+/// on none, as the provider names it now, and the cluster has pools at all
+/// (a provider without them, Metal, has no places to stand on).
+async fn unplaced_holds(
+    ctx: &JobContext,
+    facts: &crate::provider::MachineFacts,
+) -> Result<Recheck, JobError> {
+    let pools: bool = sqlx::query_scalar("select exists(select 1 from shepherd.pools)")
+        .fetch_one(&ctx.pool)
+        .await?;
+    if !pools {
+        return Ok(Recheck::NoLonger(
+            "the cluster has no pools: no machine of it stands on a place".into(),
+        ));
+    }
+    Ok(match facts.unit.and_then(|u| ctx.provider.unit_place(u)) {
+        None => Recheck::Holds(None),
+        Some((pool, index)) => {
+            Recheck::NoLonger(format!("it stands on place {index} of pool {pool} now"))
+        }
     })
 }
 

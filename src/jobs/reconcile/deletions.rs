@@ -94,6 +94,27 @@ pub(super) async fn converge(
         }));
     }
     let mut jobs = vec![];
+    let unplaced = unplaced(ctx, settings, run, devices, fleet, paused.is_some()).await?;
+    for (machine_id, device, unit) in &unplaced.delete {
+        let request = Uuid::new_v4();
+        tracing::warn!(%device, "deleting a managed machine that stands on no place of the cluster's pools");
+        events.push(NewEvent::new(DeletionRequested {
+            machine_id: *machine_id,
+            provider_id: device.clone(),
+            reservation: *unit,
+            pool: None,
+            request,
+            cause: UNPLACED.into(),
+            message: "it stands on no place of the cluster's pools: billed, and in no pool".into(),
+            by: "reconcile".into(),
+        }));
+        jobs.push(crate::jobs::DeleteMachineArgs::first(
+            *machine_id,
+            device.clone(),
+            request,
+        ));
+    }
+    events.extend(unplaced.held.into_iter().map(NewEvent::new));
     for d in &decided.delete {
         let request = Uuid::new_v4();
         tracing::info!(device = %d.member.device, pool = %d.pool, cause = d.cause.as_str(), "deleting a machine: {}", d.message);
@@ -126,9 +147,121 @@ pub(super) async fn converge(
         queue::push_delete_machine(&mut tx, args, None).await?;
     }
     tx.commit().await?;
-    Ok(decided
+    Ok(unplaced
         .delete
         .into_iter()
-        .map(|d| d.member.device)
+        .map(|(_, device, _)| device)
+        .chain(decided.delete.into_iter().map(|d| d.member.device))
         .collect())
+}
+
+/// The cause of a managed machine's deletion that stands on no place of
+/// the cluster's pools (adopted by hand on a name beyond any place, say).
+pub const UNPLACED: &str = "unplaced";
+
+/// The name such machines are reported under where a pool's would be.
+const NO_PLACE: &str = "(no place)";
+
+/// What a pass does with managed machines on no place of the pools.
+struct Unplaced {
+    /// (machine id, device, unit) of each one to delete.
+    delete: Vec<(Uuid, String, Option<Uuid>)>,
+    /// What the guards held back, said.
+    held: Vec<DeletionsHeld>,
+}
+
+/// A managed machine the provider lists on no place of the cluster's
+/// pools serves no pool and is billed: it is reported, and deleted within
+/// the guards (not while deletions are paused, never a protected one, and
+/// no more a period than the deletion budget's minimum), its cause checked
+/// again before the DELETE as every other's.
+async fn unplaced(
+    ctx: &JobContext,
+    settings: &crate::cluster::ClusterSettings,
+    run: Uuid,
+    devices: &[crate::provider::Machine],
+    fleet: &pass::Fleet,
+    paused: bool,
+) -> Result<Unplaced, JobError> {
+    let mut out = Unplaced {
+        delete: vec![],
+        held: vec![],
+    };
+    let mut found: Vec<(Uuid, String, Option<Uuid>, bool)> = devices
+        .iter()
+        .filter(|d| d.unit.and_then(|u| ctx.provider.unit_place(u)).is_none())
+        .filter_map(|d| {
+            let &(machine_id, protected) = fleet.machines.get(&d.id)?;
+            (!fleet.leaving.contains(&machine_id))
+                .then(|| (machine_id, d.id.clone(), d.unit, protected))
+        })
+        .collect();
+    if found.is_empty() {
+        return Ok(out);
+    }
+    found.sort_by(|a, b| a.1.cmp(&b.1));
+    for (_, device, _, _) in &found {
+        tracing::warn!(%device, "a managed machine stands on no place of the cluster's pools");
+    }
+    let protected = found.iter().filter(|m| m.3).count() as u32;
+    if protected > 0 {
+        out.held.push(DeletionsHeld {
+            run,
+            pool: NO_PLACE.into(),
+            held: protected,
+            guard: "protected".into(),
+            message: format!(
+                "{protected} protected machine(s) stand on no place of the cluster's pools: they stay"
+            ),
+        });
+    }
+    let open: Vec<_> = found.into_iter().filter(|m| !m.3).collect();
+    if open.is_empty() {
+        return Ok(out);
+    }
+    if paused {
+        out.held.push(DeletionsHeld {
+            run,
+            pool: NO_PLACE.into(),
+            held: open.len() as u32,
+            guard: "paused".into(),
+            message: format!(
+                "{} machine(s) on no place of the cluster's pools wait: deletions are paused",
+                open.len()
+            ),
+        });
+        return Ok(out);
+    }
+    let l = &settings.lifecycle;
+    let period = chrono::TimeDelta::from_std(l.budget_period).unwrap_or(chrono::TimeDelta::MAX);
+    let used: i64 = sqlx::query_scalar(
+        "select count(*) from shepherd.events
+         where event_type = 'deletion_requested' and body->>'cause' = $1
+           and recorded_at > now() - $2",
+    )
+    .bind(UNPLACED)
+    .bind(period)
+    .fetch_one(&ctx.pool)
+    .await?;
+    let room = (l.budget_min as usize).saturating_sub(used.max(0) as usize);
+    if open.len() > room {
+        out.held.push(DeletionsHeld {
+            run,
+            pool: NO_PLACE.into(),
+            held: (open.len() - room) as u32,
+            guard: "budget".into(),
+            message: format!(
+                "{} machine(s) on no place of the cluster's pools wait for the next period \
+                 (at most {} a period)",
+                open.len() - room,
+                l.budget_min
+            ),
+        });
+    }
+    out.delete = open
+        .into_iter()
+        .take(room)
+        .map(|(id, device, unit, _)| (id, device, unit))
+        .collect();
+    Ok(out)
 }
