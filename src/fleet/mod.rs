@@ -17,6 +17,29 @@ use uuid::Uuid;
 use crate::events::event::{DiscrepancyFound, Event, ReconcileFinished};
 use crate::events::store::read_stream;
 use crate::events::views::{self, Pause};
+
+/// Whether managed machine `m` is protected: the view's flag, or the
+/// latest protection event on its device's stream, whichever managed life
+/// of the device recorded it (protection follows the server; the view's
+/// row is new for each life). Every read that shows or decides protection
+/// uses it.
+pub const PROTECTED: &str = "(m.protected or coalesce(
+    (select e.event_type = 'machine_protected' from shepherd.events e
+     where e.stream = 'device/' || m.provider_id
+       and e.event_type in ('machine_protected', 'machine_unprotected')
+     order by e.position desc limit 1), false))";
+
+/// The devices whose managed machine is protected, by [`PROTECTED`].
+pub async fn protected_devices(
+    conn: &mut sqlx::PgConnection,
+) -> Result<std::collections::HashSet<String>, sqlx::Error> {
+    let rows: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "select m.provider_id from shepherd.managed_machines m where {PROTECTED}"
+    )))
+    .fetch_all(conn)
+    .await?;
+    Ok(rows.into_iter().collect())
+}
 pub use crate::jobs::pass::Skip;
 use crate::jobs::pass::{self, compare, our_requests, read_fleet};
 use crate::provider::{Provider, ProviderError};
@@ -320,10 +343,11 @@ pub async fn overview(pool: &PgPool) -> Result<Overview, sqlx::Error> {
     let paused = views::read_pause(&mut tx).await?;
     let deletions_paused = views::read_deletions_pause(&mut tx).await?;
     let desired = crate::pools::read(&mut tx).await?;
-    let protected: i64 =
-        sqlx::query_scalar("select count(*) from shepherd.managed_machines where protected")
-            .fetch_one(&mut *tx)
-            .await?;
+    let protected: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "select count(*) from shepherd.managed_machines m where {PROTECTED}"
+    )))
+    .fetch_one(&mut *tx)
+    .await?;
     let leaving = sqlx::query_as::<
         _,
         (

@@ -384,6 +384,13 @@ async fn protection_and_ready_once_follow_the_device_into_its_next_life(db: PgPo
     .await
     .expect("managed again");
     assert_ne!(first_life, second_life);
+    // Shown as it decides: the status overview counts it protected.
+    let mut conn = w.pool.acquire().await.expect("a connection");
+    let shown = shepherd::fleet::protected_devices(&mut conn)
+        .await
+        .expect("protected devices");
+    drop(conn);
+    assert!(shown.contains(&kept), "{shown:?}");
     // Lowered to 1: the protected device stays, whatever its new id, and
     // the other goes, although among equals what was adopted goes first.
     set_count(&w, "web", 1).await;

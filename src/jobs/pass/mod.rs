@@ -63,22 +63,18 @@ pub async fn read_fleet(pool: &PgPool) -> Result<Fleet, sqlx::Error> {
     // Protection and "ready once" follow the device across its managed
     // lives (lost or released, then adopted again under a new id): the
     // device's stream holds them whichever machine id recorded them.
-    let managed_rows: Vec<(String, Uuid, bool, Option<Uuid>, bool)> = sqlx::query_as(
-        "select m.provider_id, m.machine_id,
-                m.protected or coalesce(
-                    (select e.event_type = 'machine_protected' from shepherd.events e
-                     where e.stream = 'device/' || m.provider_id
-                       and e.event_type in ('machine_protected', 'machine_unprotected')
-                     order by e.position desc limit 1), false),
-                m.reservation_id,
-                m.ready_at is not null
-                or exists (select 1 from shepherd.events e
-                           where e.stream = 'device/' || m.provider_id
-                             and e.event_type = 'machine_ready')
-         from shepherd.managed_machines m",
-    )
-    .fetch_all(&mut *tx)
-    .await?;
+    let managed_rows: Vec<(String, Uuid, bool, Option<Uuid>, bool)> =
+        sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "select m.provider_id, m.machine_id, {}, m.reservation_id,
+                    m.ready_at is not null
+                    or exists (select 1 from shepherd.events e
+                               where e.stream = 'device/' || m.provider_id
+                                 and e.event_type = 'machine_ready')
+             from shepherd.managed_machines m",
+            crate::fleet::PROTECTED
+        )))
+        .fetch_all(&mut *tx)
+        .await?;
     // The later of our creation and the machine's assimilation: a machine
     // lost and adopted again under a new id counts from its return, not
     // from a creation long ago.

@@ -61,7 +61,16 @@ pub async fn machines(args: MachinesArgs) -> anyhow::Result<()> {
     let pool = args.db.connect(2).await?;
     let mut conn = pool.acquire().await?;
     let state = views::read_live(&mut conn).await?;
-    let mut machines: Vec<_> = state.machines.into_values().collect();
+    // Protection as it decides: carried over from a device's earlier life.
+    let protected = shepherd::fleet::protected_devices(&mut conn).await?;
+    let mut machines: Vec<_> = state
+        .machines
+        .into_values()
+        .map(|mut m| {
+            m.protected = protected.contains(&m.provider_id);
+            m
+        })
+        .collect();
     machines.sort_by_key(|m| (m.assimilated_at, m.machine_id));
     if args.json {
         println!("{}", serde_json::to_string_pretty(&machines)?);

@@ -87,7 +87,7 @@ pub(super) async fn machines_page(
         .fetch_one(&state.pool)
         .await
         .map_err(|e| database_failure("machines", e))?;
-        let rows = sqlx::query_as(
+        let rows = sqlx::query_as(sqlx::AssertSqlSafe(format!(
             "with last as (select event_type, body from shepherd.events
                            where event_type in ('discrepancy_found', 'reconcile_finished')
                            order by position desc limit 1)
@@ -96,7 +96,7 @@ pub(super) async fn machines_page(
                     coalesce((select event_type = 'discrepancy_found'
                                      and body->'missing_devices' ? m.provider_id from last),
                              false) as missing,
-                    m.protected,
+                    {protected} as protected,
                     exists (select 1 from shepherd.pending_deletions d
                             where d.machine_id = m.machine_id) as leaving
              from shepherd.managed_machines m
@@ -105,7 +105,8 @@ pub(super) async fn machines_page(
                    or m.reservation_id::text ilike $1 or m.reservation_id = $4
              order by m.assimilated_at desc, m.machine_id
              limit $2 offset $3",
-        )
+            protected = shepherd::fleet::PROTECTED
+        )))
         .bind(&pattern)
         .bind(PAGE_SIZE)
         .bind((number - 1) * PAGE_SIZE)
