@@ -26,6 +26,16 @@ async fn managed(w: &World, device: &str) -> bool {
     .expect("managed_machines read")
 }
 
+/// Runs what is due: one deletion, which waits (for its hook, for a
+/// confirmation, for a hold), and nothing else.
+async fn one_wait(w: &World) {
+    let ran = drain_rounds(w, 0).await;
+    assert!(
+        matches!(deletes(&ran)[..], [DeleteOutcome::Waiting { .. }]),
+        "{ran:?}"
+    );
+}
+
 /// An operator's deprovision, from SQL.
 async fn deprovision(w: &World, device: &str) {
     sqlx::query("select shepherd.deprovision_machine($1, 'bad disk', 'test')")
@@ -46,11 +56,7 @@ async fn a_failed_machine_waiting_on_its_hook(w: &World) -> String {
     assert!(w.fake.fail_server(&id));
     let pass = w.pass().await;
     assert_eq!(pass.deletions, vec![id.clone()], "{pass:?}");
-    let ran = drain_rounds(w, 0).await;
-    assert!(
-        matches!(deletes(&ran)[..], [DeleteOutcome::Waiting { .. }]),
-        "{ran:?}"
-    );
+    one_wait(w).await;
     id
 }
 
@@ -67,11 +73,7 @@ async fn one_404_at_the_last_look_deletes_nothing(db: PgPool) {
     );
     acknowledge(&w, &id).await;
     w.make_due().await;
-    let ran = drain_rounds(&w, 0).await;
-    assert!(
-        matches!(deletes(&ran)[..], [DeleteOutcome::Waiting { .. }]),
-        "{ran:?}"
-    );
+    one_wait(&w).await;
     assert_eq!(w.fake.calls(Call::DestroyServer), 0);
     assert!(managed(&w, &id).await);
     assert_eq!(w.events("machine_not_found").await.len(), 1);
@@ -100,11 +102,7 @@ async fn a_delete_answered_404_is_believed_only_when_confirmed(db: PgPool) {
             FaultRule::on(Call::DestroyServer, FaultKind::Status { status: 404 }).times(1),
         ),
     );
-    let ran = drain_rounds(&w, 0).await;
-    assert!(
-        matches!(deletes(&ran)[..], [DeleteOutcome::Waiting { .. }]),
-        "{ran:?}"
-    );
+    one_wait(&w).await;
     assert!(w.events("machine_deleted").await.is_empty());
     assert!(managed(&w, &id).await);
     assert!(server_ids(&w).contains(&id));
@@ -133,19 +131,11 @@ async fn a_gone_server_is_recorded_gone_after_two_looks_and_a_listing(db: PgPool
     deprovision(&w, &id).await;
     // Gone at the provider before the deletion runs (taken away by hand).
     assert!(w.fake.reclaim(&id));
-    let ran = drain_rounds(&w, 0).await;
-    assert!(
-        matches!(deletes(&ran)[..], [DeleteOutcome::Waiting { .. }]),
-        "{ran:?}"
-    );
+    one_wait(&w).await;
     assert!(managed(&w, &id).await);
     // Too soon: a second 404 within the gap confirms nothing.
     w.make_due().await;
-    let ran = drain_rounds(&w, 0).await;
-    assert!(
-        matches!(deletes(&ran)[..], [DeleteOutcome::Waiting { .. }]),
-        "{ran:?}"
-    );
+    one_wait(&w).await;
     assert!(managed(&w, &id).await);
     tokio::time::sleep(Duration::from_millis(1_100)).await;
     w.make_due().await;
@@ -434,11 +424,7 @@ async fn a_deletion_in_a_pool_held_by_a_discrepancy_waits(db: PgPool) {
     assert_eq!(pass.unknown_devices, vec![stray.clone()], "{pass:?}");
     acknowledge(&w, &surplus).await;
     w.make_due().await;
-    let ran = drain_rounds(&w, 0).await;
-    assert!(
-        matches!(deletes(&ran)[..], [DeleteOutcome::Waiting { .. }]),
-        "{ran:?}"
-    );
+    one_wait(&w).await;
     assert_eq!(w.fake.calls(Call::DestroyServer), 0);
     // Explained (its maker took it away): the next pass holds nothing, and
     // the surplus goes.
