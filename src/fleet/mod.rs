@@ -29,6 +29,13 @@ pub const PROTECTED: &str = "(m.protected or coalesce(
        and e.event_type in ('machine_protected', 'machine_unprotected')
      order by e.position desc limit 1), false))";
 
+/// Whether managed machine `m` was ready once: its view row says so, or a
+/// pass saw its device ready in an earlier managed life.
+pub const READY_ONCE: &str = "(m.ready_at is not null
+    or exists (select 1 from shepherd.events e
+               where e.stream = 'device/' || m.provider_id
+                 and e.event_type = 'machine_ready'))";
+
 /// The devices whose managed machine is protected, by [`PROTECTED`].
 pub async fn protected_devices(
     conn: &mut sqlx::PgConnection,

@@ -18,6 +18,26 @@ use crate::cluster::ClusterSettings;
 use crate::events::event::MachineNotFound;
 use crate::events::{NewEvent, record};
 
+/// A "not found" event `e` of managed machine `m` since it was last seen
+/// (listed by a pass, read by a deletion's look): one of the streak that
+/// may prove it gone. A machine with one is suspected gone.
+pub const NOT_FOUND_SINCE_SEEN: &str = "e.stream = 'device/' || m.provider_id
+    and e.event_type = 'machine_not_found'
+    and e.body->>'machine_id' = m.machine_id::text
+    and e.recorded_at > coalesce(
+        (select s.seen_at from shepherd.machine_status s
+         where s.provider_id = m.provider_id), '-infinity')";
+
+static STREAK: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "select now(),
+                (select min(e.recorded_at) from shepherd.events e
+                 where {NOT_FOUND_SINCE_SEEN})
+         from shepherd.managed_machines m
+         where m.machine_id = $1 and m.provider_id = $2"
+    )
+});
+
 /// What one more "not found" amounts to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
@@ -62,24 +82,13 @@ pub async fn not_found(
     listing: Listing,
 ) -> Result<Verdict, JobError> {
     let gap = gap(settings);
-    let (now, first): (DateTime<Utc>, Option<DateTime<Utc>>) = sqlx::query_as(
-        "select now(),
-                (select min(e.recorded_at) from shepherd.events e
-                 where e.stream = 'device/' || m.provider_id
-                   and e.event_type = 'machine_not_found'
-                   and e.body->>'machine_id' = m.machine_id::text
-                   and e.recorded_at >= m.assimilated_at
-                   and e.recorded_at > coalesce(
-                       (select s.seen_at from shepherd.machine_status s
-                        where s.provider_id = m.provider_id), '-infinity'))
-         from shepherd.managed_machines m
-         where m.machine_id = $1 and m.provider_id = $2",
-    )
-    .bind(machine_id)
-    .bind(device)
-    .fetch_optional(&ctx.pool)
-    .await?
-    .unwrap_or((Utc::now(), None));
+    let (now, first): (DateTime<Utc>, Option<DateTime<Utc>>) =
+        sqlx::query_as(sqlx::AssertSqlSafe(STREAK.as_str()))
+            .bind(machine_id)
+            .bind(device)
+            .fetch_optional(&ctx.pool)
+            .await?
+            .unwrap_or((Utc::now(), None));
     let Some(first) = first else {
         let mut tx = ctx.pool.begin().await?;
         record(

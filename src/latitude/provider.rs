@@ -392,11 +392,11 @@ impl Provider for LatitudeProvider {
 
     fn delete<'a>(&'a self, id: &'a str, fence: &'a dyn Fence) -> ProviderResult<'a, Deleted> {
         Box::pin(async move {
-            let already_gone = self
+            let not_found = self
                 .client
                 .delete_server_fenced(id, || fence.check())
                 .await?;
-            Ok(Deleted { already_gone })
+            Ok(Deleted { not_found })
         })
     }
 

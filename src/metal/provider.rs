@@ -277,8 +277,8 @@ impl Provider for MetalProvider {
                     message: format!("{id:?} is not a Metal device id (a UUID)"),
                 });
             };
-            let already_gone = self.client.delete_device_fenced(device, fence).await?;
-            Ok(Deleted { already_gone })
+            let not_found = self.client.delete_device_fenced(device, fence).await?;
+            Ok(Deleted { not_found })
         })
     }
 

@@ -275,7 +275,7 @@ pub struct Deleted {
     /// one whose answer was not seen) rather than accepting the delete: one
     /// absence, which proves nothing until it is confirmed
     /// (`jobs::gone`).
-    pub already_gone: bool,
+    pub not_found: bool,
 }
 
 /// What failed, beyond its class.

@@ -36,6 +36,15 @@ async fn one_wait(w: &World) {
     );
 }
 
+/// The managed machine's id of `device`; fails if it is not managed.
+async fn machine_id_of(w: &World, device: &str) -> uuid::Uuid {
+    sqlx::query_scalar("select machine_id from shepherd.managed_machines where provider_id = $1")
+        .bind(device)
+        .fetch_one(&w.pool)
+        .await
+        .unwrap_or_else(|e| panic!("the machine id of {device}: {e}"))
+}
+
 /// An operator's deprovision, from SQL.
 async fn deprovision(w: &World, device: &str) {
     sqlx::query("select shepherd.deprovision_machine($1, 'bad disk', 'test')")
@@ -349,13 +358,7 @@ async fn protection_and_ready_once_follow_the_device_into_its_next_life(db: PgPo
         .expect("protect");
     // Released by an operator (the provider said it was gone; it came
     // back), then adopted again by its witness under a new machine id.
-    let first_life: uuid::Uuid = sqlx::query_scalar(
-        "select machine_id from shepherd.managed_machines where provider_id = $1",
-    )
-    .bind(&kept)
-    .fetch_one(&w.pool)
-    .await
-    .expect("its machine id");
+    let first_life = machine_id_of(&w, &kept).await;
     sqlx::query(
         "select shepherd.release_machine($1, 'gone, we thought', 'test', p_provider_says_gone => true)",
     )
@@ -366,13 +369,7 @@ async fn protection_and_ready_once_follow_the_device_into_its_next_life(db: PgPo
     let pass = w.pass().await;
     assert_eq!(pass.adopted, vec![kept.clone()], "{pass:?}");
     drain_rounds(&w, 1).await;
-    let second_life: uuid::Uuid = sqlx::query_scalar(
-        "select machine_id from shepherd.managed_machines where provider_id = $1",
-    )
-    .bind(&kept)
-    .fetch_one(&w.pool)
-    .await
-    .expect("managed again");
+    let second_life = machine_id_of(&w, &kept).await;
     assert_ne!(first_life, second_life);
     // Shown as it decides: the status overview counts it protected.
     let mut conn = w.pool.acquire().await.expect("a connection");

@@ -178,38 +178,32 @@ pub async fn delete_machine(
     outcome
 }
 
-async fn read(ctx: &JobContext, args: &DeleteMachineArgs) -> Result<Option<Leaving>, JobError> {
-    type Row = (serde_json::Value, Option<String>, Option<Uuid>, bool, bool);
-    let row: Option<Row> = sqlx::query_as(
-        // The job's device must be the machine's and the deletion's: the
-        // row found by the machine's id is no licence to delete another
-        // device. Protection as the log has it too (the latest on this
-        // device's stream, whichever of its managed lives recorded it):
-        // the view's flag is a table a worker's role writes, the log's
-        // events only an operator records. "Ready once" follows the device
-        // as well.
-        "select to_jsonb(d), m.hostname, m.reservation_id,
-                m.protected or shepherd_protected_in_log.protected,
-                m.ready_at is not null
-                or exists (select 1 from shepherd.events e
-                           where e.stream = 'device/' || $3::text
-                             and e.event_type = 'machine_ready')
+/// The deletion and its machine. The job's device must be the machine's
+/// and the deletion's: the row found by the machine's id is no licence to
+/// delete another device. Protection as the log has it too (the latest on
+/// the device's stream, whichever of its managed lives recorded it): the
+/// view's flag is a table a worker's role writes, the log's events only an
+/// operator records. "Ready once" follows the device as well.
+static READ: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "select to_jsonb(d), m.hostname, m.reservation_id, {}, {}
          from shepherd.pending_deletions d
          join shepherd.managed_machines m on m.machine_id = d.machine_id
-         cross join lateral (select coalesce(
-                    (select e.event_type = 'machine_protected' from shepherd.events e
-                     where e.stream = 'device/' || $3::text
-                       and e.event_type in ('machine_protected', 'machine_unprotected')
-                     order by e.position desc limit 1), false) as protected)
-                shepherd_protected_in_log
          where d.machine_id = $1 and d.request = $2
            and d.provider_id = $3 and m.provider_id = $3",
+        crate::fleet::PROTECTED,
+        crate::fleet::READY_ONCE
     )
-    .bind(args.machine_id)
-    .bind(args.request.to_string())
-    .bind(&args.device)
-    .fetch_optional(&ctx.pool)
-    .await?;
+});
+
+async fn read(ctx: &JobContext, args: &DeleteMachineArgs) -> Result<Option<Leaving>, JobError> {
+    type Row = (serde_json::Value, Option<String>, Option<Uuid>, bool, bool);
+    let row: Option<Row> = sqlx::query_as(sqlx::AssertSqlSafe(READ.as_str()))
+        .bind(args.machine_id)
+        .bind(args.request.to_string())
+        .bind(&args.device)
+        .fetch_optional(&ctx.pool)
+        .await?;
     let Some((deletion, hostname, unit, protected, ready_once)) = row else {
         return Ok(None);
     };
@@ -273,7 +267,7 @@ async fn holding(
         ))
     });
     match result {
-        Ok(d) if d.already_gone => {
+        Ok(d) if d.not_found => {
             let message = "the DELETE was answered \"not found\"";
             not_found(ctx, settings, args, leaving, job_id, message).await
         }

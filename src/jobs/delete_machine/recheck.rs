@@ -40,33 +40,34 @@ struct Standing {
     known: bool,
 }
 
-async fn standing(
-    db: &sqlx::PgPool,
-    pool: &PoolThen,
-    machine: Uuid,
-) -> Result<Standing, sqlx::Error> {
-    let (count, removed, others): (Option<i32>, Option<bool>, i64) = sqlx::query_as(
+/// A pool's count and its other machines still standing, read at once.
+static STANDING: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
         "select p.count, p.removed,
                 (select count(*) from shepherd.managed_machines m
                  where m.reservation_id = any($2) and m.machine_id <> $3
                    and not exists (select 1 from shepherd.pending_deletions d
                                    where d.machine_id = m.machine_id)
-                   and not exists (
-                       select 1 from shepherd.events e
-                       where e.stream = 'device/' || m.provider_id
-                         and e.event_type = 'machine_not_found'
-                         and e.body->>'machine_id' = m.machine_id::text
-                         and e.recorded_at > coalesce(
-                             (select s.seen_at from shepherd.machine_status s
-                              where s.provider_id = m.provider_id), '-infinity')))
+                   and not exists (select 1 from shepherd.events e
+                                   where {}))
          from (select 1) one
          left join shepherd.pools p on p.name = $1",
+        crate::jobs::gone::NOT_FOUND_SINCE_SEEN
     )
-    .bind(&pool.name)
-    .bind(&pool.units)
-    .bind(machine)
-    .fetch_one(db)
-    .await?;
+});
+
+async fn standing(
+    db: &sqlx::PgPool,
+    pool: &PoolThen,
+    machine: Uuid,
+) -> Result<Standing, sqlx::Error> {
+    let (count, removed, others): (Option<i32>, Option<bool>, i64) =
+        sqlx::query_as(sqlx::AssertSqlSafe(STANDING.as_str()))
+            .bind(&pool.name)
+            .bind(&pool.units)
+            .bind(machine)
+            .fetch_one(db)
+            .await?;
     Ok(Standing {
         wanted: match removed {
             Some(false) => count.unwrap_or(0).max(0) as u32,
@@ -259,6 +260,20 @@ async fn surplus_holds(
     Ok(Recheck::Holds(Some(then)))
 }
 
+/// The fence's reads, in one statement: the deletion still this
+/// request's, the machine protected (as the pass and the read judge it,
+/// `fleet::PROTECTED`), deletions paused.
+static FENCE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "select exists(select 1 from shepherd.pending_deletions
+                       where machine_id = $1 and request = $2),
+                coalesce((select {} from shepherd.managed_machines m
+                          where m.machine_id = $1), false),
+                exists(select 1 from shepherd.controls where name = 'deletions' and paused)",
+        crate::fleet::PROTECTED
+    )
+});
+
 /// The fence of a deletion: the unit's lock still holds (where there is a
 /// unit), the deletion is still this request's, the machine is not
 /// protected, deletions are not paused, and a surplus's pool, counted again
@@ -279,25 +294,13 @@ impl Fence for DeletionFence<'_> {
             if let Some(lock) = self.lock {
                 lock.standing().await?;
             }
-            let (ours, protected, paused): (bool, bool, bool) = sqlx::query_as(
-                "select exists(select 1 from shepherd.pending_deletions
-                               where machine_id = $1 and request = $2),
-                        coalesce((select m.protected or coalesce(
-                                      (select e.event_type = 'machine_protected'
-                                       from shepherd.events e
-                                       where e.stream = 'device/' || m.provider_id
-                                         and e.event_type in ('machine_protected',
-                                                              'machine_unprotected')
-                                       order by e.position desc limit 1), false)
-                                  from shepherd.managed_machines m
-                                  where m.machine_id = $1), false),
-                        exists(select 1 from shepherd.controls where name = 'deletions' and paused)",
-            )
-            .bind(self.machine)
-            .bind(&self.request)
-            .fetch_one(self.pool)
-            .await
-            .map_err(|e| format!("the deletion could not be checked: {e}"))?;
+            let (ours, protected, paused): (bool, bool, bool) =
+                sqlx::query_as(sqlx::AssertSqlSafe(FENCE.as_str()))
+                    .bind(self.machine)
+                    .bind(&self.request)
+                    .fetch_one(self.pool)
+                    .await
+                    .map_err(|e| format!("the deletion could not be checked: {e}"))?;
             if let Some(then) = &self.pool_then {
                 let now = standing(self.pool, then, self.machine)
                     .await

@@ -65,13 +65,10 @@ pub async fn read_fleet(pool: &PgPool) -> Result<Fleet, sqlx::Error> {
     // device's stream holds them whichever machine id recorded them.
     let managed_rows: Vec<(String, Uuid, bool, Option<Uuid>, bool)> =
         sqlx::query_as(sqlx::AssertSqlSafe(format!(
-            "select m.provider_id, m.machine_id, {}, m.reservation_id,
-                    m.ready_at is not null
-                    or exists (select 1 from shepherd.events e
-                               where e.stream = 'device/' || m.provider_id
-                                 and e.event_type = 'machine_ready')
+            "select m.provider_id, m.machine_id, {}, m.reservation_id, {}
              from shepherd.managed_machines m",
-            crate::fleet::PROTECTED
+            crate::fleet::PROTECTED,
+            crate::fleet::READY_ONCE
         )))
         .fetch_all(&mut *tx)
         .await?;
