@@ -271,3 +271,39 @@ async fn forgeries_naming_another_device_no_pool_or_an_ended_request_delete_noth
     worker.close().await;
     operator.close().await;
 }
+
+/// A pass's cause the worker's role may record, `unplaced`, forged for a
+/// machine that stands on a place of its pool: the deletion's last look
+/// finds it on its place, and nothing is deleted.
+#[sqlx::test(migrations = false)]
+async fn an_unplaced_deletion_forged_for_a_placed_machine_deletes_nothing(db: PgPool) {
+    let w = World::new(db, 10, vec![pool("web", "DAL", 2)]).await;
+    w.settle(3).await;
+    apply_roles(&w.pool).await;
+    let ids = server_ids(&w);
+    let worker = login(&w.pool, "shepherd_worker").await;
+    let machine: uuid::Uuid = sqlx::query_scalar(
+        "select machine_id from shepherd.managed_machines where provider_id = $1",
+    )
+    .bind(&ids[0])
+    .fetch_one(&w.pool)
+    .await
+    .expect("a managed machine");
+    forge(
+        &worker,
+        machine,
+        &ids[0],
+        "unplaced",
+        None,
+        uuid::Uuid::new_v4(),
+    )
+    .await;
+    let ran = drain_rounds(&w, 2).await;
+    assert_eq!(w.fake.calls(Call::DestroyServer), 0, "{ran:?}");
+    assert_eq!(server_ids(&w), ids);
+    let reason = cancelled_reason(&ran);
+    assert!(
+        reason.contains("stands on place") && reason.contains("of pool web"),
+        "{reason}"
+    );
+}
