@@ -11,6 +11,8 @@
 #[path = "deletion_trust/absence.rs"]
 mod absence;
 mod common;
+#[path = "deletion_trust/stalled.rs"]
+mod stalled;
 
 use common::latitude::{World, pool};
 use common::lifecycle::*;

@@ -231,7 +231,17 @@ events! {
     /// The creation's outcome is unknown (an answer that could not be read,
     /// a timeout after the request was sent): it stays in flight, and is
     /// settled by looking at the reservation for its witness.
-    CreationUnresolved = "creation_unresolved", 1 { reservation: Uuid, request: Uuid, attempt: u32, message: String }
+    CreationUnresolved = "creation_unresolved", 1 {
+        reservation: Uuid,
+        request: Uuid,
+        attempt: u32,
+        message: String,
+        /// Recorded by a run that had lost its unit's lease by the time
+        /// its answer came (it stalled past the lease): what it saw is
+        /// left for the unit's holder to settle by looking.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        lease_lost: bool,
+    }
     /// An unknown creation's settle window passed and a look found nothing
     /// of ours on the unit: the creation is known again, and may create.
     CreationSettled = "creation_settled", 1 { reservation: Uuid, request: Uuid, message: String }
@@ -324,7 +334,16 @@ events! {
     LeaveTimedOut = "leave_timed_out", 1 { machine_id: Uuid, provider_id: String, request: Uuid, action: String }
     /// A delete's answer was not seen: the machine may be gone or not; a
     /// successor looks it up.
-    DeletionUnresolved = "deletion_unresolved", 1 { machine_id: Uuid, provider_id: String, request: Uuid, message: String }
+    DeletionUnresolved = "deletion_unresolved", 1 {
+        machine_id: Uuid,
+        provider_id: String,
+        request: Uuid,
+        message: String,
+        /// As for a creation: the run's outcome came after its lease was
+        /// lost, or after its deletion ended another way.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        lease_lost: bool,
+    }
     /// The provider deleted the machine (or had already): it is no longer
     /// managed, and its unit is free.
     MachineDeleted = "machine_deleted", 1 {

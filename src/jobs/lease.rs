@@ -168,6 +168,29 @@ impl Lease {
         Ok(ours)
     }
 
+    /// Whether the lease is still this holder's and unexpired by the
+    /// database's clock, proven in `conn`'s transaction; the row stays
+    /// locked until that transaction ends, so nobody takes the lease over
+    /// between the proof and the commit. A run's terminal outcome is
+    /// recorded only under this proof: a run that stalled past its lease
+    /// (a frozen VM, a stopped process) may find another run holding the
+    /// unit by the time it comes back.
+    pub async fn held_in(&self, conn: &mut sqlx::PgConnection) -> Result<bool, sqlx::Error> {
+        let held: Option<i32> = sqlx::query_scalar(
+            "select 1 from shepherd.leases
+             where key = $1 and lease = $2 and expires_at > pg_catalog.clock_timestamp()
+             for update",
+        )
+        .bind(&self.key)
+        .bind(self.id)
+        .fetch_optional(conn)
+        .await?;
+        if held.is_none() {
+            self.lost.store(true, Ordering::Relaxed);
+        }
+        Ok(held.is_some())
+    }
+
     /// Gives the lease back in `conn`'s transaction, the one that records
     /// what the lease guarded: the unit is free exactly when the outcome is
     /// in, and no statement of its own is spent on it (issue 31). Renewals

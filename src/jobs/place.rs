@@ -64,6 +64,12 @@ impl PlaceLock {
         self.lease.release_in(conn).await
     }
 
+    /// Whether this holder still holds the unit, proven in `conn`'s
+    /// transaction and kept until it ends (`Lease::held_in`).
+    pub async fn held_in(&self, conn: &mut sqlx::PgConnection) -> Result<bool, sqlx::Error> {
+        self.lease.held_in(conn).await
+    }
+
     /// The lease for a statement of the caller's that deletes it in the
     /// transaction recording the outcome (`queue::push_assimilate_releasing`);
     /// [`PlaceLock::given_back`] once it commits.

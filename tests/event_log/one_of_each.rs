@@ -212,6 +212,7 @@ pub fn one_of_each() -> Vec<Event> {
             request: Uuid::new_v4(),
             attempt: 5,
             message: "createDevice: outcome unknown".into(),
+            lease_lost: true,
         }
         .into(),
         CreationResumed {
@@ -280,6 +281,7 @@ pub fn one_of_each() -> Vec<Event> {
             provider_id: d.to_string(),
             request: q,
             message: "destroy-server: outcome unknown".into(),
+            lease_lost: false,
         }
         .into(),
         MachineDeleted {

@@ -44,6 +44,7 @@ fn random_event(rng: &mut impl Rng, reservations: &[Uuid], devices: &[Uuid]) -> 
             provider_id: d.to_string(),
             request,
             message: format!("m{}", rng.random::<u8>()),
+            lease_lost: rng.random(),
         }
         .into(),
         21 if rng.random() => LeaveAcknowledged {
@@ -168,6 +169,7 @@ fn random_event(rng: &mut impl Rng, reservations: &[Uuid], devices: &[Uuid]) -> 
             request: Uuid::from_u128(rng.random_range(0..3)),
             attempt: 1,
             message: format!("m{}", rng.random::<u8>()),
+            lease_lost: rng.random(),
         }
         .into(),
         11 => CreationsPaused {

@@ -188,6 +188,11 @@ pub enum FaultKind {
     /// `create-server` only: refused for want of stock with a 422 that
     /// carries no code, only words (as some answers were seen).
     CodelessOutOfStock,
+    /// `create-server` and `destroy-server`: the request reaches the origin
+    /// `ms` late, and is then done and answered as usual. From the cluster's
+    /// side this is a worker that stalled between its last check and the
+    /// bytes leaving (a frozen VM, a stopped process, a slow connect).
+    Held { ms: u64 },
     /// `get-server` only: answered 200 with the body of another server of
     /// the project (the newest other one), as a cache keyed wrongly would;
     /// with `no_project`, the body of the server asked for, without its
@@ -210,7 +215,9 @@ impl AppliesTo<Call> for FaultKind {
     fn applies_to(&self, call: Call) -> bool {
         match self {
             FaultKind::Status { .. } | FaultKind::RateLimited { .. } => true,
-            FaultKind::AcceptThenFail { .. } | FaultKind::GatewayTimeout { .. } => {
+            FaultKind::AcceptThenFail { .. }
+            | FaultKind::GatewayTimeout { .. }
+            | FaultKind::Held { .. } => {
                 matches!(call, Call::CreateServer | Call::DestroyServer)
             }
             FaultKind::FailDeployment

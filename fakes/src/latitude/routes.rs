@@ -429,11 +429,19 @@ struct CreateAttributes {
     ssh_keys: Option<Vec<String>>,
 }
 
+/// A write held on its way in (`FaultKind::Held`).
+async fn held(fault: &ActiveFault) {
+    if let Some(FaultKind::Held { ms }) = fault.0 {
+        tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+    }
+}
+
 async fn create_server(
     State(shared): State<Arc<Shared>>,
     Extension(fault): Extension<ActiveFault>,
     body: Bytes,
 ) -> Response {
+    held(&fault).await;
     let a: CreateAttributes = match envelope(&body, "servers") {
         Ok(a) => a,
         Err(e) => return refused(e),
@@ -575,6 +583,7 @@ async fn destroy_server(
     Path(id): Path<String>,
     Extension(fault): Extension<ActiveFault>,
 ) -> Response {
+    held(&fault).await;
     let mut world = shared.world();
     match world.find(&id) {
         Some(i) => {

@@ -2,7 +2,11 @@
 //! in one transaction (the machine and its assimilation; a failure and the
 //! successor that tries again or looks; the penalty that ends the
 //! creation), always under the check that this request still owns its
-//! unit's pending creation.
+//! unit's pending creation, and every ending (created, given up, race
+//! lost) under the proof, in its own transaction, that the run still holds
+//! its unit's lease by the database's clock. A run that stalled past its
+//! lease records what it saw as unresolved (`late`) and frees nothing: the
+//! run holding the unit now settles it by looking.
 
 use chrono::{DateTime, TimeDelta, Utc};
 use uuid::Uuid;
@@ -19,14 +23,16 @@ use crate::provider::{Created, ProviderError};
 
 use super::CreateOutcome;
 
-/// Records the device and enqueues its assimilation, in one transaction.
-/// `lock`, where given, is let go in the same transaction.
+/// Records the device and enqueues its assimilation, in one transaction,
+/// under `held`'s lease; the lease is let go in the same transaction when
+/// `give_back`.
 pub(super) async fn created_outcome(
     ctx: &JobContext,
     args: &CreateDeviceArgs,
     job_id: &str,
     created: Created,
-    lock: Option<&PlaceLock>,
+    held: &PlaceLock,
+    give_back: bool,
 ) -> Result<CreateOutcome, JobError> {
     let recovered = created.recovered;
     let id = created.machine.id;
@@ -35,6 +41,11 @@ pub(super) async fn created_outcome(
         .hostname
         .unwrap_or_else(|| ctx.provider.hostname(args.reservation, args.request));
     let mut tx = ctx.pool.begin().await?;
+    if !held.held_in(&mut tx).await? {
+        drop(tx);
+        return late(ctx, args, job_id, &format!("machine {id} was made")).await;
+    }
+    let lock = give_back.then_some(held);
     record(
         &mut tx,
         vec![
@@ -136,9 +147,42 @@ pub(super) async fn unresolved(
     message: &str,
     since: DateTime<Utc>,
 ) -> Result<CreateOutcome, JobError> {
+    tracing::warn!(reservation = %args.reservation, %message, "creation outcome unknown; it stays in flight until a look settles it");
+    unknown_from_now(ctx, args, job_id, message, since, false).await
+}
+
+/// This run's answer came after it lost its unit's lease (it stalled past
+/// it, or the database moved on without it): it records what it saw as
+/// unresolved and frees nothing. The creation stays in flight; the run
+/// that holds the unit now, or the successor enqueued here (merged with
+/// that run's own, keyed by attempt), settles it by looking. A second
+/// server this late write made carries the request's witness, and the
+/// unresolved creation makes it ours for the pass, which adopts it; two
+/// machines on one place are surplus, shed within the deletion guards.
+pub(super) async fn late(
+    ctx: &JobContext,
+    args: &CreateDeviceArgs,
+    job_id: &str,
+    saw: &str,
+) -> Result<CreateOutcome, JobError> {
+    let message = format!(
+        "this run's lease on the unit was lost before its outcome could be recorded ({saw}); \
+         the unit's holder settles it by looking"
+    );
+    tracing::error!(reservation = %args.reservation, request = %args.request, %message, "a creation's outcome came after its lease was lost");
+    unknown_from_now(ctx, args, job_id, &message, Utc::now(), true).await
+}
+
+async fn unknown_from_now(
+    ctx: &JobContext,
+    args: &CreateDeviceArgs,
+    job_id: &str,
+    message: &str,
+    since: DateTime<Utc>,
+    lease_lost: bool,
+) -> Result<CreateOutcome, JobError> {
     let next_attempt = args.attempt + 1;
     let after = ctx.config.create_retry.backoff(next_attempt);
-    tracing::warn!(reservation = %args.reservation, %message, "creation outcome unknown; it stays in flight until a look settles it");
     let mut tx = ctx.pool.begin().await?;
     record(
         &mut tx,
@@ -147,7 +191,8 @@ pub(super) async fn unresolved(
                 reservation: args.reservation,
                 request: args.request,
                 attempt: args.attempt,
-                message: message.to_string(),
+                message: crate::text::bounded(message, 1000),
+                lease_lost,
             })
             .caused_by(job_id),
         ],
@@ -175,11 +220,16 @@ pub(super) async fn race_lost(
     args: &CreateDeviceArgs,
     job_id: &str,
     other_device: Option<String>,
+    held: &PlaceLock,
 ) -> Result<CreateOutcome, JobError> {
     let cause = "the reservation was taken by another party".to_string();
     let mut tx = ctx.pool.begin().await?;
     if !still_owns(&mut tx, args).await? {
         return Ok(not_owner());
+    }
+    if !held.held_in(&mut tx).await? {
+        drop(tx);
+        return late(ctx, args, job_id, "another party holds the unit").await;
     }
     let mut events = vec![NewEvent::new(RaceLost {
         reservation: args.reservation,
@@ -206,6 +256,14 @@ pub(super) async fn race_lost(
     Ok(CreateOutcome::RaceLost { other_device })
 }
 
+/// Why a creation ends without a device: the class of the last answer,
+/// in words, and the scope of stock it lacked, if that was it.
+pub(super) struct GiveUp {
+    pub class: ErrorClass,
+    pub cause: String,
+    pub scope: Option<String>,
+}
+
 /// Ends the creation without a device. Only reached when no device of ours
 /// can exist: the slot is freed and the reservation penalised, with the
 /// `scope` of stock it draws on when the provider had none.
@@ -214,13 +272,27 @@ pub(super) async fn give_up(
     settings: &ClusterSettings,
     args: &CreateDeviceArgs,
     job_id: &str,
-    class: ErrorClass,
-    cause: String,
-    scope: Option<String>,
+    held: &PlaceLock,
+    why: GiveUp,
 ) -> Result<CreateOutcome, JobError> {
+    let GiveUp {
+        class,
+        cause,
+        scope,
+    } = why;
     let mut tx = ctx.pool.begin().await?;
     if !still_owns(&mut tx, args).await? {
         return Ok(not_owner());
+    }
+    if !held.held_in(&mut tx).await? {
+        drop(tx);
+        return late(
+            ctx,
+            args,
+            job_id,
+            &format!("the creation would end: {cause}"),
+        )
+        .await;
     }
     let mut events = vec![NewEvent::new(CreationGivenUp {
         reservation: args.reservation,

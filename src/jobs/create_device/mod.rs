@@ -279,26 +279,23 @@ async fn holding(
             args,
             job_id,
             "a machine of ours stands on the unit now; this creation ends".into(),
+            lock,
         )
         .await;
     }
     if args.unknown || args.verify {
-        match settle(ctx, settings, args, job_id).await? {
+        match settle(ctx, settings, args, job_id, lock).await? {
             Looked::Done(outcome) => return Ok(outcome),
             Looked::Nothing if args.verify => {
                 let cause = "no machine of ours appeared within the settle window after an \
                              unknown outcome; the creation failed"
                     .to_string();
-                return give_up(
-                    ctx,
-                    settings,
-                    args,
-                    job_id,
-                    ErrorClass::Ambiguous,
+                let why = GiveUp {
+                    class: ErrorClass::Ambiguous,
                     cause,
-                    None,
-                )
-                .await;
+                    scope: None,
+                };
+                return give_up(ctx, settings, args, job_id, lock, why).await;
             }
             Looked::Nothing => {}
         }
@@ -313,6 +310,7 @@ async fn holding(
             args,
             job_id,
             format!("{why}; this creation ends unsent"),
+            lock,
         )
         .await;
     }
@@ -347,11 +345,11 @@ async fn holding(
         });
 
     match result {
-        Ok(created) => created_outcome(ctx, args, job_id, created, Some(lock)).await,
+        Ok(created) => created_outcome(ctx, args, job_id, created, lock, true).await,
         Err(ProviderError {
             failure: Failure::RaceLost { other },
             ..
-        }) => race_lost(ctx, settings, args, job_id, other).await,
+        }) => race_lost(ctx, settings, args, job_id, other, lock).await,
         Err(e) => {
             // Only this attempt's create can be unknown here: an earlier
             // unknown one was settled above, or the attempt would not have
@@ -386,7 +384,12 @@ async fn holding(
                     Failure::OutOfStock { scope } => scope,
                     _ => None,
                 };
-                give_up(ctx, settings, args, job_id, e.class, cause, scope).await
+                let why = GiveUp {
+                    class: e.class,
+                    cause,
+                    scope,
+                };
+                give_up(ctx, settings, args, job_id, lock, why).await
             }
         }
     }
@@ -411,6 +414,7 @@ async fn settle(
     settings: &ClusterSettings,
     args: &CreateDeviceArgs,
     job_id: &str,
+    lock: &PlaceLock,
 ) -> Result<Looked, JobError> {
     let since = args.unknown_since.unwrap_or_else(Utc::now);
     let settled_at = if ctx.provider.one_machine_per_unit() {
@@ -423,14 +427,22 @@ async fn settle(
         .find_created(args.reservation, args.request)
         .await;
     Ok(match looked {
-        Ok(Some(created)) => Looked::Done(created_outcome(ctx, args, job_id, created, None).await?),
+        // The unit is given back by the caller, once this run is over.
+        Ok(Some(created)) => {
+            Looked::Done(created_outcome(ctx, args, job_id, created, lock, false).await?)
+        }
         Err(ProviderError {
             failure: Failure::RaceLost { other },
             ..
-        }) => Looked::Done(race_lost(ctx, settings, args, job_id, other).await?),
+        }) => Looked::Done(race_lost(ctx, settings, args, job_id, other, lock).await?),
         // No machine of ours can stand on a unit the provider does not know.
         Err(e) if e.not_found() => {
-            Looked::Done(give_up(ctx, settings, args, job_id, e.class, e.to_string(), None).await?)
+            let why = GiveUp {
+                class: e.class,
+                cause: e.to_string(),
+                scope: None,
+            };
+            Looked::Done(give_up(ctx, settings, args, job_id, lock, why).await?)
         }
         Ok(None) if Utc::now() >= settled_at => {
             let mut tx = ctx.pool.begin().await?;
@@ -506,6 +518,7 @@ async fn still_unknown(
                 request: args.request,
                 attempt: args.attempt,
                 message,
+                lease_lost: false,
             })
             .caused_by(job_id),
         ],
@@ -539,11 +552,16 @@ async fn end_unsent(
     args: &CreateDeviceArgs,
     job_id: &str,
     cause: String,
+    held: &PlaceLock,
 ) -> Result<CreateOutcome, JobError> {
     tracing::info!(reservation = %args.reservation, %cause, "a creation ends unsent");
     let mut tx = ctx.pool.begin().await?;
     if !still_owns(&mut tx, args).await? {
         return Ok(not_owner());
+    }
+    if !held.held_in(&mut tx).await? {
+        drop(tx);
+        return late(ctx, args, job_id, &format!("it would end unsent: {cause}")).await;
     }
     record(
         &mut tx,

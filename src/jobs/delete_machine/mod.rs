@@ -230,7 +230,7 @@ async fn holding(
     let pool_then = match recheck(ctx, args, leaving).await? {
         Recheck::Holds(pool_then) => pool_then,
         Recheck::NoLonger(reason) => {
-            return cancel(ctx, settings, args, leaving, job_id, reason).await;
+            return cancel(ctx, settings, args, leaving, job_id, reason, lock).await;
         }
         Recheck::CannotTell(reason) => {
             // No positive evidence either way: the machine stays, and the
@@ -241,7 +241,7 @@ async fn holding(
         }
         // The look was the one a run after an unseen delete needs too.
         Recheck::NotFound(message) => {
-            return not_found(ctx, settings, args, leaving, job_id, &message).await;
+            return not_found(ctx, settings, args, leaving, job_id, &message, lock).await;
         }
     };
     if deletions_paused(ctx).await? || held_by_discrepancy(ctx, leaving).await? {
@@ -269,9 +269,9 @@ async fn holding(
     match result {
         Ok(d) if d.not_found => {
             let message = "the DELETE was answered \"not found\"";
-            not_found(ctx, settings, args, leaving, job_id, message).await
+            not_found(ctx, settings, args, leaving, job_id, message, lock).await
         }
-        Ok(_) => deleted(ctx, settings, args, leaving, job_id, false).await,
+        Ok(_) => deleted(ctx, settings, args, leaving, job_id, false, lock).await,
         Err(e) if matches!(e.class, ErrorClass::Ambiguous | ErrorClass::Cancelled) => {
             unresolved(ctx, args, job_id, &e.to_string()).await
         }
@@ -284,6 +284,7 @@ async fn holding(
                     args,
                     job_id,
                     format!("gave up after {} attempts: {e}", args.tries()),
+                    lock,
                 )
                 .await;
                 tell_hook_it_stays(ctx, settings, args, leaving).await;
@@ -291,7 +292,7 @@ async fn holding(
             }
         }
         Err(e) => {
-            let outcome = failed(ctx, args, job_id, e.to_string()).await;
+            let outcome = failed(ctx, args, job_id, e.to_string(), lock).await;
             tell_hook_it_stays(ctx, settings, args, leaving).await;
             outcome
         }
@@ -338,6 +339,7 @@ async fn not_found(
     leaving: &Leaving,
     job_id: &str,
     message: &str,
+    lock: Option<&PlaceLock>,
 ) -> Result<DeleteOutcome, JobError> {
     let verdict = crate::jobs::gone::not_found(
         ctx,
@@ -354,7 +356,7 @@ async fn not_found(
         crate::jobs::gone::Verdict::Gone { evidence } => {
             tracing::warn!(device = %args.device, %evidence, "the machine is gone: recorded deleted");
             // After a delete whose answer was not seen, ours did the work.
-            deleted(ctx, settings, args, leaving, job_id, !args.unknown).await
+            deleted(ctx, settings, args, leaving, job_id, !args.unknown, lock).await
         }
         crate::jobs::gone::Verdict::NotYet { after, why } => {
             tracing::warn!(device = %args.device, %why, "the provider answered \"not found\"; the machine stays managed until that is confirmed");
@@ -375,6 +377,7 @@ async fn deleted(
     leaving: &Leaving,
     job_id: &str,
     already_gone: bool,
+    lock: Option<&PlaceLock>,
 ) -> Result<DeleteOutcome, JobError> {
     let replaced = matches!(leaving.deletion.cause.as_str(), "failed" | "not_ready");
     let unit = leaving.unit.filter(|_| replaced);
@@ -387,6 +390,15 @@ async fn deleted(
         _ => 0,
     };
     let mut tx = ctx.pool.begin().await?;
+    if let Some(why) = not_ours_now(&mut tx, args, lock).await? {
+        drop(tx);
+        let saw = if already_gone {
+            "the machine was found gone"
+        } else {
+            "its DELETE was accepted"
+        };
+        return late(ctx, args, job_id, &format!("{saw}, but {why}")).await;
+    }
     let mut events = vec![NewEvent::new(MachineDeleted {
         machine_id: args.machine_id,
         provider: ctx.provider.name().into(),
@@ -459,21 +471,25 @@ async fn cancel(
     leaving: &Leaving,
     job_id: &str,
     reason: String,
+    lock: Option<&PlaceLock>,
 ) -> Result<DeleteOutcome, JobError> {
     let reason = crate::text::bounded(&reason, 1000);
+    let mut tx = ctx.pool.begin().await?;
+    if let Some(why) = not_ours_now(&mut tx, args, lock).await? {
+        drop(tx);
+        let saw = format!("it would cancel the deletion ({reason}), but {why}");
+        return late(ctx, args, job_id, &saw).await;
+    }
     tracing::warn!(device = %args.device, %reason, "deletion cancelled: the machine stays");
-    note(
-        ctx,
-        job_id,
-        DeletionCancelled {
-            machine_id: args.machine_id,
-            provider_id: args.device.clone(),
-            request: args.request,
-            reason: reason.clone(),
-            by: "shepherd".into(),
-        },
-    )
-    .await?;
+    let event = DeletionCancelled {
+        machine_id: args.machine_id,
+        provider_id: args.device.clone(),
+        request: args.request,
+        reason: reason.clone(),
+        by: "shepherd".into(),
+    };
+    record(&mut tx, vec![NewEvent::new(event).caused_by(job_id)]).await?;
+    tx.commit().await?;
     tell_hook_it_stays(ctx, settings, args, leaving).await;
     Ok(DeleteOutcome::Cancelled { reason })
 }
@@ -483,19 +499,23 @@ async fn failed(
     args: &DeleteMachineArgs,
     job_id: &str,
     reason: String,
+    lock: Option<&PlaceLock>,
 ) -> Result<DeleteOutcome, JobError> {
+    let mut tx = ctx.pool.begin().await?;
+    if let Some(why) = not_ours_now(&mut tx, args, lock).await? {
+        drop(tx);
+        let saw = format!("it would give the deletion up ({reason}), but {why}");
+        return late(ctx, args, job_id, &saw).await;
+    }
     tracing::warn!(device = %args.device, %reason, "deletion failed; the machine stays managed");
-    note(
-        ctx,
-        job_id,
-        DeletionFailed {
-            machine_id: args.machine_id,
-            provider_id: args.device.clone(),
-            request: args.request,
-            message: reason.clone(),
-        },
-    )
-    .await?;
+    let event = DeletionFailed {
+        machine_id: args.machine_id,
+        provider_id: args.device.clone(),
+        request: args.request,
+        message: reason.clone(),
+    };
+    record(&mut tx, vec![NewEvent::new(event).caused_by(job_id)]).await?;
+    tx.commit().await?;
     Ok(DeleteOutcome::Failed { reason })
 }
 
@@ -539,9 +559,63 @@ async fn unresolved(
     job_id: &str,
     message: &str,
 ) -> Result<DeleteOutcome, JobError> {
+    tracing::warn!(device = %args.device, %message, "deletion outcome unknown; a successor looks first");
+    unknown_from_now(ctx, args, job_id, message, false).await
+}
+
+/// Why this run may no longer end its deletion, if it may not: its unit's
+/// lease is no longer its own by the database's clock (it stalled past
+/// it), or the deletion is no longer pending under its request (another
+/// run cancelled or ended it meanwhile). Both rows stay locked until the
+/// transaction ends.
+async fn not_ours_now(
+    tx: &mut sqlx::PgConnection,
+    args: &DeleteMachineArgs,
+    lock: Option<&PlaceLock>,
+) -> Result<Option<&'static str>, JobError> {
+    if let Some(lock) = lock
+        && !lock.held_in(&mut *tx).await?
+    {
+        return Ok(Some("this run's lease on the unit was lost"));
+    }
+    let pending: Option<i32> = sqlx::query_scalar(
+        "select 1 from shepherd.pending_deletions
+         where machine_id = $1 and request = $2 for update",
+    )
+    .bind(args.machine_id)
+    .bind(args.request.to_string())
+    .fetch_optional(&mut *tx)
+    .await?;
+    Ok(pending
+        .is_none()
+        .then_some("the deletion is no longer pending under this run's request"))
+}
+
+/// This run's outcome came when it no longer owned the deletion: what it
+/// saw is recorded as unresolved and nothing is ended or freed. A
+/// successor looks (and finds the deletion gone if it ended another way);
+/// a machine a late DELETE took away is found missing by the passes and
+/// replaced, as any machine lost.
+async fn late(
+    ctx: &JobContext,
+    args: &DeleteMachineArgs,
+    job_id: &str,
+    saw: &str,
+) -> Result<DeleteOutcome, JobError> {
+    let message = format!("this run no longer owned the deletion when its answer came: {saw}");
+    tracing::error!(device = %args.device, request = %args.request, %message, "a deletion's outcome came after it lost its lease");
+    unknown_from_now(ctx, args, job_id, &message, true).await
+}
+
+async fn unknown_from_now(
+    ctx: &JobContext,
+    args: &DeleteMachineArgs,
+    job_id: &str,
+    message: &str,
+    lease_lost: bool,
+) -> Result<DeleteOutcome, JobError> {
     let next_attempt = args.attempt + 1;
     let after = ctx.config.create_retry.backoff(next_attempt);
-    tracing::warn!(device = %args.device, %message, "deletion outcome unknown; a successor looks first");
     note(
         ctx,
         job_id,
@@ -549,7 +623,8 @@ async fn unresolved(
             machine_id: args.machine_id,
             provider_id: args.device.clone(),
             request: args.request,
-            message: message.to_string(),
+            message: crate::text::bounded(message, 1000),
+            lease_lost,
         },
     )
     .await?;

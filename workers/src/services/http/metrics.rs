@@ -68,6 +68,7 @@ pub(super) struct Outcomes {
     pub(super) deletion_cancelled: i64,
     pub(super) lost: i64,
     pub(super) limit_exceeded: i64,
+    pub(super) late_outcomes: i64,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -121,14 +122,18 @@ impl Figures {
                count(*) filter (where event_type = 'deletion_failed') as deletion_failed,
                count(*) filter (where event_type = 'deletion_cancelled') as deletion_cancelled,
                count(*) filter (where event_type = 'machine_lost') as lost,
-               count(*) filter (where event_type = 'limit_exceeded') as limit_exceeded
+               count(*) filter (where event_type = 'limit_exceeded') as limit_exceeded,
+               count(*) filter (where event_type in ('creation_unresolved', 'deletion_unresolved')
+                                  and coalesce((body->>'lease_lost')::bool, false))
+                 as late_outcomes
              from shepherd.events
              where event_type in ('device_created', 'creation_given_up', 'race_lost',
                                   'creation_attempt_failed', 'creation_refused',
                                   'discrepancy_found', 'machine_assimilated',
                                   'assimilation_skipped', 'assimilation_rejected',
                                   'deletion_requested', 'machine_deleted', 'deletion_failed',
-                                  'deletion_cancelled', 'machine_lost', 'limit_exceeded')",
+                                  'deletion_cancelled', 'machine_lost', 'limit_exceeded',
+                                  'creation_unresolved', 'deletion_unresolved')",
         )
         .fetch_one(pool)
         .await?;
@@ -453,6 +458,12 @@ impl Figures {
             "shepherd_limit_exceeded",
             "Machines of ours recorded past the cluster's limit",
             ConstCounter::new(count(n.limit_exceeded)),
+        );
+        registry.register(
+            "shepherd_late_outcomes",
+            "Answers to creates and deletes that came after their run had lost its unit's lease \
+             (it stalled past it): recorded as unresolved for the unit's holder to settle",
+            ConstCounter::new(count(n.late_outcomes)),
         );
 
         let jobs = Family::<QueueLabels, Gauge>::default();

@@ -1,0 +1,205 @@
+//! Fenced (issue 46): a run that stalls past its unit's lease, between its
+//! last check and the bytes of its write leaving, may still have its
+//! write done by the provider. Its answer is then not the run's to record:
+//! it is kept as unresolved for the unit's holder, nothing is ended or
+//! freed on it, and what the late write did is repaired by the passes.
+//! The stall is the fake holding the write on its way in (`Held`) while
+//! the lease runs out, as a stopped worker's keeper would let it, and the
+//! job row is handed to another worker, as apalis does for a worker it
+//! presumed dead.
+
+use super::*;
+use shepherd::jobs::create_device::create_device;
+use shepherd::jobs::delete_machine::delete_machine;
+use shepherd::jobs::{CreateDeviceArgs, DeleteMachineArgs};
+use shepherd_fakes::latitude::{FaultKind, FaultRule, Faults};
+
+/// How long the fake holds the stalled write: under the client's attempt
+/// timeout (2 s), so the late answer reaches the stalled run.
+const HELD_MS: u64 = 1_500;
+
+/// Claims the runnable job of `kind` as a worker does: its row's id and
+/// its arguments.
+async fn claim(w: &World, kind: &str) -> (String, serde_json::Value) {
+    sqlx::query_as(
+        "update apalis.jobs j set status = 'Running'
+         from (select id from apalis.jobs
+               where job_type = $1 and status = 'Pending' and run_at <= now()
+               order by run_at, id limit 1 for update skip locked) next
+         where j.id = next.id
+         returning j.id, convert_from(j.job, 'UTF8')::jsonb",
+    )
+    .bind(kind)
+    .fetch_one(&w.pool)
+    .await
+    .unwrap_or_else(|e| panic!("no runnable {kind} job: {e}"))
+}
+
+/// The stalled run's lease runs out, by the database's clock (its keeper
+/// stopped with it), and its row is handed to another worker: apalis
+/// counts the run it presumes dead, and the row runs again.
+async fn lease_runs_out_and_row_is_rescued(w: &World, job_id: &str) {
+    let expired = sqlx::query(
+        "update shepherd.leases set expires_at = clock_timestamp() - interval '1 second'",
+    )
+    .execute(&w.pool)
+    .await
+    .expect("expiring the stalled run's lease")
+    .rows_affected();
+    assert_eq!(expired, 1, "the stalled run held no lease");
+    sqlx::query("update apalis.jobs set attempts = attempts + 1 where id = $1")
+        .bind(job_id)
+        .execute(&w.pool)
+        .await
+        .expect("counting the stalled run");
+}
+
+async fn done(w: &World, job_id: &str) {
+    sqlx::query("update apalis.jobs set status = 'Done', done_at = now() where id = $1")
+        .bind(job_id)
+        .execute(&w.pool)
+        .await
+        .expect("ending the job row");
+}
+
+/// Bodies of the unresolved outcomes of `kind` that came after a lost
+/// lease.
+async fn late(w: &World, kind: &str) -> Vec<serde_json::Value> {
+    w.events(kind)
+        .await
+        .into_iter()
+        .filter(|b| b["lease_lost"] == serde_json::Value::Bool(true))
+        .collect()
+}
+
+/// Lets the stalled run's write reach the fake and wait there.
+async fn stalled_write_in_flight() {
+    tokio::time::sleep(Duration::from_millis(400)).await;
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_create_answered_after_its_lease_was_lost_is_not_recorded_and_the_place_ends_with_one(
+    db: PgPool,
+) {
+    let w = World::new(db, 10, vec![pool("web", "DAL", 1)]).await;
+    w.fake
+        .set_faults(Faults::none().with_rule(
+            FaultRule::on(Call::CreateServer, FaultKind::Held { ms: HELD_MS }).times(1),
+        ));
+    w.pass().await;
+    let (job, args) = claim(&w, "create_device").await;
+    let args: CreateDeviceArgs = serde_json::from_value(args).expect("create_device args");
+    let stalled = {
+        let (ctx, args, job) = (w.ctx.clone(), args.clone(), job.clone());
+        tokio::spawn(async move { create_device(&ctx, &args, &job).await })
+    };
+    stalled_write_in_flight().await;
+    lease_runs_out_and_row_is_rescued(&w, &job).await;
+    // The rescued run looks, finds nothing (the stalled POST has not been
+    // handled yet) and, its settle window over, creates.
+    let rescued = create_device(&w.ctx, &args, &job)
+        .await
+        .expect("the rescued run");
+    assert!(
+        matches!(rescued, CreateOutcome::Created { .. }),
+        "{rescued:?}"
+    );
+    assert!(
+        !stalled.is_finished(),
+        "the stalled run ended before the rescued one: the stall was not taken"
+    );
+    let stalled = stalled.await.unwrap().expect("the stalled run");
+    done(&w, &job).await;
+    // Its POST was done: two servers for the place at the provider.
+    assert_eq!(w.fake.servers().len(), 2, "the stalled write was not made");
+    assert!(
+        matches!(stalled, CreateOutcome::Unresolved { .. }),
+        "{stalled:?}"
+    );
+    // One recorded server; the late answer kept for the holder, once.
+    assert_eq!(w.events("device_created").await.len(), 1);
+    assert_eq!(late(&w, "creation_unresolved").await.len(), 1);
+
+    // The passes adopt the second server (the request's witness, its
+    // create unresolved) and shed one of the two as surplus, within the
+    // deletion guards.
+    for _ in 0..6 {
+        w.pass().await;
+        drain_rounds(&w, 2).await;
+        if w.fake.servers().len() == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert_eq!(w.fake.servers().len(), 1, "the place kept two servers");
+    let requested = w.events("deletion_requested").await;
+    assert_eq!(requested.len(), 1, "{requested:?}");
+    assert_eq!(requested[0]["cause"], "surplus", "{requested:?}");
+    w.settle(3).await;
+    w.assert_invariants().await;
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_delete_answered_after_its_deletion_was_cancelled_is_not_recorded_deleted(db: PgPool) {
+    let w = World::new(db, 10, vec![pool("web", "DAL", 2)]).await;
+    w.settle(3).await;
+    assert_eq!(w.fake.servers().len(), 2);
+    set_count(&w, "web", 1).await;
+    let pass = w.pass().await;
+    assert_eq!(pass.deletions.len(), 1, "{pass:?}");
+    w.fake.set_faults(
+        Faults::none().with_rule(
+            FaultRule::on(Call::DestroyServer, FaultKind::Held { ms: HELD_MS }).times(1),
+        ),
+    );
+    let (job, args) = claim(&w, "delete_machine").await;
+    let args: DeleteMachineArgs = serde_json::from_value(args).expect("delete_machine args");
+    let stalled = {
+        let (ctx, args, job) = (w.ctx.clone(), args.clone(), job.clone());
+        tokio::spawn(async move { delete_machine(&ctx, &args, &job).await })
+    };
+    stalled_write_in_flight().await;
+    // The pool is raised back while the DELETE is held: the rescued run's
+    // check finds the machine wanted again, cancels, and tells the hook
+    // it stays.
+    set_count(&w, "web", 2).await;
+    lease_runs_out_and_row_is_rescued(&w, &job).await;
+    let rescued = delete_machine(&w.ctx, &args, &job)
+        .await
+        .expect("the rescued run");
+    assert!(
+        matches!(rescued, DeleteOutcome::Cancelled { .. }),
+        "{rescued:?}"
+    );
+    assert!(
+        !stalled.is_finished(),
+        "the stalled run ended before the rescued one: the stall was not taken"
+    );
+    let stalled = stalled.await.unwrap().expect("the stalled run");
+    done(&w, &job).await;
+    assert_eq!(w.fake.servers().len(), 1, "the stalled DELETE was not done");
+    assert!(
+        matches!(stalled, DeleteOutcome::Unresolved { .. }),
+        "{stalled:?}"
+    );
+    // Not recorded deleted: the cancellation stands, and the late answer
+    // is kept as unresolved.
+    assert!(w.events("machine_deleted").await.is_empty());
+    assert_eq!(w.events("deletion_cancelled").await.len(), 1);
+    assert_eq!(late(&w, "deletion_unresolved").await.len(), 1);
+
+    // The machine the late DELETE took is found gone by the passes (twice,
+    // a gap apart, and by a listing) and replaced: the pool ends whole.
+    for _ in 0..8 {
+        w.pass().await;
+        drain_rounds(&w, 2).await;
+        if w.fake.servers().len() == 2 && !w.events("machine_lost").await.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(600)).await;
+    }
+    assert_eq!(w.events("machine_lost").await.len(), 1);
+    assert_eq!(w.fake.servers().len(), 2, "the pool was not made whole");
+    w.settle(3).await;
+    w.assert_invariants().await;
+}
