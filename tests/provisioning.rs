@@ -11,7 +11,6 @@ mod passes;
 
 use std::time::Duration;
 
-use chrono::Utc;
 use common::world::*;
 use common::{fake_config, next};
 use shepherd::config::ProvisionerConfig;

@@ -241,6 +241,11 @@ events! {
         /// left for the unit's holder to settle by looking.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         lease_lost: bool,
+        /// Recorded by a look that still could not tell, not after a create
+        /// that may have gone out: it does not move the creation's settle
+        /// window, which runs from the latest create nobody saw answered.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        looked: bool,
     }
     /// An unknown creation's settle window passed and a look found nothing
     /// of ours on the unit: the creation is known again, and may create.

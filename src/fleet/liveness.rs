@@ -95,7 +95,7 @@ impl Overview {
     }
 }
 
-/// The process a queue worker belongs to: `kind@host:pid#generation`.
+/// The process a queue worker belongs to: `kind@host:pid:start#generation`.
 fn process_of(worker: &str) -> &str {
     let rest = worker.split_once('@').map_or(worker, |(_, r)| r);
     rest.rsplit_once('#').map_or(rest, |(p, _)| p)
@@ -105,12 +105,14 @@ fn process_of(worker: &str) -> &str {
 /// `shepherd status` list.
 #[derive(Debug, Clone, Serialize)]
 pub struct ProcessRow {
-    /// `host:pid`.
+    /// `host:pid:start`.
     pub name: String,
     /// From the process's own record; `None` for a process of a release
     /// that did not record itself.
     pub version: Option<String>,
     pub started_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// Its clock less the database's at start, in milliseconds.
+    pub clock_offset_ms: Option<i64>,
     /// Its queues, by name.
     pub queues: Vec<String>,
     /// Since its queue workers were last heard from (the most recent).
@@ -133,6 +135,7 @@ impl Overview {
                     name: name.to_string(),
                     version: recorded.map(|p| p.version.clone()),
                     started_at: recorded.map(|p| p.started_at),
+                    clock_offset_ms: recorded.and_then(|p| p.clock_offset_ms),
                     queues: vec![],
                     seconds_since_seen: f64::INFINITY,
                     live: false,
@@ -156,27 +159,59 @@ pub struct ProcessRecord {
     pub name: String,
     pub version: String,
     pub started_at: chrono::DateTime<chrono::Utc>,
+    /// Its clock less the database's at start, in milliseconds (`None`:
+    /// a release that did not measure it).
+    pub clock_offset_ms: Option<i64>,
 }
 
-/// This process as the fleet names it: `host:pid`.
+/// This process as the fleet names it: `host:pid:start`, `start` drawn at
+/// random once per process. Host and pid alone are not unique: two pid-1
+/// containers on host networking, or hosts without `/etc/hostname` (all
+/// `localhost`), shared one name, and a process then handed back the
+/// claims of a live one as its predecessor's.
 pub fn process_name() -> String {
-    let host = std::fs::read_to_string("/etc/hostname")
-        .map(|h| h.trim().to_string())
-        .ok()
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "localhost".into());
-    format!("{host}:{}", std::process::id())
+    static NAME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    NAME.get_or_init(|| {
+        let host = std::fs::read_to_string("/etc/hostname")
+            .map(|h| h.trim().to_string())
+            .ok()
+            .filter(|h| !h.is_empty() && !h.contains([':', '@', '#']))
+            .unwrap_or_else(|| "localhost".into());
+        let start = uuid::Uuid::new_v4().simple().to_string();
+        format!("{host}:{}:{}", std::process::id(), &start[..8])
+    })
+    .clone()
 }
 
-/// Records this process (`host:pid`) and the release it runs, replacing
-/// the row of an earlier process with the same name, and drops the rows
-/// of processes silent for a day.
+/// A clock more than this far off the database's is said at start and in
+/// `shepherd status`.
+pub const CLOCK_OFF_MS: i64 = 5_000;
+
+/// This process's clock less the database's, in milliseconds: the
+/// database's clock read between two of ours, against their midpoint.
+pub async fn clock_offset_ms(pool: &sqlx::PgPool) -> Result<i64, sqlx::Error> {
+    let before = chrono::Utc::now();
+    let db: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("select pg_catalog.clock_timestamp()")
+            .fetch_one(pool)
+            .await?;
+    let after = chrono::Utc::now();
+    let ours = before + (after - before) / 2;
+    Ok((ours - db).num_milliseconds())
+}
+
+/// Records this process (`host:pid:start`), the release it runs and how far
+/// its clock is off the database's, and drops the rows of processes silent
+/// for a day.
 pub async fn record_process(
     pool: &sqlx::PgPool,
     name: &str,
     version: &str,
+    clock_offset_ms: Option<i64>,
 ) -> Result<(), sqlx::Error> {
-    let (host, pid) = name.rsplit_once(':').unwrap_or((name, "0"));
+    let mut parts = name.splitn(3, ':');
+    let host = parts.next().unwrap_or(name);
+    let pid = parts.next().unwrap_or("0");
     let mut tx = pool.begin().await?;
     sqlx::query(
         "delete from shepherd.processes p
@@ -188,15 +223,17 @@ pub async fn record_process(
     .execute(&mut *tx)
     .await?;
     sqlx::query(
-        "insert into shepherd.processes (name, host, pid, version, started_at)
-         values ($1, $2, $3, $4, now())
+        "insert into shepherd.processes (name, host, pid, version, started_at, clock_offset_ms)
+         values ($1, $2, $3, $4, now(), $5)
          on conflict (name) do update set host = excluded.host, pid = excluded.pid,
-             version = excluded.version, started_at = excluded.started_at",
+             version = excluded.version, started_at = excluded.started_at,
+             clock_offset_ms = excluded.clock_offset_ms",
     )
     .bind(crate::text::bounded(name, 299))
     .bind(crate::text::bounded(host, 254))
     .bind(pid.parse::<i32>().unwrap_or(0))
     .bind(crate::text::bounded(version, 99))
+    .bind(clock_offset_ms)
     .execute(&mut *tx)
     .await?;
     tx.commit().await

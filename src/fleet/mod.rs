@@ -6,7 +6,8 @@ pub mod cost;
 pub mod ledger;
 mod liveness;
 pub use liveness::{
-    Liveness, LivenessState, ProcessRecord, ProcessRow, process_name, record_process,
+    CLOCK_OFF_MS, Liveness, LivenessState, ProcessRecord, ProcessRow, clock_offset_ms,
+    process_name, record_process,
 };
 
 use chrono::{DateTime, Utc};
@@ -313,7 +314,7 @@ pub async fn overview(pool: &PgPool) -> Result<Overview, sqlx::Error> {
     })
     .collect();
     let process_records = sqlx::query_as::<_, ProcessRecord>(
-        "select name, version, started_at from shepherd.processes order by name",
+        "select name, version, started_at, clock_offset_ms from shepherd.processes order by name",
     )
     .fetch_all(&mut *tx)
     .await?;

@@ -12,6 +12,8 @@ use serde::Serialize;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
+use std::time::Duration;
+
 use super::{ASSIMILATE_QUEUE, AssimilateArgs, CREATE_DEVICE_QUEUE, CreateDeviceArgs};
 use super::{DELETE_MACHINE_QUEUE, DeleteMachineArgs};
 use super::{RECONCILE_QUEUE, ReconcileArgs};
@@ -175,15 +177,40 @@ pub async fn push_assimilate(
     push(conn, ASSIMILATE_QUEUE, args, run_at, None).await
 }
 
-/// Pushes a creation attempt. The key is the request and attempt, so a
-/// retried push of the same successor is stored once.
+/// Pushes a job to run `after` from now by the database's clock (the
+/// queue compares `run_at` with it): a worker whose clock is off neither
+/// delays a successor nor runs it early. `None` when its idempotency key
+/// was already used.
+pub async fn push_after<T: Serialize>(
+    conn: &mut PgConnection,
+    queue: &str,
+    args: &T,
+    after: Duration,
+    idempotency_key: Option<&str>,
+) -> Result<Option<String>, sqlx::Error> {
+    let args = serde_json::to_value(args).expect("job arguments are plain data");
+    sqlx::query_scalar(
+        "select shepherd.push_job($1, $2, now() + $3::int8 * interval '1 millisecond', 25, $4)",
+    )
+    .bind(queue)
+    .bind(args)
+    .bind(super::lease::millis(after))
+    .bind(idempotency_key)
+    .fetch_one(&mut *conn)
+    .await
+}
+
+/// Pushes a creation attempt, to run `after` from now by the database's
+/// clock. The key is the request and attempt, so a retried push of the
+/// same successor is stored once.
 pub async fn push_create_device(
     conn: &mut PgConnection,
     args: &CreateDeviceArgs,
-    run_at: Option<DateTime<Utc>>,
+    after: Option<Duration>,
 ) -> Result<Option<String>, sqlx::Error> {
     let key = format!("{}/{}", args.request, args.attempt);
-    push(conn, CREATE_DEVICE_QUEUE, args, run_at, Some(&key)).await
+    let after = after.unwrap_or_default();
+    push_after(conn, CREATE_DEVICE_QUEUE, args, after, Some(&key)).await
 }
 
 /// Pushes a deletion attempt, keyed by its request and attempt as a
@@ -191,10 +218,11 @@ pub async fn push_create_device(
 pub async fn push_delete_machine(
     conn: &mut PgConnection,
     args: &DeleteMachineArgs,
-    run_at: Option<DateTime<Utc>>,
+    after: Option<Duration>,
 ) -> Result<Option<String>, sqlx::Error> {
     let key = format!("{}/{}", args.request, args.attempt);
-    push(conn, DELETE_MACHINE_QUEUE, args, run_at, Some(&key)).await
+    let after = after.unwrap_or_default();
+    push_after(conn, DELETE_MACHINE_QUEUE, args, after, Some(&key)).await
 }
 
 /// How many creations the limit allows now.

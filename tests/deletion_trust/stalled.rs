@@ -9,6 +9,7 @@
 //! presumed dead.
 
 use super::*;
+use common::world::{drain_with, run_next};
 use shepherd::jobs::create_device::create_device;
 use shepherd::jobs::delete_machine::delete_machine;
 use shepherd::jobs::{CreateDeviceArgs, DeleteMachineArgs};
@@ -200,6 +201,66 @@ async fn a_delete_answered_after_its_deletion_was_cancelled_is_not_recorded_dele
     }
     assert_eq!(w.events("machine_lost").await.len(), 1);
     assert_eq!(w.fake.servers().len(), 2, "the pool was not made whole");
+    w.settle(3).await;
+    w.assert_invariants().await;
+}
+
+/// The successor of a creation whose create went unanswered, its arguments
+/// carrying the unseen create's time as a worker whose clock runs 90 s
+/// behind wrote it (or as an earlier run's successor did, merged with a
+/// later one's under one key): the settle window runs from the unseen
+/// create as the database recorded it, so the look does not trust
+/// "nothing there" early, and the server the gateway hid is found, not
+/// made twice.
+#[sqlx::test(migrations = false)]
+async fn an_unseen_create_is_settled_by_the_databases_clock_not_a_workers(db: PgPool) {
+    let settle = Duration::from_secs(3);
+    let w = World::with_settle(db, 10, vec![pool("web", "DAL", 1)], settle).await;
+    w.fake.set_faults(
+        Faults::none().with_rule(
+            FaultRule::on(
+                Call::CreateServer,
+                FaultKind::GatewayTimeout {
+                    status: 504,
+                    hidden_ms: 2_000,
+                },
+            )
+            .times(1),
+        ),
+    );
+    w.pass().await;
+    let first = run_next(&w.pool, &w.ctx).await;
+    assert!(
+        matches!(first, Some(Ran::Create(CreateOutcome::Retrying { .. }))),
+        "{first:?}"
+    );
+    assert_eq!(w.fake.servers().len(), 1, "the 504's server was not made");
+    let behind = sqlx::query(
+        "update apalis.jobs
+         set job = convert_to(jsonb_set(convert_from(job, 'UTF8')::jsonb, '{unknown_since}',
+                                        to_jsonb(now() - interval '90 seconds'))::text, 'UTF8')
+         where job_type = 'create_device' and status = 'Pending'",
+    )
+    .execute(&w.pool)
+    .await
+    .expect("the successor's arguments, as a clock behind wrote them")
+    .rows_affected();
+    assert_eq!(behind, 1);
+    let second = run_next(&w.pool, &w.ctx).await;
+    assert!(
+        matches!(second, Some(Ran::Create(CreateOutcome::Unresolved { .. }))),
+        "the look trusted \"nothing there\" within the settle window: {second:?}"
+    );
+    // Until it settles: the hidden server shows and is recorded.
+    let began = std::time::Instant::now();
+    while w.events("device_created").await.is_empty() && began.elapsed() < settle * 3 {
+        w.make_due().await;
+        drain_with(&w.pool, &w.ctx).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(w.events("device_created").await.len(), 1);
+    assert!(w.events("creation_settled").await.is_empty());
+    assert_eq!(w.fake.servers().len(), 1, "a second server was made");
     w.settle(3).await;
     w.assert_invariants().await;
 }

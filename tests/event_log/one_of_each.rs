@@ -213,6 +213,7 @@ pub fn one_of_each() -> Vec<Event> {
             attempt: 5,
             message: "createDevice: outcome unknown".into(),
             lease_lost: true,
+            looked: false,
         }
         .into(),
         CreationResumed {

@@ -170,6 +170,7 @@ fn random_event(rng: &mut impl Rng, reservations: &[Uuid], devices: &[Uuid]) -> 
             attempt: 1,
             message: format!("m{}", rng.random::<u8>()),
             lease_lost: rng.random(),
+            looked: rng.random(),
         }
         .into(),
         11 => CreationsPaused {

@@ -171,6 +171,7 @@ async fn the_status_page_warns_and_tells_live_workers_from_gone(pool: PgPool) {
             attempt: 5,
             message: "no answer within 30s".into(),
             lease_lost: false,
+            looked: false,
         },
     ));
     let mut tx = pool.begin().await.unwrap();

@@ -130,7 +130,7 @@ pub(super) async fn retry_later(
         creates: Some(creates),
         ..args.clone()
     };
-    queue::push_create_device(&mut tx, &successor, Some(at(after))).await?;
+    queue::push_create_device(&mut tx, &successor, Some(after)).await?;
     tx.commit().await?;
     Ok(CreateOutcome::Retrying {
         next_attempt,
@@ -193,6 +193,7 @@ async fn unknown_from_now(
                 attempt: args.attempt,
                 message: crate::text::bounded(message, 1000),
                 lease_lost,
+                looked: false,
             })
             .caused_by(job_id),
         ],
@@ -206,7 +207,7 @@ async fn unknown_from_now(
         verify: true,
         ..args.clone()
     };
-    queue::push_create_device(&mut tx, &successor, Some(at(after))).await?;
+    queue::push_create_device(&mut tx, &successor, Some(after)).await?;
     tx.commit().await?;
     Ok(CreateOutcome::Unresolved {
         next_attempt,
@@ -339,10 +340,6 @@ pub(super) fn not_owner() -> CreateOutcome {
     }
 }
 
-pub(super) fn at(after: std::time::Duration) -> chrono::DateTime<Utc> {
-    Utc::now() + TimeDelta::from_std(after).unwrap_or(TimeDelta::MAX)
-}
-
 /// Transient answers and unknown outcomes are worth another attempt: the
 /// next one starts by looking for the device the last one may have made.
 pub(super) fn retryable(e: &ProviderError) -> bool {
@@ -395,9 +392,13 @@ pub(crate) async fn penalty_event(
         .await?
         .map_or(0, |p| p.failures.max(0) as u32);
     let duration = settings.penalty.duration(failures);
+    // Timed by the database's clock, which the sinbin is read against.
+    let now: DateTime<Utc> = sqlx::query_scalar("select now()")
+        .fetch_one(&mut *conn)
+        .await?;
     Ok(NewEvent::new(ReservationPenalised {
         reservation,
-        until: Utc::now() + TimeDelta::from_std(duration).unwrap_or(TimeDelta::MAX),
+        until: now + TimeDelta::from_std(duration).unwrap_or(TimeDelta::MAX),
         cause: cause.to_string(),
         class: Some(class),
         scope,

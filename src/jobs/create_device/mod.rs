@@ -179,7 +179,11 @@ pub async fn create_device(
         ..args.clone()
     };
     match owner {
-        Some(owner) if owner == ours => {}
+        Some(owner) if owner == ours => {
+            if rerun {
+                rerun_may_have_sent(ctx, args, job_id).await?;
+            }
+        }
         Some(_) if args.admitted || args.verify => {
             return Ok(CreateOutcome::Skipped {
                 reason: "another request owns the reservation's creation".into(),
@@ -405,10 +409,68 @@ enum Looked {
     Nothing,
 }
 
+/// A second run of this job row: the run before it may have sent a create
+/// a moment ago and stopped before recording anything (killed, presumed
+/// dead, handed back by a drain cut short). Recorded, by the database's
+/// clock, as a create nobody saw answered, so that every later run of the
+/// creation (this one, a successor, or one merged with another's) waits
+/// out the settle window from now before it trusts "nothing there".
+async fn rerun_may_have_sent(
+    ctx: &JobContext,
+    args: &CreateDeviceArgs,
+    job_id: &str,
+) -> Result<(), JobError> {
+    let mut tx = ctx.pool.begin().await?;
+    record(
+        &mut tx,
+        vec![
+            NewEvent::new(CreationUnresolved {
+                reservation: args.reservation,
+                request: args.request,
+                attempt: args.attempt,
+                message: "this job row ran before and did not finish: its create may have gone \
+                          out unseen"
+                    .into(),
+                lease_lost: false,
+                looked: false,
+            })
+            .caused_by(job_id),
+        ],
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// When the latest create of request `$1` that nobody saw answered may
+/// have gone out, and the time now, both by the database's clock: the
+/// creation's events on its unit's stream `$2` since it was requested that
+/// mark one (an unseen or cut-off create, a rerun of a row, an answer that
+/// came after its lease; not a look that still could not tell). Every run
+/// of the creation reads it, whatever its arguments carry, so runs whose
+/// successors merged lose no unseen create, and no worker's clock decides.
+/// `$3`, the time a job's arguments carry (written by a release before
+/// this record), counts too, but never past the database's now.
+const UNSEEN_SINCE: &str = "with asked as (
+         select position from shepherd.events
+         where event_type = 'creation_requested' and body->>'request' = $1
+         order by position desc limit 1)
+     select greatest(
+              (select max(e.recorded_at) from shepherd.events e, asked
+               where e.stream = $2 and e.position > asked.position
+                 and ((e.event_type = 'creation_unresolved' and e.body->>'request' = $1
+                       and not coalesce((e.body->>'looked')::bool, false))
+                   or (e.event_type = 'creation_attempt_failed'
+                       and e.body->>'class' in ('ambiguous', 'cancelled')))),
+              least($3::timestamptz, pg_catalog.clock_timestamp())),
+            pg_catalog.clock_timestamp()";
+
 /// Settles an unknown creation by looking for its witness, never by
 /// creating: the look is trusted to say "nothing" only once the settle
-/// window since the unseen create has passed, since a provider's listings
-/// can lag behind its creates. Anything less keeps the unit held.
+/// window since the latest unseen create has passed, since a provider's
+/// listings can lag behind its creates. Anything less keeps the unit held.
+/// The window is timed by the database's clock (`UNSEEN_SINCE`), read
+/// before the look: a look that ends after it is at least as late.
 async fn settle(
     ctx: &JobContext,
     settings: &ClusterSettings,
@@ -416,12 +478,20 @@ async fn settle(
     job_id: &str,
     lock: &PlaceLock,
 ) -> Result<Looked, JobError> {
-    let since = args.unknown_since.unwrap_or_else(Utc::now);
+    let (since, now): (Option<DateTime<Utc>>, DateTime<Utc>) = sqlx::query_as(UNSEEN_SINCE)
+        .bind(args.request.to_string())
+        .bind(format!("reservation/{}", args.reservation))
+        .bind(args.unknown_since)
+        .fetch_one(&ctx.pool)
+        .await?;
+    // Nothing recorded and nothing carried: the window runs from now.
+    let since = since.unwrap_or(now);
     let settled_at = if ctx.provider.one_machine_per_unit() {
         since
     } else {
         since + TimeDelta::from_std(settings.settle_window).unwrap_or(TimeDelta::MAX)
     };
+    let until_settled = (settled_at - now).to_std().unwrap_or_default();
     let looked = ctx
         .provider
         .find_created(args.reservation, args.request)
@@ -444,7 +514,7 @@ async fn settle(
             };
             Looked::Done(give_up(ctx, settings, args, job_id, lock, why).await?)
         }
-        Ok(None) if Utc::now() >= settled_at => {
+        Ok(None) if until_settled.is_zero() => {
             let mut tx = ctx.pool.begin().await?;
             record(
                 &mut tx,
@@ -453,8 +523,8 @@ async fn settle(
                         reservation: args.reservation,
                         request: args.request,
                         message: format!(
-                            "nothing of ours on the unit at {} after an unknown outcome at {since}",
-                            Utc::now()
+                            "nothing of ours on the unit at {now} (database clock) after an \
+                             unknown outcome at {since}"
                         ),
                     })
                     .caused_by(job_id),
@@ -470,8 +540,11 @@ async fn settle(
                 args,
                 job_id,
                 since,
-                settled_at,
-                format!("nothing of ours is seen yet; a look after {settled_at} settles it"),
+                until_settled,
+                format!(
+                    "nothing of ours is seen yet; a look after {settled_at} (database clock) \
+                     settles it"
+                ),
             )
             .await?,
         ),
@@ -481,7 +554,7 @@ async fn settle(
                 args,
                 job_id,
                 since,
-                settled_at,
+                until_settled,
                 format!("looking failed: {e}"),
             )
             .await?,
@@ -497,12 +570,11 @@ async fn still_unknown(
     args: &CreateDeviceArgs,
     job_id: &str,
     since: DateTime<Utc>,
-    settled_at: DateTime<Utc>,
+    until_settled: std::time::Duration,
     message: String,
 ) -> Result<CreateOutcome, JobError> {
     let next_attempt = args.attempt + 1;
     let backoff = ctx.config.create_retry.backoff(next_attempt);
-    let until_settled = (settled_at - Utc::now()).to_std().unwrap_or_default();
     let after = if until_settled.is_zero() {
         backoff
     } else {
@@ -519,6 +591,7 @@ async fn still_unknown(
                 attempt: args.attempt,
                 message,
                 lease_lost: false,
+                looked: true,
             })
             .caused_by(job_id),
         ],
@@ -535,7 +608,7 @@ async fn still_unknown(
         creates: Some(args.creates_before()),
         ..args.clone()
     };
-    queue::push_create_device(&mut tx, &successor, Some(at(after))).await?;
+    queue::push_create_device(&mut tx, &successor, Some(after)).await?;
     tx.commit().await?;
     Ok(CreateOutcome::Unresolved {
         next_attempt,

@@ -664,12 +664,7 @@ async fn successor(
         ..args.clone()
     };
     let mut tx = ctx.pool.begin().await?;
-    queue::push_delete_machine(
-        &mut tx,
-        &next,
-        Some(Utc::now() + TimeDelta::from_std(after).unwrap_or(TimeDelta::MAX)),
-    )
-    .await?;
+    queue::push_delete_machine(&mut tx, &next, Some(after)).await?;
     tx.commit().await?;
     Ok(())
 }

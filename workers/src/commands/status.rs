@@ -300,6 +300,7 @@ pub fn render_status(o: &Overview) -> String {
             "STARTED",
             "QUEUES",
             "LAST SEEN",
+            "CLOCK",
             "STATE",
         ]);
         for p in &processes {
@@ -311,12 +312,27 @@ pub fn render_status(o: &Overview) -> String {
                     .unwrap_or_else(|| "-".into()),
                 p.queues.join(","),
                 format!("{} ago", age(p.seconds_since_seen)),
+                clock(p.clock_offset_ms),
                 if p.live { "live" } else { "silent (dead)" }.into(),
             ]);
         }
         out.push_str(&t.render());
     }
     out
+}
+
+/// How far a process's clock was off the database's at its start: "ok"
+/// within `CLOCK_OFF_MS`, the offset and a warning beyond.
+fn clock(offset_ms: Option<i64>) -> String {
+    match offset_ms {
+        None => "-".into(),
+        Some(ms) if ms.abs() <= shepherd::fleet::CLOCK_OFF_MS => "ok".into(),
+        Some(ms) => format!(
+            "!! {:.1}s {}",
+            ms.unsigned_abs() as f64 / 1000.0,
+            if ms > 0 { "ahead" } else { "behind" }
+        ),
+    }
 }
 
 /// The spend cap, what the fleet costs against it, and whether it holds

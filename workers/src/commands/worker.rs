@@ -403,9 +403,29 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
         }
     };
     tracing::info!(key = %key, label = %config.ssh_key_label, "SSH key ensured");
+    // The cluster's windows are timed by the database's clock; the queue's
+    // heartbeats by this process's. Said at start, and in `status`.
+    let offset = match shepherd::fleet::clock_offset_ms(&pool).await {
+        Ok(ms) => Some(ms),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot compare this process's clock with the database's");
+            None
+        }
+    };
+    if let Some(ms) = offset.filter(|ms| ms.abs() > shepherd::fleet::CLOCK_OFF_MS) {
+        tracing::error!(
+            offset_ms = ms,
+            "this process's clock is {:.1} s {} the database's: windows and deadlines are timed by \
+             the database, but the queue's heartbeats carry this clock, so this worker looks dead \
+             early (or live late) to the others. Fix its time synchronisation (NTP)",
+            ms.unsigned_abs() as f64 / 1000.0,
+            if ms > 0 { "ahead of" } else { "behind" },
+        );
+    }
     // What the console lists beside its queues: host, pid, release, start.
     if let Err(e) =
-        shepherd::fleet::record_process(&pool, &process_name(), env!("CARGO_PKG_VERSION")).await
+        shepherd::fleet::record_process(&pool, &process_name(), env!("CARGO_PKG_VERSION"), offset)
+            .await
     {
         tracing::warn!(
             error = %e,

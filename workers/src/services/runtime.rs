@@ -63,7 +63,8 @@ impl<'de, T: DeserializeOwned> Deserialize<'de> for Lenient<T> {
 
 #[derive(Debug, Clone)]
 pub struct RuntimeOptions {
-    /// Host and pid, unique per process: apalis registers workers by name.
+    /// Host, pid and a start id (`fleet::process_name`), unique per
+    /// process: apalis registers workers by name.
     pub process_name: String,
     pub reconcile_concurrency: usize,
     pub create_concurrency: usize,
@@ -274,10 +275,15 @@ fn config(queue: &str, opts: &RuntimeOptions) -> Config {
 
 /// Hands a worker's claimed jobs back to the queue. Their handlers have
 /// finished or been dropped; every handler is idempotent, so a job whose
-/// result was not acknowledged runs again harmlessly.
-async fn release(pool: &PgPool, worker: &str) {
+/// result was not acknowledged runs again harmlessly. A row that was
+/// running counts its run: the next one is then a rerun, which looks for
+/// what this one may have sent before it sends anything (a create cut off
+/// mid-POST).
+pub async fn release(pool: &PgPool, worker: &str) {
     let released = sqlx::query(
-        "update apalis.jobs set status = 'Pending', lock_by = null, lock_at = null
+        "update apalis.jobs
+         set status = 'Pending', lock_by = null, lock_at = null,
+             attempts = attempts + (status = 'Running')::int
          where lock_by = $1 and status in ('Queued', 'Running')",
     )
     .bind(worker)
@@ -289,26 +295,46 @@ async fn release(pool: &PgPool, worker: &str) {
     }
 }
 
-/// Hands back what a previous process of the same name left claimed.
-///
-/// A process that has just started holds no claims, so a row claimed under
-/// its name (`<queue>@<host:pid>#<generation>`) is an earlier process's with
-/// the same host and pid: a container restarted as pid 1 with its
-/// hostname. apalis re-registers such a name as live, so its heartbeat
-/// kept those rows from the rescue, and they stayed claimed for as long as
-/// this process lived. Counted as a run that its worker did not finish, as
-/// apalis's rescue counts one.
-pub async fn release_previous(pool: &PgPool, process_name: &str) -> Result<u64, sqlx::Error> {
+/// Hands back what an earlier process on this host with this pid left
+/// claimed, once its queue workers have been silent for the rescue
+/// `window`: a container restarted as pid 1 on its hostname. Names carry a
+/// start id (`fleet::process_name`), so such a process is another name, and
+/// a live process that shares host and pid (two pid-1 containers on host
+/// networking) keeps its claims: only silence releases them, as apalis's
+/// own rescue would. Names of releases before the start id (`host:pid`)
+/// are matched as that host and pid. Counted as a run that its worker did
+/// not finish, as apalis's rescue counts one.
+pub async fn release_previous(
+    pool: &PgPool,
+    process_name: &str,
+    window: Duration,
+) -> Result<u64, sqlx::Error> {
+    let host_pid = process_name
+        .rsplit_once(':')
+        .map_or(process_name, |(hp, _)| hp);
     let released = sqlx::query(
-        "update apalis.jobs
+        "with claimed as (
+             select j.id,
+                    pg_catalog.regexp_replace(pg_catalog.split_part(j.lock_by, '@', 2),
+                                              '#[0-9]+$', '') as process
+             from apalis.jobs j
+             where j.status in ('Queued', 'Running')
+               and not exists (select 1 from apalis.workers w
+                               where w.id = j.lock_by
+                                 and w.last_seen > now() - $3::int8 * interval '1 millisecond'))
+         update apalis.jobs j
          set status = 'Pending', lock_by = null, lock_at = null, done_at = null,
              attempts = attempts + 1,
              last_result = jsonb_build_object('Err',
-                 'handed back: claimed by an earlier process of the same name, which is gone')
-         where status in ('Queued', 'Running')
-           and pg_catalog.regexp_replace(pg_catalog.split_part(lock_by, '@', 2), '#[0-9]+$', '') = $1",
+                 'handed back: claimed by an earlier process on this host with this pid, silent \
+                  past the rescue window')
+         from claimed c
+         where c.id = j.id and c.process <> $2
+           and (c.process = $1 or pg_catalog.regexp_replace(c.process, ':[^:]*$', '') = $1)",
     )
+    .bind(host_pid)
     .bind(process_name)
+    .bind(i64::try_from(window.as_millis()).unwrap_or(i64::MAX / 2))
     .execute(pool)
     .await?;
     Ok(released.rows_affected())
@@ -413,12 +439,13 @@ pub async fn run(pool: PgPool, ctx: Arc<JobContext>, opts: RuntimeOptions, stop:
         outage: opts.outage.clone(),
         running: Default::default(),
     };
-    match release_previous(&pool, &opts.process_name).await {
+    let window = opts.heartbeat * opts.missed_heartbeats;
+    match release_previous(&pool, &opts.process_name, window).await {
         Ok(0) => {}
         Ok(n) => tracing::warn!(
             jobs = n,
             process = %opts.process_name,
-            "an earlier process of this name left jobs claimed; handed back to the queue"
+            "an earlier process on this host with this pid left jobs claimed and fell silent; handed back to the queue"
         ),
         Err(e) => {
             tracing::warn!(error = %e, "could not look for jobs left claimed by an earlier process of this name")

@@ -182,7 +182,7 @@ async fn an_assimilation_whose_creator_dies_is_taken_up_by_another_worker(pool: 
         panic!("one assimilation expected: {done:?}");
     };
     // Done by the second process, its killed run leaving no record.
-    let second = format!(":{}#", c.workers[1].id());
+    let second = format!(":{}:", c.workers[1].id());
     assert_eq!(status, "Done", "{done:?}");
     assert!(lock_by.contains(&second), "{second} {done:?}");
     assert_eq!(runs.len(), 1, "{done:?}");
@@ -208,37 +208,47 @@ async fn a_creation_is_acknowledged_as_soon_as_its_follow_up_ends(pool: PgPool) 
     c.stop_all();
 }
 
-/// A process restarted with its predecessor's host and pid (a container's
-/// pid 1) re-registers its workers' names as live: what the predecessor
-/// left claimed under them is handed back when the new one starts, never
-/// another process's.
+/// Two processes may share a host and a pid (two pid-1 containers on host
+/// networking, hosts without /etc/hostname): their names differ by the id
+/// each draws at start. A process starting hands back only what a process
+/// on its host with its pid left claimed and then fell silent for the
+/// rescue window (a container restarted as pid 1), never a live one's
+/// claims, nor another host's or pid's; a name of the release before the
+/// start id counts as its host and pid.
 #[sqlx::test(migrations = false)]
-async fn claims_of_an_earlier_process_of_the_same_name_are_handed_back(pool: PgPool) {
+async fn claims_of_a_silent_process_on_this_host_and_pid_are_handed_back_and_a_live_ones_kept(
+    pool: PgPool,
+) {
     let c = Cluster::new(pool, 0, Faults::default()).await;
     migrate(&c).await;
-    sqlx::query(
-        "insert into apalis.workers (id, worker_type, storage_name, last_seen)
-         select w, split_part(w, '@', 1), 'PostgresStorage', now()
-         from unnest(array['create_device@h:7#0', 'assimilate@h:7#3', 'assimilate@h:77#0',
-                           'assimilate@h_7#0']) w",
-    )
-    .execute(&c.pool)
-    .await
-    .unwrap();
+    // (worker, silent for): a dead predecessor, a live twin, a predecessor
+    // of the old naming, another pid, another host.
+    let workers = [
+        ("create_device@h:7:aaaa0000#0", 600),
+        ("assimilate@h:7:bbbb0000#3", 0),
+        ("assimilate@h:7#0", 600),
+        ("assimilate@h:77:cccc0000#0", 600),
+        ("assimilate@h_7:dddd0000#0", 600),
+    ];
     let mut claimed = vec![];
-    for worker in [
-        "create_device@h:7#0",
-        "assimilate@h:7#3",
-        "assimilate@h:77#0",
-        "assimilate@h_7#0",
-    ] {
+    for (worker, silent) in workers {
+        sqlx::query(
+            "insert into apalis.workers (id, worker_type, storage_name, last_seen)
+             values ($1, split_part($1, '@', 1), 'PostgresStorage',
+                     now() - make_interval(secs => $2))",
+        )
+        .bind(worker)
+        .bind(f64::from(silent))
+        .execute(&c.pool)
+        .await
+        .expect("a queue worker's row");
         let id: String = sqlx::query_scalar(
             "select shepherd.push_job('assimilate', jsonb_build_object('device', $1::text))",
         )
         .bind(worker)
         .fetch_one(&c.pool)
         .await
-        .unwrap();
+        .expect("a job");
         sqlx::query(
             "update apalis.jobs set status = 'Queued', lock_by = $2, lock_at = now() where id = $1",
         )
@@ -246,27 +256,93 @@ async fn claims_of_an_earlier_process_of_the_same_name_are_handed_back(pool: PgP
         .bind(worker)
         .execute(&c.pool)
         .await
-        .unwrap();
+        .expect("claiming the job");
         claimed.push(id);
     }
-    let released = shepherd_workers::services::runtime::release_previous(&c.pool, "h:7")
-        .await
-        .expect("the release");
-    assert_eq!(released, 2);
-    let rows: Vec<(String, Option<String>, i32)> = sqlx::query_as(
-        "select status, lock_by, attempts from apalis.jobs where id = any($1) order by id",
+    let released = shepherd_workers::services::runtime::release_previous(
+        &c.pool,
+        "h:7:ffff0000",
+        Duration::from_secs(60),
     )
-    .bind(&claimed)
-    .fetch_all(&c.pool)
     .await
-    .unwrap();
+    .expect("the release");
+    assert_eq!(released, 2);
+    let mut rows = vec![];
+    for id in &claimed {
+        let row: (String, Option<String>, i32) =
+            sqlx::query_as("select status, lock_by, attempts from apalis.jobs where id = $1")
+                .bind(id)
+                .fetch_one(&c.pool)
+                .await
+                .expect("the job's row");
+        rows.push(row);
+    }
     assert_eq!(
         rows,
         vec![
             ("Pending".into(), None, 1),
+            ("Queued".into(), Some("assimilate@h:7:bbbb0000#3".into()), 0),
             ("Pending".into(), None, 1),
-            ("Queued".into(), Some("assimilate@h:77#0".into()), 0),
-            ("Queued".into(), Some("assimilate@h_7#0".into()), 0),
+            (
+                "Queued".into(),
+                Some("assimilate@h:77:cccc0000#0".into()),
+                0
+            ),
+            ("Queued".into(), Some("assimilate@h_7:dddd0000#0".into()), 0),
         ]
+    );
+}
+
+/// A worker's claims handed back when it stops (its drain cut short): a
+/// row whose run had started counts it, so that its next run is a rerun,
+/// which looks for what the cut-off run may have sent before it sends
+/// anything; a row claimed and never started does not.
+#[sqlx::test(migrations = false)]
+async fn a_handed_back_running_row_counts_its_run(pool: PgPool) {
+    let c = Cluster::new(pool, 0, Faults::default()).await;
+    migrate(&c).await;
+    let worker = "create_device@h:7:aaaa0000#0";
+    sqlx::query(
+        "insert into apalis.workers (id, worker_type, storage_name, last_seen)
+         values ($1, split_part($1, '@', 1), 'PostgresStorage', now())",
+    )
+    .bind(worker)
+    .execute(&c.pool)
+    .await
+    .expect("the queue worker's row");
+    let mut ids = vec![];
+    for status in ["Running", "Queued"] {
+        let id: String = sqlx::query_scalar(
+            "select shepherd.push_job('assimilate', jsonb_build_object('device', $1::text))",
+        )
+        .bind(status)
+        .fetch_one(&c.pool)
+        .await
+        .expect("a job");
+        sqlx::query(
+            "update apalis.jobs set status = $2, lock_by = $3, lock_at = now() where id = $1",
+        )
+        .bind(&id)
+        .bind(status)
+        .bind(worker)
+        .execute(&c.pool)
+        .await
+        .expect("claiming the job");
+        ids.push(id);
+    }
+    shepherd_workers::services::runtime::release(&c.pool, worker).await;
+    let mut rows = vec![];
+    for id in &ids {
+        let row: (String, Option<String>, i32) =
+            sqlx::query_as("select status, lock_by, attempts from apalis.jobs where id = $1")
+                .bind(id)
+                .fetch_one(&c.pool)
+                .await
+                .expect("the job's row");
+        rows.push(row);
+    }
+    assert_eq!(
+        rows,
+        vec![("Pending".into(), None, 1), ("Pending".into(), None, 0)]
     );
 }

@@ -474,7 +474,7 @@ fn workers(o: &Overview) -> Markup {
 fn process_table(rows: &[shepherd::fleet::ProcessRow], now: DateTime<Utc>) -> Markup {
     html! {
         table.workers {
-            thead { tr { th { "Process (host:pid)" } th { "Release" } th { "Started" } th { "Queues" } th { "Last heard from" } } }
+            thead { tr { th { "Process (host:pid:start)" } th { "Release" } th { "Started" } th { "Queues" } th { "Last heard from" } th { "Clock" } } }
             tbody {
                 @for p in rows {
                     tr {
@@ -483,6 +483,11 @@ fn process_table(rows: &[shepherd::fleet::ProcessRow], now: DateTime<Utc>) -> Ma
                         td { @match p.started_at { Some(at) => (ago(at, now)), None => span.muted { "not recorded" } } }
                         td { (p.queues.join(", ")) }
                         td { (human_duration(chrono::TimeDelta::seconds(p.seconds_since_seen as i64))) " ago" }
+                        td { @match p.clock_offset_ms {
+                            None => span.muted { "not recorded" },
+                            Some(ms) if ms.abs() <= shepherd::fleet::CLOCK_OFF_MS => "in step with the database",
+                            Some(ms) => strong { (format!("{:.1} s {} the database", ms.unsigned_abs() as f64 / 1000.0, if ms > 0 { "ahead of" } else { "behind" })) },
+                        } }
                     }
                 }
             }
