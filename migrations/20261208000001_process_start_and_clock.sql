@@ -7,5 +7,5 @@
 -- heartbeats carry the worker's own, so a worker whose clock is off looks
 -- dead early or late. `shepherd status` shows the offset.
 alter table shepherd.processes
-    add column clock_offset_ms bigint;
+    add column if not exists clock_offset_ms bigint;
 comment on column shepherd.processes.name is 'host:pid:start, as the queue workers'' names carry it (kind@host:pid:start#n)';

@@ -251,7 +251,22 @@ pub struct CreationFence<'a> {
 impl Fence for CreationFence<'_> {
     fn check(&self) -> BoxFuture<'_, Result<(), String>> {
         Box::pin(async move {
+            // The statement proves at least the term less the grace left
+            // when it ran. Timed from before it was sent, by the monotonic
+            // clock: an answer that took longer than the grace to come back
+            // (a slow pool, a process stalled) has eaten the margin the
+            // create needs to end before anyone else may hold the unit.
+            let began = std::time::Instant::now();
             let standing = self.lock.confirmed(self.grace).await?;
+            let took = began.elapsed();
+            if took > self.grace {
+                return Err(format!(
+                    "the unit's lease was confirmed, but the check took {} ms, over its grace of \
+                     {} ms: the create does not leave on it",
+                    took.as_millis(),
+                    self.grace.as_millis()
+                ));
+            }
             match standing.refuses_creation(&self.request) {
                 None => Ok(()),
                 Some(why) => Err(why),

@@ -264,3 +264,54 @@ async fn an_unseen_create_is_settled_by_the_databases_clock_not_a_workers(db: Pg
     w.settle(3).await;
     w.assert_invariants().await;
 }
+
+/// The other way: a successor whose arguments carry the unseen create's
+/// time as a worker whose clock runs 90 s ahead wrote it. The window runs
+/// from the database's record, never from a time past the database's now,
+/// so a create that made nothing is tried again once the window is over,
+/// not 90 s later.
+#[sqlx::test(migrations = false)]
+async fn a_clock_ahead_does_not_hold_an_unseen_create_past_its_window(db: PgPool) {
+    let settle = Duration::from_secs(2);
+    let w = World::with_settle(db, 10, vec![pool("web", "DAL", 1)], settle).await;
+    // A gateway's 504 for a create that never reached the origin.
+    w.fake.set_faults(
+        Faults::none().with_rule(
+            FaultRule::on(Call::CreateServer, FaultKind::Status { status: 504 }).times(1),
+        ),
+    );
+    w.pass().await;
+    let first = run_next(&w.pool, &w.ctx).await;
+    assert!(
+        matches!(first, Some(Ran::Create(CreateOutcome::Retrying { .. }))),
+        "{first:?}"
+    );
+    assert!(w.fake.servers().is_empty());
+    let ahead = sqlx::query(
+        "update apalis.jobs
+         set job = convert_to(jsonb_set(convert_from(job, 'UTF8')::jsonb, '{unknown_since}',
+                                        to_jsonb(now() + interval '90 seconds'))::text, 'UTF8')
+         where job_type = 'create_device' and status = 'Pending'",
+    )
+    .execute(&w.pool)
+    .await
+    .expect("the successor's arguments, as a clock ahead wrote them")
+    .rows_affected();
+    assert_eq!(ahead, 1);
+    // One job at a time, so the bound below is the test's and not a
+    // drain's that waits the whole skewed window.
+    let began = std::time::Instant::now();
+    while w.events("device_created").await.is_empty() && began.elapsed() < settle * 5 {
+        w.make_due().await;
+        run_next(&w.pool, &w.ctx).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        w.events("device_created").await.len(),
+        1,
+        "the creation waited on a clock 90 s ahead"
+    );
+    assert!(began.elapsed() < settle * 5, "{:?}", began.elapsed());
+    assert_eq!(w.events("creation_settled").await.len(), 1);
+    assert_eq!(w.fake.servers().len(), 1);
+}
