@@ -47,7 +47,7 @@ grant select, insert, update, delete on
     shepherd.limiters, shepherd.cluster_settings, shepherd.pools,
     shepherd.pending_deletions, shepherd.machine_status,
     shepherd.console_sessions, shepherd.console_login_failures, shepherd.job_runs,
-    shepherd.processes, shepherd.leases
+    shepherd.processes, shepherd.leases, shepherd.database_identity
     to shepherd_worker;
 
 -- The operator views, read by the status page and `shepherd status`.
@@ -76,7 +76,8 @@ grant execute on function
     shepherd.append_reading(uuid[], text[], text[], integer[], jsonb[], text[], text[], text[], uuid[]),
     shepherd.assimilation_seen(text, text, text, uuid),
     shepherd.job_args(bytea), shepherd.history(text), shepherd.reservation_history(uuid),
-    shepherd.device_history(text), shepherd.device_history(uuid)
+    shepherd.device_history(text), shepherd.device_history(uuid),
+    shepherd.database_identity_now()
     to shepherd_worker;
 
 -- apalis's (shepherd.push_job calls apalis.generate_ulid(); workers claim

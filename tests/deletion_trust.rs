@@ -11,6 +11,8 @@
 #[path = "deletion_trust/absence.rs"]
 mod absence;
 mod common;
+#[path = "deletion_trust/restored.rs"]
+mod restored;
 #[path = "deletion_trust/stalled.rs"]
 mod stalled;
 

@@ -30,6 +30,8 @@ pub enum Stream {
     Views,
     /// An operator's retries and cancels of single jobs.
     Jobs,
+    /// The database the log is in.
+    Database,
 }
 
 impl Stream {
@@ -44,6 +46,7 @@ impl Stream {
             Stream::Pool(name) => format!("pool/{name}"),
             Stream::Views => "operator/views".to_string(),
             Stream::Jobs => "operator/jobs".to_string(),
+            Stream::Database => "cluster/database".to_string(),
         }
     }
 }
@@ -387,6 +390,12 @@ events! {
     MachineReleased = "machine_released", 1 { machine_id: Uuid, provider: String, provider_id: String, by: String, reason: String }
     /// The cluster's settings changed (or were first recorded): new values by key.
     SettingsChanged = "settings_changed", 1 { by: String, reason: String, settings: std::collections::BTreeMap<String, Value> }
+    /// The log is in another database than the last check found it in
+    /// (`system/timeline/oid`): restored from a backup, recovered to a
+    /// point in time, or failed over to a standby. What the log says may
+    /// be older than what the provider holds; creations requested before
+    /// it look before they send.
+    DatabaseMoved = "database_moved", 1 { from: String, to: String }
     /// A queued pass found that a newer one had started since it was
     /// queued, and ended without listing anything.
     ReconcileCoalesced = "reconcile_coalesced", 1 { run: Uuid, newer_pass_started_at: DateTime<Utc> }
@@ -457,6 +466,7 @@ impl Event {
             Event::CreationsEnqueued(e) => Stream::Reconcile(e.run),
             Event::ReconcileFinished(e) => Stream::Reconcile(e.run),
             Event::ReconcileCoalesced(e) => Stream::Reconcile(e.run),
+            Event::DatabaseMoved(_) => Stream::Database,
             Event::CreationUnresolved(e) => Stream::Reservation(e.reservation),
             Event::CreationResumed(e) => Stream::Reservation(e.reservation),
             Event::CreationSettled(e) => Stream::Reservation(e.reservation),

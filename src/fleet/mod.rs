@@ -173,6 +173,17 @@ pub struct Overview {
     pub tick_seconds: Option<f64>,
     /// The spend cap and what the fleet costs against it; `None`: no cap.
     pub spend_cap: Option<crate::jobs::spend::CapState>,
+    /// The last time the database was found restored or failed over
+    /// (`database_moved`), within the last week.
+    pub database_moved: Option<MovedRow>,
+}
+
+/// A move of the database, as `database_moved` recorded it.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct MovedRow {
+    pub at: DateTime<Utc>,
+    pub from: String,
+    pub to: String,
 }
 
 impl Overview {
@@ -409,6 +420,14 @@ pub async fn overview(pool: &PgPool) -> Result<Overview, sqlx::Error> {
         },
     )
     .collect();
+    let database_moved = sqlx::query_as::<_, MovedRow>(
+        "select recorded_at as at, coalesce(body->>'from', '') as from, coalesce(body->>'to', '') as to
+         from shepherd.events
+         where event_type = 'database_moved' and recorded_at > now() - interval '7 days'
+         order by position desc limit 1",
+    )
+    .fetch_optional(&mut *tx)
+    .await?;
     tx.commit().await?;
 
     let last_reconcile = match last_run {
@@ -444,6 +463,7 @@ pub async fn overview(pool: &PgPool) -> Result<Overview, sqlx::Error> {
         None => None,
     };
     Ok(Overview {
+        database_moved,
         now,
         max_machines: settings.get("max_machines").and_then(|v| v.as_u64()),
         settings,

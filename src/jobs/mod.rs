@@ -17,6 +17,7 @@ pub mod follow_up;
 pub mod gone;
 pub mod lease;
 pub mod manage;
+pub mod moved;
 pub mod pass;
 pub mod place;
 pub mod queue;

@@ -24,7 +24,9 @@ pub const PREFIX: &str = "shepherd-";
 
 pub struct World {
     pub pool: PgPool,
-    pub fake: FakeLatitude,
+    /// Shared with a world on a restored copy of the database
+    /// ([`World::restored`]): one provider, two logs.
+    pub fake: Arc<FakeLatitude>,
     pub ctx: Arc<JobContext>,
     pub pools: Vec<Pool>,
 }
@@ -62,6 +64,47 @@ impl World {
         World::build(db, max_machines, pools, settle, adjust, None).await
     }
 
+    /// A world on `db`, a database restored from a backup of this world's,
+    /// against the same fake provider and with the same pools: what a
+    /// cluster's workers meet after a restore or a failover. The restored
+    /// settings and pools are the backup's, and are not set again.
+    pub async fn restored(&self, db: PgPool, settle: Duration) -> World {
+        let provider = Self::provider(&self.fake, &self.pools);
+        let config = ProvisionerConfig {
+            max_machines: self.ctx.config.max_machines,
+            chunk_size: self.ctx.config.chunk_size,
+            settle_window: settle,
+            ..fast_config()
+        };
+        let ctx = Arc::new(JobContext::with_provider(
+            db.clone(),
+            Arc::new(provider),
+            Arc::new(config),
+            PUBLIC_KEY.into(),
+        ));
+        World {
+            pool: db,
+            fake: self.fake.clone(),
+            ctx,
+            pools: self.pools.clone(),
+        }
+    }
+
+    fn provider(fake: &FakeLatitude, pools: &[Pool]) -> LatitudeProvider {
+        let mut config = LatitudeConfig::new(fake.base_url(), fake.project(), ApiToken::new(KEY));
+        config.attempt_timeout = Duration::from_secs(2);
+        config.retry = RetrySettings {
+            initial_interval: Duration::from_millis(10),
+            max_interval: Duration::from_millis(100),
+            max_elapsed: Duration::from_secs(5),
+            ..RetrySettings::default()
+        };
+        // The key's budgets are another test's subject (tests/latitude_client.rs).
+        let free = || Arc::new(LocalPacer::new(Rate::UNLIMITED));
+        let client = LatitudeClient::with_pacers(config, free(), free()).unwrap();
+        LatitudeProvider::new(client, pools.to_vec(), PREFIX.into()).unwrap()
+    }
+
     /// A world whose jobs have one database connection between them
     /// ([`super::one_connection`]).
     pub async fn on_one_connection(db: PgPool, max_machines: u64, pools: Vec<Pool>) -> World {
@@ -89,18 +132,7 @@ impl World {
         )
         .await
         .unwrap();
-        let mut config = LatitudeConfig::new(fake.base_url(), fake.project(), ApiToken::new(KEY));
-        config.attempt_timeout = Duration::from_secs(2);
-        config.retry = RetrySettings {
-            initial_interval: Duration::from_millis(10),
-            max_interval: Duration::from_millis(100),
-            max_elapsed: Duration::from_secs(5),
-            ..RetrySettings::default()
-        };
-        // The key's budgets are another test's subject (tests/latitude_client.rs).
-        let free = || Arc::new(LocalPacer::new(Rate::UNLIMITED));
-        let client = LatitudeClient::with_pacers(config, free(), free()).unwrap();
-        let provider = LatitudeProvider::new(client, pools.clone(), PREFIX.into()).unwrap();
+        let provider = Self::provider(&fake, &pools);
         let mut config = ProvisionerConfig {
             max_machines,
             chunk_size: max_machines.max(1),
@@ -128,7 +160,7 @@ impl World {
         ));
         World {
             pool: db,
-            fake,
+            fake: Arc::new(fake),
             ctx,
             pools,
         }

@@ -443,6 +443,7 @@ pub fn apply(state: &mut ViewState, event: &Event, at: DateTime<Utc>) {
         | Event::CreationsEnqueued(_)
         | Event::ReconcileFinished(_)
         | Event::ReconcileCoalesced(_)
+        | Event::DatabaseMoved(_)
         | Event::CreationResumed(_)
         | Event::AssimilationResumed(_)
         | Event::CreationAttemptFailed(_)

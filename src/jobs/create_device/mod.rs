@@ -134,6 +134,8 @@ pub async fn create_device(
         Option<String>,
         Option<serde_json::Value>,
         bool,
+        bool,
+        bool,
     );
     let ours = args.request.to_string();
     let lease = Uuid::new_v4();
@@ -142,7 +144,7 @@ pub async fn create_device(
     // dead worker's job back), never when it claims one: a row that ran
     // before, however that run ended, has attempts above 0 when it runs
     // again.
-    let (stored, rerun, owner, pools, taken): First =
+    let (stored, rerun, owner, pools, taken, moved_unrecorded, moved): First =
         sqlx::query_as(sqlx::AssertSqlSafe(FIRST.as_str()))
             .bind(PlaceLock::key_of(args.reservation))
             .bind(lease)
@@ -167,8 +169,13 @@ pub async fn create_device(
     };
     let settings = ctx.adopt(&stored)?;
     let rerun = rerun.unwrap_or(false);
+    // The database moved back in time since this creation was requested
+    // (or just now, unrecorded yet): its create may have gone out, even
+    // made its server, after the backup the log came from. It looks first,
+    // and waits the settle window from the move (`UNSEEN_SINCE`).
+    let moved = moved || (moved_unrecorded && super::moved::check(&ctx.pool).await?.is_some());
     let args = &CreateDeviceArgs {
-        unknown: args.unknown || rerun,
+        unknown: args.unknown || rerun || moved,
         // An earlier run of this very row may have sent a create a moment
         // ago, whatever its arguments said: the window starts now.
         unknown_since: if rerun {
@@ -253,11 +260,18 @@ static FIRST: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
                 (select attempts > 0 from apalis.jobs where id = $5),
                 (select request from shepherd.pending_creations where reservation_id = $6),
                 (select jsonb_agg(to_jsonb(p)) from shepherd.pools p),
-                exists(select 1 from held)",
+                exists(select 1 from held),
+                {},
+                exists(select 1 from shepherd.events m
+                       where m.event_type = 'database_moved'
+                         and m.position > (select max(c.position) from shepherd.events c
+                                           where c.event_type = 'creation_requested'
+                                             and c.body->>'request' = $7))",
         take_where(
             "exists(select 1 from shepherd.pending_creations
                     where reservation_id = $6 and request = $7)"
-        )
+        ),
+        super::moved::UNRECORDED,
     )
 });
 
@@ -446,7 +460,8 @@ async fn rerun_may_have_sent(
 /// have gone out, and the time now, both by the database's clock: the
 /// creation's events on its unit's stream `$2` since it was requested that
 /// mark one (an unseen or cut-off create, a rerun of a row, an answer that
-/// came after its lease; not a look that still could not tell). Every run
+/// came after its lease; not a look that still could not tell), and a move
+/// of the database since it was requested (`jobs::moved`). Every run
 /// of the creation reads it, whatever its arguments carry, so runs whose
 /// successors merged lose no unseen create, and no worker's clock decides.
 /// `$3`, the time a job's arguments carry (written by a release before
@@ -462,6 +477,8 @@ const UNSEEN_SINCE: &str = "with asked as (
                        and not coalesce((e.body->>'looked')::bool, false))
                    or (e.event_type = 'creation_attempt_failed'
                        and e.body->>'class' in ('ambiguous', 'cancelled')))),
+              (select max(m.recorded_at) from shepherd.events m, asked
+               where m.event_type = 'database_moved' and m.position > asked.position),
               least($3::timestamptz, pg_catalog.clock_timestamp())),
             pg_catalog.clock_timestamp()";
 

@@ -85,6 +85,12 @@ pub async fn reconcile_requested(
             ..Default::default()
         });
     };
+    // A log restored or failed over is announced before anything is read
+    // against it (and the creations it left in flight look first).
+    if let Err(e) = super::moved::check(&ctx.pool).await {
+        lease.release().await;
+        return Err(e);
+    }
     let outcome = run_pass(ctx, job_id, requested_by, &lease).await;
     // Released before the outcome is returned, so the next pass finds the
     // lease free.

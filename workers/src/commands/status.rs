@@ -55,6 +55,17 @@ pub fn render_status(o: &Overview) -> String {
             age(l.tick_seconds)
         ),
     });
+    if let Some(m) = &o.database_moved {
+        out.push_str(&format!(
+            "MOVED        !!! the database was restored or failed over {} ago ({} -> {}): the log may \
+             be older than the provider; creations requested before it look first, and servers \
+             made since the backup show as discrepancies (docs/operations.md, backups, restores \
+             and failover)\n",
+            age((o.now - m.at).num_milliseconds() as f64 / 1000.0),
+            m.from,
+            m.to
+        ));
+    }
     let limit = match o.max_machines {
         Some(0) => "no limit".to_string(),
         Some(n) => n.to_string(),

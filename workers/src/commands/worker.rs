@@ -422,6 +422,10 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
             if ms > 0 { "ahead of" } else { "behind" },
         );
     }
+    // A log restored or failed over is said at once, before any job runs.
+    if let Err(e) = shepherd::jobs::moved::check(&pool).await {
+        tracing::warn!(error = %e, "cannot check whether the database was restored or failed over; each pass checks again");
+    }
     // What the console lists beside its queues: host, pid, release, start.
     if let Err(e) =
         shepherd::fleet::record_process(&pool, &process_name(), env!("CARGO_PKG_VERSION"), offset)

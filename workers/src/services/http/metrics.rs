@@ -69,6 +69,7 @@ pub(super) struct Outcomes {
     pub(super) lost: i64,
     pub(super) limit_exceeded: i64,
     pub(super) late_outcomes: i64,
+    pub(super) database_moves: i64,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -125,7 +126,8 @@ impl Figures {
                count(*) filter (where event_type = 'limit_exceeded') as limit_exceeded,
                count(*) filter (where event_type in ('creation_unresolved', 'deletion_unresolved')
                                   and coalesce((body->>'lease_lost')::bool, false))
-                 as late_outcomes
+                 as late_outcomes,
+               count(*) filter (where event_type = 'database_moved') as database_moves
              from shepherd.events
              where event_type in ('device_created', 'creation_given_up', 'race_lost',
                                   'creation_attempt_failed', 'creation_refused',
@@ -133,7 +135,8 @@ impl Figures {
                                   'assimilation_skipped', 'assimilation_rejected',
                                   'deletion_requested', 'machine_deleted', 'deletion_failed',
                                   'deletion_cancelled', 'machine_lost', 'limit_exceeded',
-                                  'creation_unresolved', 'deletion_unresolved')",
+                                  'creation_unresolved', 'deletion_unresolved',
+                                  'database_moved')",
         )
         .fetch_one(pool)
         .await?;
@@ -464,6 +467,12 @@ impl Figures {
             "Answers to creates and deletes that came after their run had lost its unit's lease \
              (it stalled past it): recorded as unresolved for the unit's holder to settle",
             ConstCounter::new(count(n.late_outcomes)),
+        );
+        registry.register(
+            "shepherd_database_moves",
+            "Times the database was found restored from a backup, recovered to a point in time or \
+             failed over (its identity changed under the log)",
+            ConstCounter::new(count(n.database_moves)),
         );
 
         let jobs = Family::<QueueLabels, Gauge>::default();
