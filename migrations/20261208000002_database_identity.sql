@@ -17,7 +17,7 @@ create table if not exists shepherd.database_identity (
 -- (its segment's name begins with it), which a promotion changes at once.
 create or replace function shepherd.database_identity_now() returns text
 language sql stable
-set search_path = pg_catalog, pg_temp
+set search_path = pg_catalog, shepherd, pg_temp
 as $$
     select (select system_identifier::text from pg_control_system())
         || '/' || ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int

@@ -22,6 +22,8 @@ const WORKER_FUNCTIONS: &[&str] = &[
     "shepherd.declare_pool(text,text,text,integer,text,text[],text,text)",
     "shepherd.device_history(text)",
     "shepherd.device_history(uuid)",
+    // The database's identity, which tells a restore or a failover.
+    "shepherd.database_identity_now()",
     "shepherd.duration_seconds(text)",
     "shepherd.enqueue_reconcile()",
     "shepherd.history(text)",

@@ -73,9 +73,33 @@ async fn late(w: &World, kind: &str) -> Vec<serde_json::Value> {
         .collect()
 }
 
-/// Lets the stalled run's write reach the fake and wait there.
-async fn stalled_write_in_flight() {
+/// Runs the job row `job` (`run` runs it once) as a stalled run: its write
+/// reaches the fake and is held there, `meanwhile` happens, its lease runs
+/// out and its row is handed back; then the rescued run runs to its end
+/// before the stalled one's answer comes. Both outcomes, rescued first.
+async fn stalled_then_rescued<O, Fut>(
+    w: &World,
+    job: &str,
+    run: impl Fn() -> Fut,
+    meanwhile: impl std::future::Future<Output = ()>,
+) -> (O, O)
+where
+    O: Send + 'static,
+    Fut: std::future::Future<Output = Result<O, shepherd::jobs::JobError>> + Send + 'static,
+{
+    let stalled = tokio::spawn(run());
+    // Long enough for the stalled run to pass its fence and reach the fake.
     tokio::time::sleep(Duration::from_millis(400)).await;
+    meanwhile.await;
+    lease_runs_out_and_row_is_rescued(w, job).await;
+    let rescued = run().await.expect("the rescued run");
+    assert!(
+        !stalled.is_finished(),
+        "the stalled run ended before the rescued one: the stall was not taken"
+    );
+    let stalled = stalled.await.unwrap().expect("the stalled run");
+    done(w, job).await;
+    (rescued, stalled)
 }
 
 #[sqlx::test(migrations = false)]
@@ -90,27 +114,17 @@ async fn a_create_answered_after_its_lease_was_lost_is_not_recorded_and_the_plac
     w.pass().await;
     let (job, args) = claim(&w, "create_device").await;
     let args: CreateDeviceArgs = serde_json::from_value(args).expect("create_device args");
-    let stalled = {
+    let run = || {
         let (ctx, args, job) = (w.ctx.clone(), args.clone(), job.clone());
-        tokio::spawn(async move { create_device(&ctx, &args, &job).await })
+        async move { create_device(&ctx, &args, &job).await }
     };
-    stalled_write_in_flight().await;
-    lease_runs_out_and_row_is_rescued(&w, &job).await;
-    // The rescued run looks, finds nothing (the stalled POST has not been
-    // handled yet) and, its settle window over, creates.
-    let rescued = create_device(&w.ctx, &args, &job)
-        .await
-        .expect("the rescued run");
+    let (rescued, stalled) = stalled_then_rescued(&w, &job, run, async {}).await;
+    // The rescued run looked, found nothing (the stalled POST had not been
+    // handled yet) and, its settle window over, created.
     assert!(
         matches!(rescued, CreateOutcome::Created { .. }),
         "{rescued:?}"
     );
-    assert!(
-        !stalled.is_finished(),
-        "the stalled run ended before the rescued one: the stall was not taken"
-    );
-    let stalled = stalled.await.unwrap().expect("the stalled run");
-    done(&w, &job).await;
     // Its POST was done: two servers for the place at the provider.
     assert_eq!(w.fake.servers().len(), 2, "the stalled write was not made");
     assert!(
@@ -155,29 +169,19 @@ async fn a_delete_answered_after_its_deletion_was_cancelled_is_not_recorded_dele
     );
     let (job, args) = claim(&w, "delete_machine").await;
     let args: DeleteMachineArgs = serde_json::from_value(args).expect("delete_machine args");
-    let stalled = {
+    let run = || {
         let (ctx, args, job) = (w.ctx.clone(), args.clone(), job.clone());
-        tokio::spawn(async move { delete_machine(&ctx, &args, &job).await })
+        async move { delete_machine(&ctx, &args, &job).await }
     };
-    stalled_write_in_flight().await;
     // The pool is raised back while the DELETE is held: the rescued run's
     // check finds the machine wanted again, cancels, and tells the hook
     // it stays.
-    set_count(&w, "web", 2).await;
-    lease_runs_out_and_row_is_rescued(&w, &job).await;
-    let rescued = delete_machine(&w.ctx, &args, &job)
-        .await
-        .expect("the rescued run");
+    let raised = set_count(&w, "web", 2);
+    let (rescued, stalled) = stalled_then_rescued(&w, &job, run, raised).await;
     assert!(
         matches!(rescued, DeleteOutcome::Cancelled { .. }),
         "{rescued:?}"
     );
-    assert!(
-        !stalled.is_finished(),
-        "the stalled run ended before the rescued one: the stall was not taken"
-    );
-    let stalled = stalled.await.unwrap().expect("the stalled run");
-    done(&w, &job).await;
     assert_eq!(w.fake.servers().len(), 1, "the stalled DELETE was not done");
     assert!(
         matches!(stalled, DeleteOutcome::Unresolved { .. }),

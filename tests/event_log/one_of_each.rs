@@ -419,5 +419,10 @@ pub fn one_of_each() -> Vec<Event> {
             newer_pass_started_at: Utc::now(),
         }
         .into(),
+        DatabaseMoved {
+            from: "7716714676140452049/1/16387".into(),
+            to: "7716714676140452049/2/16387".into(),
+        }
+        .into(),
     ]
 }

@@ -184,21 +184,8 @@ async fn unknown_from_now(
     let next_attempt = args.attempt + 1;
     let after = ctx.config.create_retry.backoff(next_attempt);
     let mut tx = ctx.pool.begin().await?;
-    record(
-        &mut tx,
-        vec![
-            NewEvent::new(CreationUnresolved {
-                reservation: args.reservation,
-                request: args.request,
-                attempt: args.attempt,
-                message: crate::text::bounded(message, 1000),
-                lease_lost,
-                looked: false,
-            })
-            .caused_by(job_id),
-        ],
-    )
-    .await?;
+    let unresolved = unresolved_event(args, message, lease_lost, false);
+    record(&mut tx, vec![unresolved.caused_by(job_id)]).await?;
     let successor = CreateDeviceArgs {
         attempt: next_attempt,
         admitted: true,
@@ -263,6 +250,24 @@ pub(super) struct GiveUp {
     pub class: ErrorClass,
     pub cause: String,
     pub scope: Option<String>,
+}
+
+/// This attempt's `creation_unresolved`: after a create that may have gone
+/// out (`looked` false), or after a look that still could not tell.
+pub(super) fn unresolved_event(
+    args: &CreateDeviceArgs,
+    message: &str,
+    lease_lost: bool,
+    looked: bool,
+) -> NewEvent {
+    NewEvent::new(CreationUnresolved {
+        reservation: args.reservation,
+        request: args.request,
+        attempt: args.attempt,
+        message: crate::text::bounded(message, 1000),
+        lease_lost,
+        looked,
+    })
 }
 
 /// Ends the creation without a device. Only reached when no device of ours

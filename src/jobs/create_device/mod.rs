@@ -434,24 +434,10 @@ async fn rerun_may_have_sent(
     args: &CreateDeviceArgs,
     job_id: &str,
 ) -> Result<(), JobError> {
+    let message = "this job row ran before and did not finish: its create may have gone out unseen";
     let mut tx = ctx.pool.begin().await?;
-    record(
-        &mut tx,
-        vec![
-            NewEvent::new(CreationUnresolved {
-                reservation: args.reservation,
-                request: args.request,
-                attempt: args.attempt,
-                message: "this job row ran before and did not finish: its create may have gone \
-                          out unseen"
-                    .into(),
-                lease_lost: false,
-                looked: false,
-            })
-            .caused_by(job_id),
-        ],
-    )
-    .await?;
+    let unresolved = unresolved_event(args, message, false, false);
+    record(&mut tx, vec![unresolved.caused_by(job_id)]).await?;
     tx.commit().await?;
     Ok(())
 }
@@ -599,21 +585,8 @@ async fn still_unknown(
     };
     tracing::warn!(reservation = %args.reservation, %message, "creation outcome still unknown");
     let mut tx = ctx.pool.begin().await?;
-    record(
-        &mut tx,
-        vec![
-            NewEvent::new(CreationUnresolved {
-                reservation: args.reservation,
-                request: args.request,
-                attempt: args.attempt,
-                message,
-                lease_lost: false,
-                looked: true,
-            })
-            .caused_by(job_id),
-        ],
-    )
-    .await?;
+    let unresolved = unresolved_event(args, &message, false, true);
+    record(&mut tx, vec![unresolved.caused_by(job_id)]).await?;
     let successor = CreateDeviceArgs {
         attempt: next_attempt,
         admitted: true,

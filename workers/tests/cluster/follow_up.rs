@@ -208,6 +208,54 @@ async fn a_creation_is_acknowledged_as_soon_as_its_follow_up_ends(pool: PgPool) 
     c.stop_all();
 }
 
+/// A queue worker's row, last heard from `silent_secs` ago.
+async fn queue_worker(c: &Cluster, worker: &str, silent_secs: u32) {
+    sqlx::query(
+        "insert into apalis.workers (id, worker_type, storage_name, last_seen)
+         values ($1, split_part($1, '@', 1), 'PostgresStorage',
+                 now() - make_interval(secs => $2))
+         on conflict (id) do nothing",
+    )
+    .bind(worker)
+    .bind(f64::from(silent_secs))
+    .execute(&c.pool)
+    .await
+    .expect("a queue worker's row");
+}
+
+/// An assimilation claimed by `worker` in `status`: its id.
+async fn claimed_by(c: &Cluster, worker: &str, status: &str) -> String {
+    let id: String = sqlx::query_scalar(
+        "select shepherd.push_job('assimilate', jsonb_build_object('device', $1::text))",
+    )
+    .bind(format!("{worker}/{status}"))
+    .fetch_one(&c.pool)
+    .await
+    .expect("a job");
+    sqlx::query("update apalis.jobs set status = $2, lock_by = $3, lock_at = now() where id = $1")
+        .bind(&id)
+        .bind(status)
+        .bind(worker)
+        .execute(&c.pool)
+        .await
+        .expect("claiming the job");
+    id
+}
+
+/// Each row's status, claimant and runs counted, in the order of `ids`.
+async fn rows_of(c: &Cluster, ids: &[String]) -> Vec<(String, Option<String>, i32)> {
+    let mut rows = vec![];
+    for id in ids {
+        let row = sqlx::query_as("select status, lock_by, attempts from apalis.jobs where id = $1")
+            .bind(id)
+            .fetch_one(&c.pool)
+            .await
+            .expect("the job's row");
+        rows.push(row);
+    }
+    rows
+}
+
 /// Two processes may share a host and a pid (two pid-1 containers on host
 /// networking, hosts without /etc/hostname): their names differ by the id
 /// each draws at start. A process starting hands back only what a process
@@ -232,32 +280,8 @@ async fn claims_of_a_silent_process_on_this_host_and_pid_are_handed_back_and_a_l
     ];
     let mut claimed = vec![];
     for (worker, silent) in workers {
-        sqlx::query(
-            "insert into apalis.workers (id, worker_type, storage_name, last_seen)
-             values ($1, split_part($1, '@', 1), 'PostgresStorage',
-                     now() - make_interval(secs => $2))",
-        )
-        .bind(worker)
-        .bind(f64::from(silent))
-        .execute(&c.pool)
-        .await
-        .expect("a queue worker's row");
-        let id: String = sqlx::query_scalar(
-            "select shepherd.push_job('assimilate', jsonb_build_object('device', $1::text))",
-        )
-        .bind(worker)
-        .fetch_one(&c.pool)
-        .await
-        .expect("a job");
-        sqlx::query(
-            "update apalis.jobs set status = 'Queued', lock_by = $2, lock_at = now() where id = $1",
-        )
-        .bind(&id)
-        .bind(worker)
-        .execute(&c.pool)
-        .await
-        .expect("claiming the job");
-        claimed.push(id);
+        queue_worker(&c, worker, silent).await;
+        claimed.push(claimed_by(&c, worker, "Queued").await);
     }
     let released = shepherd_workers::services::runtime::release_previous(
         &c.pool,
@@ -267,16 +291,7 @@ async fn claims_of_a_silent_process_on_this_host_and_pid_are_handed_back_and_a_l
     .await
     .expect("the release");
     assert_eq!(released, 2);
-    let mut rows = vec![];
-    for id in &claimed {
-        let row: (String, Option<String>, i32) =
-            sqlx::query_as("select status, lock_by, attempts from apalis.jobs where id = $1")
-                .bind(id)
-                .fetch_one(&c.pool)
-                .await
-                .expect("the job's row");
-        rows.push(row);
-    }
+    let rows = rows_of(&c, &claimed).await;
     assert_eq!(
         rows,
         vec![
@@ -302,45 +317,13 @@ async fn a_handed_back_running_row_counts_its_run(pool: PgPool) {
     let c = Cluster::new(pool, 0, Faults::default()).await;
     migrate(&c).await;
     let worker = "create_device@h:7:aaaa0000#0";
-    sqlx::query(
-        "insert into apalis.workers (id, worker_type, storage_name, last_seen)
-         values ($1, split_part($1, '@', 1), 'PostgresStorage', now())",
-    )
-    .bind(worker)
-    .execute(&c.pool)
-    .await
-    .expect("the queue worker's row");
+    queue_worker(&c, worker, 0).await;
     let mut ids = vec![];
     for status in ["Running", "Queued"] {
-        let id: String = sqlx::query_scalar(
-            "select shepherd.push_job('assimilate', jsonb_build_object('device', $1::text))",
-        )
-        .bind(status)
-        .fetch_one(&c.pool)
-        .await
-        .expect("a job");
-        sqlx::query(
-            "update apalis.jobs set status = $2, lock_by = $3, lock_at = now() where id = $1",
-        )
-        .bind(&id)
-        .bind(status)
-        .bind(worker)
-        .execute(&c.pool)
-        .await
-        .expect("claiming the job");
-        ids.push(id);
+        ids.push(claimed_by(&c, worker, status).await);
     }
     shepherd_workers::services::runtime::release(&c.pool, worker).await;
-    let mut rows = vec![];
-    for id in &ids {
-        let row: (String, Option<String>, i32) =
-            sqlx::query_as("select status, lock_by, attempts from apalis.jobs where id = $1")
-                .bind(id)
-                .fetch_one(&c.pool)
-                .await
-                .expect("the job's row");
-        rows.push(row);
-    }
+    let rows = rows_of(&c, &ids).await;
     assert_eq!(
         rows,
         vec![("Pending".into(), None, 1), ("Pending".into(), None, 0)]
