@@ -21,6 +21,7 @@ use common::lifecycle::*;
 use common::world::Ran;
 use shepherd::jobs::create_device::CreateOutcome;
 use shepherd::jobs::delete_machine::DeleteOutcome;
+use shepherd::jobs::reconcile::reconcile;
 use shepherd_fakes::latitude::Call;
 use sqlx::PgPool;
 use std::time::Duration;
@@ -73,6 +74,29 @@ async fn a_machine_that_ran_is_never_deleted_for_its_status(db: PgPool) {
         statuses.contains(&"rescue_mode".to_string()),
         "{statuses:?}"
     );
+}
+
+/// A status word carrying a NUL, which Postgres refuses in text and in
+/// JSON, stops no pass (it stopped every one): the word is kept cleaned,
+/// and the machine judged as by any word never seen.
+#[sqlx::test(migrations = false)]
+async fn a_status_word_with_a_nul_stops_no_pass(db: PgPool) {
+    let w = World::new(db, 10, vec![pool("web", "DAL", 1)]).await;
+    w.settle(3).await;
+    let id = server_ids(&w)[0].clone();
+    assert!(w.fake.set_status(&id, Some("on\u{0}line")));
+    let pass = reconcile(&w.ctx, "test-reconcile")
+        .await
+        .expect("a pass over a status with a NUL");
+    assert!(pass.refused.is_none(), "{pass:?}");
+    assert!(pass.deletions.is_empty(), "{pass:?}");
+    let status: Option<String> =
+        sqlx::query_scalar("select status from shepherd.machine_status where provider_id = $1")
+            .bind(&id)
+            .fetch_one(&w.pool)
+            .await
+            .expect("the machine's status row");
+    assert_eq!(status.as_deref(), Some("on\u{FFFD}line"));
 }
 
 #[sqlx::test(migrations = false)]

@@ -501,7 +501,7 @@ async fn a_huge_retry_after_neither_panics_nor_freezes() {
             Err(LatitudeError::RateLimited {
                 retry_after: Some(wait),
                 ..
-            }) => assert_eq!(wait, MAX_PROVIDER_WAIT, "{id}"),
+            }) => assert_eq!(wait, shepherd::latitude::client::MAX_WAIT, "{id}"),
             other => panic!("{id}: expected a bounded rate limit, got {other:?}"),
         }
     }

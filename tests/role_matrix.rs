@@ -90,6 +90,7 @@ const WORKER_WRITES: &[&str] = &[
     "shepherd.console_login_failures",
     "shepherd.console_sessions",
     "shepherd.controls",
+    "shepherd.database_identity",
     "shepherd.job_runs",
     "shepherd.leases",
     "shepherd.limiters",

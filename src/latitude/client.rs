@@ -418,7 +418,8 @@ impl LatitudeClient {
             (429, _) => {
                 let asked = header_seconds(&headers)
                     .or(error.meta.and_then(|m| m.retry_after))
-                    .and_then(crate::provider::discipline::provider_wait);
+                    .and_then(crate::provider::discipline::provider_wait)
+                    .map(|w| w.min(MAX_WAIT));
                 // Every caller of this budget waits, not only this one.
                 let wait = asked.unwrap_or(Duration::from_secs(1));
                 metrics.throttled.inc();
@@ -601,6 +602,12 @@ fn same_key(a: &str, b: &str) -> bool {
     let (a, b) = (key(a), key(b));
     a.len() == 2 && a == b
 }
+
+/// The longest Latitude may hold the cluster on one 429: its budgets are
+/// counted per minute, so a wait past two of its windows is no wait of its
+/// budget's but a bug or an attack (one `Retry-After: 1e300` held every
+/// worker for the 15 minutes all providers are allowed).
+pub const MAX_WAIT: Duration = Duration::from_secs(120);
 
 /// `id` if it has the shape of the API's ids, so that it may enter a path
 /// (`../`, `?` or `/` would change which resource a request names).

@@ -174,16 +174,23 @@ impl LatitudeProvider {
                     .iter()
                     .any(|d| d.pool.name == n.pool.name && n.index < d.places_known())
             });
+        // What the API says of a server goes into events, views and pages:
+        // each string cut and cleaned here, once (Postgres refuses a NUL,
+        // and one in a status word stopped every pass).
         Machine {
-            id: s.id.clone(),
-            hostname: s.hostname().map(str::to_string),
+            id: crate::text::bounded(&s.id, 64),
+            hostname: s.hostname().map(|h| crate::text::bounded(h, 64)),
             unit: named
                 .as_ref()
                 .map(|n| self.place_unit(&n.pool.name, n.index)),
             witness: named.map(|n| n.witness),
             condition: s.condition(),
             created_at: s.created_at(),
-            status: s.attributes.status.clone(),
+            status: s
+                .attributes
+                .status
+                .as_deref()
+                .map(crate::text::bounded_word),
             billing: s
                 .attributes
                 .plan
