@@ -24,3 +24,17 @@ as $$
         || '/' || (select oid from pg_database where datname = current_database())
 $$;
 revoke execute on function shepherd.database_identity_now() from public;
+
+-- A cluster upgraded without running deploy/roles.sql again must still
+-- create: a creation's first statement and every pass read this identity.
+do $$
+begin
+    if exists (select from pg_catalog.pg_roles where rolname = 'shepherd_worker') then
+        grant execute on function shepherd.database_identity_now() to shepherd_worker;
+        grant select, insert, update, delete on shepherd.database_identity to shepherd_worker;
+    end if;
+    if exists (select from pg_catalog.pg_roles where rolname = 'shepherd_reader') then
+        grant select on shepherd.database_identity to shepherd_reader;
+    end if;
+end;
+$$;

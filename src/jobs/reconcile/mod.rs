@@ -86,10 +86,10 @@ pub async fn reconcile_requested(
         });
     };
     // A log restored or failed over is announced before anything is read
-    // against it (and the creations it left in flight look first).
+    // against it (and the creations it left in flight look first). A check
+    // that cannot be made stops no pass: the next one checks again.
     if let Err(e) = super::moved::check(&ctx.pool).await {
-        lease.release().await;
-        return Err(e);
+        tracing::warn!(error = %e, "cannot check whether the database was restored or failed over; the next pass checks again");
     }
     let outcome = run_pass(ctx, job_id, requested_by, &lease).await;
     // Released before the outcome is returned, so the next pass finds the
