@@ -116,3 +116,37 @@ grant execute on function
 -- operator credential, and who tried what from where, are no reader's.
 revoke select on shepherd.console_sessions, shepherd.console_login_failures
     from shepherd_reader;
+-- A reader's session cannot sit in a transaction for long (holding back
+-- vacuum, and the table locks `views rebuild --replace` takes), nor run one
+-- statement for ever. For its new sessions.
+alter role shepherd_reader set idle_in_transaction_session_timeout = '1min';
+alter role shepherd_reader set statement_timeout = '5min';
+
+-- ---- advisory locks ----
+
+-- Writers serialise on advisory keys (`reservation/<id>`, `device/<id>`,
+-- `operator/settings`, a console client's address, ...). Any role that may
+-- take one may hold such a key for ever and stall the cluster: a reader's
+-- `pg_advisory_lock` on `operator/settings` stopped settings changes,
+-- appends and worker start. So the functions are taken from PUBLIC and
+-- given to the roles that write, and to the owner, whose migrations take
+-- one. Revoking needs a superuser: a run by the database's owner says so
+-- and leaves them as they were.
+do $$
+declare
+    f regprocedure;
+    owner text := (select pg_catalog.pg_get_userbyid(d.datdba) from pg_catalog.pg_database d
+                   where d.datname = pg_catalog.current_database());
+begin
+    for f in select p.oid::regprocedure from pg_catalog.pg_proc p
+             where p.pronamespace = 'pg_catalog'::regnamespace
+               and (p.proname like 'pg\_advisory\_%' or p.proname like 'pg\_try\_advisory\_%')
+    loop
+        execute pg_catalog.format('grant execute on function %s to shepherd_worker, shepherd_operator, %I, %I',
+                                  f, owner, current_user);
+        execute pg_catalog.format('revoke execute on function %s from public', f);
+    end loop;
+exception when insufficient_privilege then
+    raise notice 'advisory lock functions left open to every role (run deploy/roles.sql as a superuser to close them to the reader): %', sqlerrm;
+end
+$$;

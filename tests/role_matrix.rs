@@ -259,6 +259,34 @@ async fn each_role_can_do_exactly_its_part(db: PgPool) {
     // function, whatever name they give.
     let worker = login(&w.pool, "shepherd_worker").await;
     let reader = login(&w.pool, "shepherd_reader").await;
+    // No advisory lock for the reader: one held on a writer's key stalled
+    // the cluster. The worker takes them as its writes need.
+    for sql in [
+        "select pg_catalog.pg_advisory_lock(pg_catalog.hashtextextended('operator/settings', 0))",
+        "select pg_catalog.pg_try_advisory_lock(1::bigint)",
+        "select pg_catalog.pg_advisory_lock_shared(1, 2)",
+        "select pg_catalog.pg_advisory_xact_lock(1::bigint)",
+    ] {
+        assert_eq!(
+            code_of(&reader, sql).await.as_deref(),
+            Some(DENIED),
+            "{sql}"
+        );
+    }
+    assert_eq!(
+        code_of(
+            &worker,
+            "select pg_catalog.pg_try_advisory_xact_lock(1::bigint)"
+        )
+        .await,
+        None
+    );
+    // Nor a transaction or a statement without end.
+    let idle: String = sqlx::query_scalar("show idle_in_transaction_session_timeout")
+        .fetch_one(&reader)
+        .await
+        .expect("the reader's idle timeout");
+    assert_eq!(idle, "1min");
     let operator = login(&w.pool, "shepherd_operator").await;
     for call in OPERATOR_CALLS {
         let call = call.replace("'x'", &format!("'{device}'"));

@@ -21,7 +21,7 @@ use crate::jobs::JobError;
 pub async fn check(pool: &PgPool) -> Result<Option<DatabaseMoved>, JobError> {
     let mut tx = pool.begin().await?;
     sqlx::query(
-        "select pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended('cluster/database', 0))",
+        "select pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended('cluster/database'::text, 0::int8))",
     )
     .execute(&mut *tx)
     .await?;
