@@ -409,6 +409,12 @@ impl std::fmt::Display for LeaveHook {
     }
 }
 
+/// Why a leave hook's URL with credentials or a query is refused.
+pub const LEAVE_HOOK_SECRET_IN_URL: &str = "leave_hook: a URL with credentials (user:password@) \
+     or a query (?token=...) would publish them: the setting is recorded in the event log and \
+     shown on the console's pages. Give the hook a plain URL and authenticate its requests with \
+     the signature of --leave-hook-secret-file";
+
 impl FromStr for LeaveHook {
     type Err = String;
 
@@ -417,6 +423,19 @@ impl FromStr for LeaveHook {
             "none" => Ok(LeaveHook::None),
             "ack" => Ok(LeaveHook::Ack),
             url if url.starts_with("http://") || url.starts_with("https://") => {
+                // The URL is a setting: recorded in `settings_changed`, kept
+                // in `cluster_settings` and shown on pages a reader sees. A
+                // token in it would be published with it; the hook's
+                // requests are signed with `--leave-hook-secret-file`.
+                let parsed = reqwest::Url::parse(url)
+                    .map_err(|e| format!("leave_hook {url:?} is no URL: {e}"))?;
+                if !parsed.username().is_empty()
+                    || parsed.password().is_some()
+                    || parsed.query().is_some()
+                    || parsed.fragment().is_some()
+                {
+                    return Err(LEAVE_HOOK_SECRET_IN_URL.into());
+                }
                 Ok(LeaveHook::Http(url.to_string()))
             }
             other => Err(format!(
