@@ -16,7 +16,7 @@ mod restored;
 #[path = "deletion_trust/stalled.rs"]
 mod stalled;
 
-use common::latitude::{World, pool};
+use common::latitude::{World, create_lost_then_hidden, pool};
 use common::lifecycle::*;
 use common::world::Ran;
 use shepherd::jobs::create_device::CreateOutcome;

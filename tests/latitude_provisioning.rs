@@ -8,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::latitude::{PREFIX, World, pool};
+use common::latitude::{PREFIX, World, create_lost_then_hidden, pool};
 use common::world::drain_with;
 use shepherd::latitude::pools;
 use shepherd_fakes::latitude::{Call, FaultKind, FaultRule, Faults};
@@ -322,18 +322,7 @@ async fn surplus_after_a_window_too_short_is_reported_and_deleted(db: PgPool) {
         Duration::from_millis(500),
     )
     .await;
-    w.fake.set_faults(
-        Faults::none().with_rule(
-            FaultRule::on(
-                Call::CreateServer,
-                FaultKind::GatewayTimeout {
-                    status: 504,
-                    hidden_ms: 2_500,
-                },
-            )
-            .times(1),
-        ),
-    );
+    w.fake.set_faults(create_lost_then_hidden(2_500));
     w.pass().await;
     for _ in 0..20 {
         drain_with(&w.pool, &w.ctx).await;

@@ -31,6 +31,23 @@ pub struct World {
     pub pools: Vec<Pool>,
 }
 
+/// The next create answered 504 by the gateway after the origin made the
+/// server, which stays out of every read for `hidden_ms`: the answer lost
+/// after the work was done.
+pub fn create_lost_then_hidden(hidden_ms: u64) -> shepherd_fakes::latitude::Faults {
+    use shepherd_fakes::latitude::{Call, FaultKind, FaultRule, Faults};
+    Faults::none().with_rule(
+        FaultRule::on(
+            Call::CreateServer,
+            FaultKind::GatewayTimeout {
+                status: 504,
+                hidden_ms,
+            },
+        )
+        .times(1),
+    )
+}
+
 pub fn pool(name: &str, site: &str, count: u32) -> Pool {
     format!("name={name},plan=c2-small-x86,site={site},count={count},os=ubuntu_24_04_x64_lts")
         .parse()

@@ -220,18 +220,7 @@ async fn a_delete_answered_after_its_deletion_was_cancelled_is_not_recorded_dele
 async fn an_unseen_create_is_settled_by_the_databases_clock_not_a_workers(db: PgPool) {
     let settle = Duration::from_secs(3);
     let w = World::with_settle(db, 10, vec![pool("web", "DAL", 1)], settle).await;
-    w.fake.set_faults(
-        Faults::none().with_rule(
-            FaultRule::on(
-                Call::CreateServer,
-                FaultKind::GatewayTimeout {
-                    status: 504,
-                    hidden_ms: 2_000,
-                },
-            )
-            .times(1),
-        ),
-    );
+    w.fake.set_faults(create_lost_then_hidden(2_000));
     w.pass().await;
     let first = run_next(&w.pool, &w.ctx).await;
     assert!(

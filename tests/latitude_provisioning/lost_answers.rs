@@ -121,18 +121,7 @@ async fn a_creation_cut_off_mid_create_leaves_no_lock_behind(db: PgPool) {
 #[sqlx::test(migrations = false)]
 async fn a_lost_answer_whose_server_stays_hidden_is_never_created_twice(db: PgPool) {
     let w = World::with_settle(db, 5, vec![pool("web", "DAL", 1)], Duration::from_secs(3)).await;
-    w.fake.set_faults(
-        Faults::none().with_rule(
-            FaultRule::on(
-                Call::CreateServer,
-                FaultKind::GatewayTimeout {
-                    status: 504,
-                    hidden_ms: 1_500,
-                },
-            )
-            .times(1),
-        ),
-    );
+    w.fake.set_faults(create_lost_then_hidden(1_500));
     let pass = w.pass().await;
     assert_eq!(pass.enqueued.len(), 1);
     let started = std::time::Instant::now();

@@ -266,7 +266,8 @@ static FIRST: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
                        where m.event_type = 'database_moved'
                          and m.position > (select max(c.position) from shepherd.events c
                                            where c.event_type = 'creation_requested'
-                                             and c.body->>'request' = $7))",
+                                             and c.body->>'request' = $7
+                                             and left(c.body->>'request', 8) = left($7, 8)))",
         take_where(
             "exists(select 1 from shepherd.pending_creations
                     where reservation_id = $6 and request = $7)"
@@ -451,10 +452,13 @@ async fn rerun_may_have_sent(
 /// of the creation reads it, whatever its arguments carry, so runs whose
 /// successors merged lose no unseen create, and no worker's clock decides.
 /// `$3`, the time a job's arguments carry (written by a release before
-/// this record), counts too, but never past the database's now.
+/// this record), counts too, but never past the database's now. The
+/// request is matched by its first 8 characters too, which
+/// `events_creation_request_prefix_idx` holds.
 const UNSEEN_SINCE: &str = "with asked as (
          select position from shepherd.events
          where event_type = 'creation_requested' and body->>'request' = $1
+           and left(body->>'request', 8) = left($1, 8)
          order by position desc limit 1)
      select greatest(
               (select max(e.recorded_at) from shepherd.events e, asked
